@@ -1,0 +1,46 @@
+"""The OpenAPI 3.1 document that defines mlxspec's HTTP API.
+
+``openapi.yaml`` in this package is the contract for every route: request schemas
+(where all request validation lives: types, ranges, enums, required fields),
+every response status with its schema, and examples. The app hands it to
+Connexion, which routes each ``operationId`` to a handler; tests check responses
+against it.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = ["SPEC_PATH", "load_spec"]
+
+SPEC_PATH: Path = Path(__file__).with_name("openapi.yaml")
+"""Path of the OpenAPI document shipped with the package."""
+
+
+@functools.cache
+def _parsed_spec() -> dict[str, Any]:
+    with SPEC_PATH.open(encoding="utf-8") as f:
+        spec = yaml.safe_load(f)
+    if not isinstance(spec, dict):
+        raise ValueError(f"{SPEC_PATH} does not hold a YAML mapping")
+    return spec
+
+
+def load_spec() -> dict[str, Any]:
+    """Return the parsed OpenAPI document.
+
+    The file is read and parsed once; each call returns a deep copy, so callers
+    may mutate the result (Connexion resolves ``$ref`` in place, for example).
+
+    Returns:
+        dict[str, Any]: The document, with ``$ref`` left unresolved.
+
+    Raises:
+        ValueError: If the file does not hold a YAML mapping.
+    """
+    return copy.deepcopy(_parsed_spec())
