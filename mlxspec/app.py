@@ -1,0 +1,151 @@
+"""The ASGI application: the OpenAPI document, Connexion, and the error table.
+
+:func:`create_app` builds a Connexion ``AsyncApp`` from the package's OpenAPI
+3.1 document. Connexion validates each request against the document and
+dispatches by ``operationId`` (``createChatCompletion`` ->
+``mlxspec.handlers.chat.create_chat_completion``) to the handlers, which find
+the engine in the ASGI scope. Every error, from validation, routing, handlers
+or the engine, is rendered through :mod:`mlxspec.errors`.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Any
+
+import connexion
+from connexion.datastructures import MediaTypeDict
+from connexion.exceptions import ProblemException
+from connexion.lifecycle import ConnexionRequest, ConnexionResponse
+from connexion.resolver import Resolver
+from starlette.exceptions import HTTPException
+from starlette.types import Receive, Scope, Send
+
+from .engine import ContextLengthError, EngineRequestError
+from .errors import ApiError, openai_error_json
+from .openapi import load_spec
+from .validation import RequestBodyValidator, ResponseBodyValidator, enable_openapi_31
+
+log = logging.getLogger("mlxspec.app")
+
+#: HTTP status -> error kind, for errors raised by Connexion or Starlette.
+_STATUS_KINDS = {
+    400: "invalid_request",
+    401: "unauthorized",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+}
+
+
+class SnakeCaseResolver(Resolver):
+    """Resolve OpenAI-style ``operationId``s to snake_case functions of the
+    operation's ``x-openapi-router-controller`` module."""
+
+    def resolve_operation_id(self, operation: Any) -> str:
+        """``createChatCompletion`` -> ``<controller>.create_chat_completion``."""
+        import inflection
+
+        return f"{operation.router_controller}.{inflection.underscore(operation.operation_id)}"
+
+
+def _render(err: ApiError) -> ConnexionResponse:
+    return ConnexionResponse(
+        status_code=err.status,
+        mimetype="application/json",
+        headers=err.headers,
+        body=openai_error_json(err),
+    )
+
+
+def _from_status(status: int, detail: Any, headers: Any = None) -> ApiError:
+    kind = _STATUS_KINDS.get(status)
+    if kind is None:
+        return ApiError(
+            "server_error" if status >= 500 else "invalid_request",
+            "internal server error" if status >= 500 else str(detail),
+        )
+    messages = {"not_found": "not found", "method_not_allowed": "method not allowed"}
+    message = messages.get(kind) or str(detail or kind.replace("_", " "))
+    allow = (headers or {}).get("Allow") if kind == "method_not_allowed" else None
+    return ApiError(kind, message, headers={"Allow": allow} if allow else None)
+
+
+def _api_error(_req: ConnexionRequest, exc: Exception) -> ConnexionResponse:
+    assert isinstance(exc, ApiError)
+    return _render(exc)
+
+
+def _engine_error(_req: ConnexionRequest, exc: Exception) -> ConnexionResponse:
+    assert isinstance(exc, EngineRequestError)
+    kind = "context_length_exceeded" if isinstance(exc, ContextLengthError) else "invalid_request"
+    return _render(ApiError(kind, exc.message, param=exc.param))
+
+
+def _problem(_req: ConnexionRequest, exc: Exception) -> ConnexionResponse:
+    assert isinstance(exc, (ProblemException, HTTPException))
+    status = getattr(exc, "status", None) or getattr(exc, "status_code", 500)
+    detail = getattr(exc, "detail", None) or getattr(exc, "title", None)
+    return _render(_from_status(int(status), detail, getattr(exc, "headers", None)))
+
+
+def _unexpected(_req: ConnexionRequest, exc: Exception) -> ConnexionResponse:
+    log.error("unhandled error", exc_info=exc)
+    return _render(ApiError.internal())
+
+
+class _WithEngine:
+    """ASGI wrapper: puts the engine and config into ``scope["state"]``, and reads
+    a POST body sent without ``Content-Type`` as JSON, the only type the API
+    takes (curl users often omit the header; mlx_lm.server ignores it)."""
+
+    def __init__(self, app: Any, engine: Any, config: Any) -> None:
+        self.app, self.engine, self.config = app, engine, config
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            state = scope.setdefault("state", {})
+            state["engine"], state["config"] = self.engine, self.config
+            headers = scope.get("headers", [])
+            if scope.get("method") == "POST" and not any(k == b"content-type" for k, _ in headers):
+                scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
+        await self.app(scope, receive, send)
+
+
+def create_app(engine: Any, config: Any = None, *, validate_responses: bool = False) -> Any:
+    """Build the ASGI app serving the OpenAPI document's routes.
+
+    Args:
+        engine: an :class:`mlxspec.engine.Engine` (or a fake with the same
+            methods), already started.
+        config: the :class:`mlxspec.config.ServeConfig`. Default: ``None``.
+        validate_responses (bool): validate JSON responses against the document
+            (a non-conforming response becomes a 500). Default: ``False``.
+
+    Returns:
+        An ASGI application for uvicorn.
+    """
+    enable_openapi_31()
+    app = connexion.AsyncApp("mlxspec")
+    app.add_api(
+        copy.deepcopy(load_spec()),
+        resolver=SnakeCaseResolver(),
+        validator_map={
+            "body": MediaTypeDict({"*/*json": RequestBodyValidator}),
+            "response": MediaTypeDict({"*/*json": ResponseBodyValidator}),
+        },
+        validate_responses=validate_responses,
+        swagger_ui_options=connexion.options.SwaggerUIOptions(
+            spec_path="/openapi.json", swagger_ui=False
+        ),
+    )
+    app.add_error_handler(ApiError, _api_error)
+    app.add_error_handler(EngineRequestError, _engine_error)
+    app.add_error_handler(404, _problem)
+    app.add_error_handler(405, _problem)
+    app.add_error_handler(ProblemException, _problem)
+    app.add_error_handler(HTTPException, _problem)
+    app.add_error_handler(Exception, _unexpected)
+    return _WithEngine(app, engine, config)

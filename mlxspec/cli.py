@@ -1,0 +1,133 @@
+"""The ``mlxspec`` command line: ``mlxspec serve [MODEL] [flags]``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from .config import ServeConfig
+
+EXIT_MODEL_ERROR = 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mlxspec", description="OpenAI-compatible LLM server on MLX"
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="serve a model over HTTP")
+    serve.add_argument(
+        "model",
+        nargs="?",
+        default=None,
+        help="MLX model folder, Hugging Face repo id (local cache only) or .gguf file; "
+        "default: the embedded SmolLM2-135M-Instruct",
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8080, help="TCP port (default 8080)")
+    serve.add_argument(
+        "--max-tokens",
+        type=_positive_int,
+        default=None,
+        help="default completion cap when a request sets none (default: until EOS)",
+    )
+    serve.add_argument("--temperature", type=float, default=None, help="default temperature")
+    serve.add_argument("--top-p", type=float, default=None, help="default top_p")
+    serve.add_argument("--top-k", type=int, default=None, help="default top_k")
+    serve.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"]
+    )
+    return parser
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be >= 1")
+    return value
+
+
+def parse_config(argv: Sequence[str] | None = None) -> ServeConfig:
+    """Parse ``serve`` arguments into a :class:`ServeConfig` (argparse exits 2 on bad flags)."""
+    args = _parser().parse_args(argv)
+    return ServeConfig(
+        model=args.model,
+        host=args.host,
+        port=args.port,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        log_level=args.log_level,
+    )
+
+
+def load_engine(config: ServeConfig):  # noqa: ANN201 - returns mlxspec.engine.Engine
+    """Resolve and load the configured model and start its engine thread.
+
+    Raises:
+        ModelLoadError: the model is missing, unreadable or unsupported.
+    """
+    from .engine import Engine, GenerationDefaults
+    from .engine.loader import ModelLoadError, resolve_model
+
+    resolved = resolve_model(config.model)
+    overrides = GenerationDefaults(
+        temperature=config.temperature,
+        top_p=config.top_p,
+        top_k=config.top_k,
+        max_tokens=config.max_tokens,
+    )
+    try:
+        engine = Engine.load(
+            resolved.path, resolved.model_id, source=resolved.source, overrides=overrides
+        )
+    except Exception as exc:  # mlx-lm raises many types for unreadable folders
+        raise ModelLoadError(f"cannot load model from {resolved.path}: {exc}") from exc
+    engine.start()
+    return engine
+
+
+def serve(config: ServeConfig) -> int:
+    """Load the model, then run uvicorn until interrupted. Returns an exit code."""
+    import uvicorn
+
+    from .app import create_app
+    from .engine.loader import ModelLoadError
+
+    logging.basicConfig(
+        level=config.log_level.upper(), format="%(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        engine = load_engine(config)
+    except ModelLoadError as exc:
+        print(f"mlxspec: error: {exc}", file=sys.stderr)
+        return EXIT_MODEL_ERROR
+    url = f"http://{config.host}:{config.port}"
+    print(
+        f"mlxspec: serving {engine.info.id} (context {engine.info.context_window}) at {url}/v1",
+        flush=True,
+    )
+    try:
+        uvicorn.run(
+            create_app(engine, config),
+            host=config.host,
+            port=config.port,
+            log_level=config.log_level,
+            timeout_graceful_shutdown=5,
+        )
+    finally:
+        engine.close()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console-script entry point."""
+    config = parse_config(argv)
+    return serve(config)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,43 @@
+"""The inference engine: model loading, prompts, sampling and generation.
+
+No HTTP lives here. Handlers import only the names exported below: the typed
+request/event boundary (:mod:`.types`), the :class:`Engine` and model
+resolution (:mod:`.loader`).
+"""
+
+from .generator import Engine, RequestHandle
+from .sampling import GenerationDefaults
+from .types import (
+    ContextLengthError,
+    Delta,
+    EngineRequestError,
+    Event,
+    Failed,
+    Finished,
+    GenerationRequest,
+    LogitsParams,
+    ModelInfo,
+    PromptError,
+    SamplingParams,
+    TokenLogprob,
+    TopLogprob,
+)
+
+__all__ = [
+    "ContextLengthError",
+    "Delta",
+    "Engine",
+    "EngineRequestError",
+    "Event",
+    "Failed",
+    "Finished",
+    "GenerationDefaults",
+    "GenerationRequest",
+    "LogitsParams",
+    "ModelInfo",
+    "PromptError",
+    "RequestHandle",
+    "SamplingParams",
+    "TokenLogprob",
+    "TopLogprob",
+]

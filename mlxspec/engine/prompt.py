@@ -1,0 +1,137 @@
+"""Prompt building: chat messages through the model's chat template, and raw text.
+
+Message normalisation follows ``mlx_lm.server.process_message_content``:
+text-part arrays are joined, ``content: null`` becomes ``""`` and tool-call
+``arguments`` given as a JSON string are decoded to an object, because chat
+templates render ``arguments | tojson``. Media parts on a text-only model are
+a :class:`PromptError`, never silently dropped.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .types import PromptError
+
+_MEDIA_PARTS = {"image_url", "image", "input_audio", "audio", "audio_url", "video_url", "video"}
+
+
+def normalize_messages(messages: Sequence[Mapping[str, Any]], model_id: str) -> list[dict]:
+    """Return template-ready copies of OpenAI chat messages.
+
+    Args:
+        messages (Sequence[Mapping]): validated request messages.
+        model_id (str): served model id, named in media errors.
+
+    Returns:
+        list[dict]: new message dicts; the input is not mutated.
+
+    Raises:
+        PromptError: a media part (image/audio/video) on this text-only model,
+            or a content part without text.
+    """
+    out = []
+    for i, message in enumerate(messages):
+        msg = dict(message)
+        msg["content"] = _content_text(msg.get("content"), model_id, f"messages[{i}].content")
+        if msg.get("tool_calls"):
+            msg["tool_calls"] = [_decode_arguments(tc) for tc in msg["tool_calls"]]
+        out.append(msg)
+    return out
+
+
+def _content_text(content: Any, model_id: str, param: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    pieces = []
+    for j, part in enumerate(content):
+        kind = part.get("type")
+        if kind in _MEDIA_PARTS:
+            raise PromptError(
+                f"model {model_id} is text-only: '{kind}' content parts are not supported",
+                param=f"{param}[{j}]",
+            )
+        if kind != "text" or not isinstance(part.get("text"), str):
+            raise PromptError(
+                f"unsupported content part type '{kind}'; only 'text' parts are supported",
+                param=f"{param}[{j}]",
+            )
+        pieces.append(part["text"])
+    return "".join(pieces)
+
+
+def _decode_arguments(tool_call: Mapping[str, Any]) -> dict:
+    call = dict(tool_call)
+    function = dict(call.get("function") or {})
+    args = function.get("arguments")
+    if isinstance(args, str):
+        try:
+            function["arguments"] = json.loads(args) if args.strip() else {}
+        except json.JSONDecodeError:
+            pass  # templates that print arguments verbatim still get the string
+    call["function"] = function
+    return call
+
+
+def render_chat(
+    tokenizer: Any,
+    messages: list[dict],
+    *,
+    tools: list | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
+) -> list[int]:
+    """Render messages with the chat template and tokenize, as mlx_lm.server does.
+
+    The rendered text is encoded without adding special tokens (the template
+    writes its own), then a doubled BOS is reduced to one.
+
+    Args:
+        tokenizer: an ``mlx_lm`` ``TokenizerWrapper`` (or HF tokenizer).
+        messages (list[dict]): output of :func:`normalize_messages`.
+        tools (list | None): OpenAI tool definitions for the template. Default: ``None``.
+        template_kwargs (Mapping | None): extra template variables. Default: ``None``.
+
+    Returns:
+        list[int]: prompt token ids.
+
+    Raises:
+        PromptError: the model has no chat template or the template failed.
+    """
+    if not getattr(tokenizer, "chat_template", None):
+        raise PromptError("model has no chat template; use /v1/completions", param="messages")
+    try:
+        text = tokenizer.apply_chat_template(
+            messages,
+            tools=tools or None,
+            add_generation_prompt=True,
+            tokenize=False,
+            **dict(template_kwargs or {}),
+        )
+    except Exception as exc:  # jinja2 TemplateError, TypeError from bad values
+        raise PromptError(f"prompt build failed: {exc}", param="messages") from exc
+    return dedupe_bos(tokenizer.encode(text, add_special_tokens=False), tokenizer.bos_token_id)
+
+
+def dedupe_bos(tokens: list[int], bos_id: int | None) -> list[int]:
+    """Drop a second leading BOS token.
+
+    Args:
+        tokens (list[int]): token ids.
+        bos_id (int | None): the tokenizer's BOS id, if any.
+
+    Returns:
+        list[int]: ``tokens`` without a duplicated leading BOS.
+    """
+    if bos_id is not None and len(tokens) >= 2 and tokens[0] == tokens[1] == bos_id:
+        return tokens[1:]
+    return tokens
+
+
+def encode_text(tokenizer: Any, prompt: str) -> list[int]:
+    """Tokenize a raw completion prompt exactly as ``mlx_lm.server``
+    (``tokenizer.encode(prompt)``, the tokenizer's own BOS handling)."""
+    return list(tokenizer.encode(prompt))

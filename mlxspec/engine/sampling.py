@@ -1,0 +1,118 @@
+"""Sampling: mlx-lm's sampler and logits processors built from request params,
+plus the model author's defaults from ``generation_config.json``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .types import LogitsParams, SamplingParams
+
+
+@dataclass(frozen=True)
+class GenerationDefaults:
+    """Sampling defaults used when a request omits a field.
+
+    Precedence (reference, "POST /v1/chat/completions"): request value, then
+    the server's CLI flag, then the model's ``generation_config.json``, then
+    mlx_lm.server's built-in default.
+
+    Args:
+        temperature (float | None): Default: ``None`` (mlx-lm's 0.0, greedy).
+        top_p (float | None): Default: ``None`` (off).
+        top_k (int | None): Default: ``None`` (off).
+        max_tokens (int | None): server cap when a request sets none;
+            ``None`` means until EOS or the context window is full.
+    """
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    max_tokens: int | None = None
+
+    def merged(self, **overrides: Any) -> GenerationDefaults:
+        """Return a copy where every non-``None`` override replaces the field."""
+        fields = {k: v for k, v in overrides.items() if v is not None}
+        return GenerationDefaults(**{**self.__dict__, **fields})
+
+
+def read_generation_config(model_path: Path) -> GenerationDefaults:
+    """Read sampling defaults from ``<model_path>/generation_config.json``.
+
+    ``do_sample: false`` means greedy (Hugging Face ``GenerationConfig`` rule),
+    so it sets temperature 0 regardless of ``temperature``.
+
+    Args:
+        model_path (Path): an MLX model folder.
+
+    Returns:
+        GenerationDefaults: the file's temperature/top_p/top_k; all ``None``
+        when the file is absent or unreadable.
+    """
+    try:
+        cfg = json.loads((model_path / "generation_config.json").read_text())
+    except (OSError, ValueError):
+        return GenerationDefaults()
+    if not isinstance(cfg, dict):
+        return GenerationDefaults()
+    temperature = cfg.get("temperature")
+    if cfg.get("do_sample") is False:
+        temperature = 0.0
+    top_k = cfg.get("top_k")
+    return GenerationDefaults(
+        temperature=_number(temperature),
+        top_p=_number(cfg.get("top_p")),
+        top_k=top_k if isinstance(top_k, int) and not isinstance(top_k, bool) else None,
+    )
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+def build_sampler(params: SamplingParams, special_tokens: list[int]) -> Callable:
+    """Build the sampler with ``mlx_lm.sample_utils.make_sampler``.
+
+    Args:
+        params (SamplingParams): request sampling settings.
+        special_tokens (list[int]): tokens XTC never removes (newline and EOS,
+            as ``mlx_lm.server._make_sampler`` passes).
+
+    Returns:
+        Callable: ``logprobs (1, vocab) float -> token id (1,) uint32``.
+    """
+    from mlx_lm.sample_utils import make_sampler
+
+    return make_sampler(
+        params.temperature,
+        top_p=params.top_p,
+        min_p=params.min_p,
+        top_k=params.top_k,
+        xtc_probability=params.xtc_probability,
+        xtc_threshold=params.xtc_threshold,
+        xtc_special_tokens=special_tokens,
+    )
+
+
+def build_logits_processors(params: LogitsParams) -> list[Callable]:
+    """Build logits processors with ``mlx_lm.sample_utils.make_logits_processors``.
+
+    Returns:
+        list[Callable]: each maps ``(tokens, logits (1, vocab)) -> logits``.
+    """
+    from mlx_lm.sample_utils import make_logits_processors
+
+    return make_logits_processors(
+        dict(params.logit_bias) or None,
+        params.repetition_penalty,
+        params.repetition_context_size,
+        params.presence_penalty,
+        params.presence_context_size,
+        params.frequency_penalty,
+        params.frequency_context_size,
+    )

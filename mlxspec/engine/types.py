@@ -1,0 +1,191 @@
+"""The typed boundary between handlers and the engine.
+
+Requests and results are frozen dataclasses; a running request emits a small
+tagged union of events (:class:`Delta`, :class:`Finished`, :class:`Failed`).
+Nothing here imports MLX, so handlers and tests can use these types cheaply.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampler settings, passed to ``mlx_lm.sample_utils.make_sampler``.
+
+    Args:
+        temperature (float): softmax temperature; ``0`` means greedy (argmax).
+            Default: ``0.0`` (``mlx_lm.server``'s default).
+        top_p (float): nucleus mass in ``[0, 1]``; ``0`` or ``1`` is off. Default: ``1.0``.
+        top_k (int): keep the k most likely tokens; ``0`` is off. Default: ``0``.
+        min_p (float): min-p threshold relative to the top token; ``0`` is off.
+            Default: ``0.0``.
+        xtc_probability (float): chance per step of applying XTC. Default: ``0.0``.
+        xtc_threshold (float): XTC probability threshold. Default: ``0.1``.
+        seed (int | None): seeds MLX's global RNG before the request runs
+            (as ``mlx_lm.server`` does). Default: ``None``.
+    """
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class LogitsParams:
+    """Logits processor settings, passed to ``make_logits_processors``.
+
+    Penalties of ``0`` are off. Context sizes count recent tokens (prompt
+    included, as in mlx-lm's ``generate_step``).
+
+    Args:
+        logit_bias (tuple[tuple[int, float], ...]): additive per-token-id bias.
+        repetition_penalty (float): multiplicative, sign-aware (CTRL paper).
+        repetition_context_size (int): window for ``repetition_penalty``.
+        presence_penalty (float): subtracted once if the token is in the window.
+        presence_context_size (int): window for ``presence_penalty``.
+        frequency_penalty (float): subtracted per occurrence in the window.
+        frequency_context_size (int): window for ``frequency_penalty``.
+    """
+
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    repetition_penalty: float = 0.0
+    repetition_context_size: int = 20
+    presence_penalty: float = 0.0
+    presence_context_size: int = 20
+    frequency_penalty: float = 0.0
+    frequency_context_size: int = 20
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One generation job.
+
+    Args:
+        prompt (tuple[int, ...]): prompt token ids (already templated).
+        max_tokens (int | None): cap on generated tokens; ``None`` means until
+            EOS or the end of the context window.
+        stop (tuple[str, ...]): stop strings matched on decoded text.
+        sampling (SamplingParams): sampler settings.
+        logits (LogitsParams): logits processor settings.
+        logprobs (bool): report each generated token's log-probability.
+        top_logprobs (int): report the k most likely tokens per step (``0`` off).
+    """
+
+    prompt: tuple[int, ...]
+    max_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    logits: LogitsParams = field(default_factory=LogitsParams)
+    logprobs: bool = False
+    top_logprobs: int = 0
+
+
+@dataclass(frozen=True)
+class TopLogprob:
+    """One candidate token at a position: id, raw vocab piece, natural-log probability."""
+
+    id: int
+    token: str
+    logprob: float
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """Log-probability of one generated token, from the distribution after the
+    logits processors and before the sampler (mlx-lm ``generate_step``).
+
+    Args:
+        id (int): the generated token id.
+        logprob (float): its natural-log probability.
+        top (tuple[TopLogprob, ...]): the most likely tokens, sorted descending;
+            empty unless ``top_logprobs`` was requested.
+    """
+
+    id: int
+    logprob: float
+    top: tuple[TopLogprob, ...] = ()
+
+
+@dataclass(frozen=True)
+class Delta:
+    """New output: text safe to show (UTF-8 complete, no part of a stop string)
+    and the tokens generated since the last event."""
+
+    text: str
+    token_ids: tuple[int, ...] = ()
+    logprobs: tuple[TokenLogprob, ...] = ()
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The request ended normally.
+
+    Args:
+        finish_reason (str): ``"stop"`` (EOS or stop string) or ``"length"``.
+        prompt_tokens (int): prompt length in tokens.
+        completion_tokens (int): generated tokens, counting the EOS token as mlx-lm does.
+        cached_tokens (int): prompt tokens reused from a prompt cache. Default: ``0``.
+    """
+
+    finish_reason: FinishReason
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The request failed inside the engine; ``message`` is safe to show."""
+
+    message: str
+
+
+Event = Delta | Finished | Failed
+
+
+class EngineRequestError(ValueError):
+    """A request the engine cannot run as given (a client error).
+
+    Args:
+        message (str): user-facing description.
+        param (str | None): the request field at fault. Default: ``None``.
+    """
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class PromptError(EngineRequestError):
+    """The prompt could not be built (template failure, unsupported content)."""
+
+
+class ContextLengthError(EngineRequestError):
+    """The prompt does not fit the model's context window."""
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the served model is, for ``/v1/models`` and limits.
+
+    Args:
+        id (str): the id every response echoes.
+        context_window (int): maximum prompt + completion tokens.
+        created (int): server start time, Unix seconds.
+        source (str): where the weights came from (``local``, ``hf-cache``, ``gguf``, ``embedded``).
+    """
+
+    id: str
+    context_window: int
+    created: int
+    source: str = "local"

@@ -1,0 +1,113 @@
+"""One error taxonomy for every surface, and its OpenAI renderer.
+
+Every failure a client can see is an :class:`ApiError` whose ``kind`` is a row
+of :data:`ERROR_TABLE`; the row fixes the HTTP status and the envelope's
+``type``/``code``. The same row renders an HTTP response, a Connexion
+validation error and an in-band SSE error frame, so the three can never
+disagree (the pattern of TGI's ``InferError``). Internal exceptions are never
+rendered with ``str(exc)``: they become ``server_error`` with a fixed message.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ErrorSpec:
+    """One row of the error table.
+
+    Args:
+        status (int): HTTP status code.
+        type (str): the envelope's ``error.type``.
+        code (str | None): the envelope's ``error.code``.
+    """
+
+    status: int
+    type: str
+    code: str | None = None
+
+
+#: kind -> (status, OpenAI ``type``, ``code``). Rows follow the reference's
+#: "Errors" sections (429 ``resource_admission``/``queue_full``; 400
+#: ``context_length_exceeded`` as OpenAI names it).
+ERROR_TABLE: dict[str, ErrorSpec] = {
+    "invalid_request": ErrorSpec(400, "invalid_request_error"),
+    "invalid_json": ErrorSpec(400, "invalid_request_error", "invalid_json"),
+    "context_length_exceeded": ErrorSpec(400, "invalid_request_error", "context_length_exceeded"),
+    "unauthorized": ErrorSpec(401, "authentication_error", "invalid_api_key"),
+    "not_found": ErrorSpec(404, "not_found_error"),
+    "method_not_allowed": ErrorSpec(405, "invalid_request_error", "method_not_allowed"),
+    "payload_too_large": ErrorSpec(413, "invalid_request_error", "payload_too_large"),
+    "unsupported_media_type": ErrorSpec(415, "invalid_request_error", "unsupported_media_type"),
+    "queue_full": ErrorSpec(429, "resource_admission", "queue_full"),
+    "server_error": ErrorSpec(500, "server_error"),
+    "unavailable": ErrorSpec(503, "server_error", "unavailable"),
+}
+
+#: The only message an internal failure ever shows a client.
+INTERNAL_MESSAGE = "internal server error"
+
+
+class ApiError(Exception):
+    """A client-visible failure, rendered through :data:`ERROR_TABLE`.
+
+    Args:
+        kind (str): a key of :data:`ERROR_TABLE`.
+        message (str): the human-readable message sent to the client.
+        param (str | None): the request field at fault, e.g. ``"messages[0].role"``.
+            Default: ``None``.
+        headers (dict[str, str] | None): extra response headers (e.g. ``Allow``).
+            Default: ``None``.
+
+    Raises:
+        KeyError: if ``kind`` is not a row of the table (a programming error).
+    """
+
+    def __init__(
+        self,
+        kind: str,
+        message: str,
+        param: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.spec = ERROR_TABLE[kind]
+        self.kind = kind
+        self.message = message
+        self.param = param
+        self.headers = headers or {}
+
+    @property
+    def status(self) -> int:
+        """The HTTP status of this error's row."""
+        return self.spec.status
+
+    @classmethod
+    def internal(cls) -> ApiError:
+        """The error sent for any unexpected exception: fixed text, no leak."""
+        return cls("server_error", INTERNAL_MESSAGE)
+
+
+def openai_error_body(err: ApiError) -> dict[str, Any]:
+    """Render ``err`` in OpenAI's envelope.
+
+    Returns:
+        dict: ``{"error": {"message", "type", "param", "code"}}`` (OpenAI API
+        reference, "Error codes").
+    """
+    return {
+        "error": {
+            "message": err.message,
+            "type": err.spec.type,
+            "param": err.param,
+            "code": err.spec.code,
+        }
+    }
+
+
+def openai_error_json(err: ApiError) -> str:
+    """``openai_error_body`` serialised compactly, for HTTP bodies and SSE frames."""
+    return json.dumps(openai_error_body(err), separators=(",", ":"))

@@ -1,0 +1,188 @@
+"""Wire <-> engine translation shared by the generation surfaces.
+
+:func:`to_generation_request` is the one pure function that turns a validated
+request body into an engine :class:`GenerationRequest` (the role of vLLM's
+``to_sampling_params``). The document has already checked types and ranges;
+this only applies defaults and precedence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from connexion.context import scope
+
+from mlxspec import __version__
+from mlxspec.engine import (
+    Delta,
+    Engine,
+    Failed,
+    Finished,
+    GenerationDefaults,
+    GenerationRequest,
+    LogitsParams,
+    RequestHandle,
+    SamplingParams,
+    TokenLogprob,
+)
+from mlxspec.errors import ApiError
+
+SYSTEM_FINGERPRINT = f"mlxspec-{__version__}"
+
+
+def current_engine() -> Engine:
+    """The engine serving this request (placed in the ASGI scope by the app)."""
+    return scope["state"]["engine"]
+
+
+def to_generation_request(
+    body: Mapping[str, Any], prompt: list[int], defaults: GenerationDefaults
+) -> GenerationRequest:
+    """Convert a validated chat or completion body into an engine request.
+
+    Precedence: request field, then ``defaults`` (server flags over the
+    model's generation_config.json), then mlx_lm.server's defaults.
+    ``max_completion_tokens`` wins over ``max_tokens`` (OpenAI deprecates the
+    latter); ``top_logprobs: -1`` means unset (mlx-lm's sentinel).
+
+    Args:
+        body (Mapping): the request body, already validated by the document.
+        prompt (list[int]): prompt token ids.
+        defaults (GenerationDefaults): the engine's sampling defaults.
+
+    Returns:
+        GenerationRequest: a frozen engine request.
+
+    Raises:
+        ApiError: ``logit_bias`` keys that are not integers (mlx-lm's message).
+    """
+
+    def pick(name: str, fallback: Any) -> Any:
+        value = body.get(name)
+        return fallback if value is None else value
+
+    max_tokens = body.get("max_completion_tokens")
+    if max_tokens is None:
+        max_tokens = pick("max_tokens", defaults.max_tokens)
+    stop = body.get("stop") or ()
+    sampling = SamplingParams(
+        temperature=float(pick("temperature", pick_default(defaults.temperature, 0.0))),
+        top_p=float(pick("top_p", pick_default(defaults.top_p, 1.0))),
+        top_k=int(pick("top_k", pick_default(defaults.top_k, 0))),
+        min_p=float(pick("min_p", 0.0)),
+        xtc_probability=float(pick("xtc_probability", 0.0)),
+        xtc_threshold=float(pick("xtc_threshold", 0.1)),
+        seed=body.get("seed"),
+    )
+    logits = LogitsParams(
+        logit_bias=_logit_bias(body.get("logit_bias")),
+        repetition_penalty=float(pick("repetition_penalty", 0.0)),
+        repetition_context_size=int(pick("repetition_context_size", 20)),
+        presence_penalty=float(pick("presence_penalty", 0.0)),
+        presence_context_size=int(pick("presence_context_size", 20)),
+        frequency_penalty=float(pick("frequency_penalty", 0.0)),
+        frequency_context_size=int(pick("frequency_context_size", 20)),
+    )
+    return GenerationRequest(
+        prompt=tuple(prompt),
+        max_tokens=max_tokens,
+        stop=(stop,) if isinstance(stop, str) else tuple(stop),
+        sampling=sampling,
+        logits=logits,
+        logprobs=bool(body.get("logprobs") or False),
+        top_logprobs=max(0, int(pick("top_logprobs", -1))),
+    )
+
+
+def pick_default(value: Any, fallback: Any) -> Any:
+    """``value`` unless it is ``None``."""
+    return fallback if value is None else value
+
+
+def _logit_bias(raw: Mapping[str, float] | None) -> tuple[tuple[int, float], ...]:
+    if not raw:
+        return ()
+    try:
+        return tuple((int(k), float(v)) for k, v in raw.items())
+    except (TypeError, ValueError) as exc:
+        raise ApiError(
+            "invalid_request", "logit_bias must be a dict of int to float", param="logit_bias"
+        ) from exc
+
+
+@dataclass
+class Collected:
+    """A whole generation gathered from a handle's events."""
+
+    text: str = ""
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finished: Finished | None = None
+
+
+async def collect(handle: RequestHandle) -> Collected:
+    """Gather a non-streamed generation. Cancels the engine request if the
+    awaiting task is cancelled.
+
+    Raises:
+        ApiError: ``server_error`` when the engine reports a failure.
+    """
+    out, pieces = Collected(), []
+    try:
+        async for event in handle:
+            if isinstance(event, Delta):
+                pieces.append(event.text)
+                out.logprobs.extend(event.logprobs)
+            elif isinstance(event, Finished):
+                out.finished = event
+            elif isinstance(event, Failed):
+                raise ApiError("server_error", event.message)
+    except asyncio.CancelledError:
+        handle.cancel()
+        raise
+    out.text = "".join(pieces)
+    return out
+
+
+def usage(finished: Finished) -> dict[str, Any]:
+    """The ``usage`` object: OpenAI's fields plus ``prompt_tokens_details`` and ``lane``."""
+    return {
+        "prompt_tokens": finished.prompt_tokens,
+        "completion_tokens": finished.completion_tokens,
+        "total_tokens": finished.prompt_tokens + finished.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": finished.cached_tokens},
+        "lane": "serial",
+    }
+
+
+def logprobs_block(entries: list[TokenLogprob], top_logprobs: int) -> dict[str, Any]:
+    """mlx_lm.server's logprobs block (``generate_response``).
+
+    With ``top_logprobs > 0`` each entry is the top-1 candidate merged with
+    the sorted top list (mlx-lm's ``dict(top[0], top_logprobs=top)``);
+    otherwise ``{id, logprob}`` of each generated token.
+    """
+    if top_logprobs > 0:
+        content = []
+        for e in entries:
+            top = [{"id": t.id, "token": t.token, "logprob": t.logprob} for t in e.top]
+            content.append(dict(top[0], top_logprobs=top) if top else {})
+        return {"content": content}
+    return {"content": [{"id": e.id, "logprob": e.logprob} for e in entries]}
+
+
+def new_id(prefix: str) -> str:
+    """A response id such as ``chatcmpl-<uuid4>``."""
+    return f"{prefix}-{uuid.uuid4()}"
+
+
+def now() -> int:
+    """Unix time in seconds, for ``created``."""
+    return int(time.time())
+
+
+JSON = {"Content-Type": "application/json"}

@@ -1,0 +1,66 @@
+"""``POST /v1/completions`` (operationId ``createCompletion``): raw text, no template."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from mlxspec import sse
+from mlxspec.engine import Delta, Failed, Finished, RequestHandle
+from mlxspec.errors import ApiError
+
+from .common import (
+    JSON,
+    SYSTEM_FINGERPRINT,
+    collect,
+    current_engine,
+    logprobs_block,
+    new_id,
+    now,
+    to_generation_request,
+    usage,
+)
+
+
+async def create_completion(body: dict[str, Any]) -> Any:
+    """Tokenize ``prompt`` as mlx-lm does, generate, answer as JSON or SSE."""
+    engine = current_engine()
+    request = to_generation_request(body, engine.text_prompt(body["prompt"]), engine.defaults)
+    handle = engine.submit(request)
+    head = {
+        "id": new_id("cmpl"),
+        "object": "text_completion",
+        "created": now(),
+        "model": engine.info.id,
+        "system_fingerprint": SYSTEM_FINGERPRINT,
+    }
+    if body.get("stream"):
+        frames = sse.openai_events(_chunks(handle, head), on_close=handle.cancel)
+        return sse.event_stream(frames)
+    result = await collect(handle)
+    assert result.finished is not None
+    choice: dict[str, Any] = {
+        "index": 0,
+        "text": result.text,
+        "logprobs": None,
+        "finish_reason": result.finished.finish_reason,
+    }
+    if request.logprobs or request.top_logprobs:
+        choice["logprobs"] = logprobs_block(result.logprobs, request.top_logprobs)
+    return {**head, "choices": [choice], "usage": usage(result.finished)}, 200, JSON
+
+
+async def _chunks(handle: RequestHandle, head: dict[str, Any]) -> AsyncIterator[dict]:
+    """``text_completion`` chunks: text deltas, then one with finish_reason and usage."""
+
+    def chunk(text: str, finish: str | None = None, **extra: Any) -> dict:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        return {**head, "choices": [choice], **extra}
+
+    async for event in handle:
+        if isinstance(event, Delta) and event.text:
+            yield chunk(event.text)
+        elif isinstance(event, Finished):
+            yield chunk("", event.finish_reason, usage=usage(event))
+        elif isinstance(event, Failed):
+            raise ApiError("server_error", event.message)

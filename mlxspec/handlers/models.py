@@ -1,0 +1,45 @@
+"""``GET /v1/models`` and ``GET /v1/models/{model_id}``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mlxspec.errors import ApiError
+
+from .common import current_engine
+
+
+def _served_model() -> dict[str, Any]:
+    engine = current_engine()
+    info, d = engine.info, engine.defaults
+    return {
+        "id": info.id,
+        "object": "model",
+        "created": info.created,
+        "owned_by": "mlxspec",
+        "context_window": info.context_window,
+        "capabilities": {
+            "chat_completions": True,
+            "text_completions": True,
+            "streaming": True,
+            "logprobs": True,
+        },
+        "gen_defaults": {"temperature": d.temperature, "top_p": d.top_p, "top_k": d.top_k},
+    }
+
+
+async def list_models() -> dict[str, Any]:
+    """The served model as an OpenAI list (``{"object": "list", "data": [...]}``)."""
+    return {"object": "list", "data": [_served_model()]}
+
+
+async def retrieve_model(model_id: str) -> dict[str, Any]:
+    """The list filtered to ``model_id`` (the reference's and mlx_lm.server's shape).
+
+    Raises:
+        ApiError: 404 ``not_found`` for an id this server does not serve.
+    """
+    row = _served_model()
+    if model_id != row["id"]:
+        raise ApiError("not_found", f"model '{model_id}' not found", param="model_id")
+    return {"object": "list", "data": [row]}

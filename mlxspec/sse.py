@@ -1,0 +1,81 @@
+"""The one module that writes Server-Sent Events.
+
+Only this module produces ``data:`` lines, keep-alive comments, in-band error
+frames and the ``data: [DONE]`` terminator, and sets the stream headers
+(WHATWG HTML "Server-sent events" section 9.2 for the framing). Handlers give
+it an async iterator of JSON-able payloads.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from starlette.responses import StreamingResponse
+
+from .errors import ApiError, openai_error_json
+
+log = logging.getLogger("mlxspec.sse")
+
+DONE = b"data: [DONE]\n\n"
+KEEPALIVE = b": keep-alive\n\n"
+HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def data_frame(payload: Any) -> bytes:
+    """Encode one JSON payload as a ``data:`` event.
+
+    JSON text never contains a raw newline (it is escaped), so one ``data:``
+    line always suffices.
+
+    Args:
+        payload: any JSON-serialisable value.
+
+    Returns:
+        bytes: ``b"data: <json>\\n\\n"``, UTF-8.
+    """
+    text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    return b"data: " + text.encode() + b"\n\n"
+
+
+def error_frame(err: ApiError) -> bytes:
+    """An in-band OpenAI error event, sent when a stream fails after its headers."""
+    return b"data: " + openai_error_json(err).encode() + b"\n\n"
+
+
+async def openai_events(
+    payloads: AsyncIterator[Any], on_close: Callable[[], None] | None = None
+) -> AsyncIterator[bytes]:
+    """Frame an OpenAI-style stream: each payload as ``data:``, then ``[DONE]``.
+
+    A failure mid-stream becomes one error frame and the stream ends without
+    ``[DONE]`` (reference, chat "Streaming"). ``on_close`` always runs, also when
+    the client disconnects (Starlette cancels the iterator), so the engine
+    request is cancelled.
+
+    Args:
+        payloads (AsyncIterator): JSON-able chunks, in order.
+        on_close (Callable | None): cleanup, e.g. ``handle.cancel``. Default: ``None``.
+
+    Yields:
+        bytes: SSE frames.
+    """
+    try:
+        async for payload in payloads:
+            yield payload if isinstance(payload, bytes) else data_frame(payload)
+        yield DONE
+    except ApiError as err:
+        yield error_frame(err)
+    except Exception:
+        log.exception("stream failed")
+        yield error_frame(ApiError.internal())
+    finally:
+        if on_close is not None:
+            on_close()
+
+
+def event_stream(frames: AsyncIterator[bytes]) -> StreamingResponse:
+    """Wrap SSE frames in a ``text/event-stream`` response with no-cache headers."""
+    return StreamingResponse(frames, media_type="text/event-stream", headers=dict(HEADERS))

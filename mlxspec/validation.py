@@ -1,0 +1,186 @@
+"""OpenAPI 3.1 support for Connexion 3, and OpenAI-shaped request validation.
+
+Connexion 3.3 checks every OAS3 document against its bundled 3.0 meta-schema
+and validates bodies with Draft 4 (spec-first/connexion#1396). This module is
+the small, isolated adapter that fixes both:
+
+* :func:`enable_openapi_31` makes Connexion validate 3.1 documents with
+  ``openapi-spec-validator`` instead (3.0 documents keep the stock check);
+* :class:`RequestBodyValidator` parses JSON strictly and validates with
+  JSON Schema Draft 2020-12, raising :class:`~mlxspec.errors.ApiError`.
+
+Two rules go beyond JSON Schema, matching ``mlx_lm.server``'s
+``isinstance`` checks: ``integer`` rejects non-integral JSON numbers such as
+``2.0``, and ``NaN``/``Infinity`` literals are invalid JSON. A schema may
+carry ``x-mlxspec-error`` (a message, or a map from JSON Schema keyword to
+message) to give a field the reference's exact error text.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+import jsonschema
+from connexion.validators import JSONRequestBodyValidator, JSONResponseBodyValidator
+from jsonschema.exceptions import ValidationError, best_match
+
+from .errors import ApiError
+
+_patched = False
+
+
+def enable_openapi_31() -> None:
+    """Let Connexion accept ``openapi: 3.1.x`` documents (idempotent).
+
+    Raises:
+        connexion.exceptions.InvalidSpecification: at ``add_api`` time, for a
+            3.1 document that ``openapi-spec-validator`` rejects.
+    """
+    global _patched
+    if _patched:
+        return
+    import openapi_spec_validator
+    from connexion.exceptions import InvalidSpecification
+    from connexion.spec import OpenAPISpecification
+
+    stock = OpenAPISpecification._validate_spec.__func__  # type: ignore[attr-defined]
+
+    def _validate_spec(cls: type, spec: dict) -> None:
+        if str(spec.get("openapi", "")).startswith("3.1"):
+            try:
+                openapi_spec_validator.validate(spec)
+            except Exception as exc:  # the validator raises several error types
+                raise InvalidSpecification(str(exc)) from exc
+        else:
+            stock(cls, spec)
+
+    OpenAPISpecification._validate_spec = classmethod(_validate_spec)  # type: ignore[method-assign]
+    _patched = True
+
+
+def _is_strict_integer(_checker: Any, instance: Any) -> bool:
+    return isinstance(instance, int) and not isinstance(instance, bool)
+
+
+_StrictDraft202012 = jsonschema.validators.extend(
+    jsonschema.Draft202012Validator,
+    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
+        "integer", _is_strict_integer
+    ),
+)
+
+# id(schema) -> (schema, validator); keeping the schema alive keeps its id unique.
+_VALIDATORS: dict[int, tuple[dict, Any]] = {}
+
+
+def validator_for(schema: dict) -> Any:
+    """A cached strict Draft 2020-12 validator for ``schema`` (refs already inlined)."""
+    hit = _VALIDATORS.get(id(schema))
+    if hit is None:
+        hit = (schema, _StrictDraft202012(schema))
+        _VALIDATORS[id(schema)] = hit
+    return hit[1]
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"invalid JSON literal {name}")
+
+
+def parse_json_body(raw: bytes) -> Any:
+    """Parse a request body as strict JSON.
+
+    Returns:
+        The decoded value, or ``None`` for an empty body.
+
+    Raises:
+        ApiError: ``invalid_json`` with the message ``invalid JSON body``.
+    """
+    if not raw.strip():
+        return None
+    try:
+        return json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError("invalid_json", "invalid JSON body") from exc
+
+
+def format_path(path: Iterable[Any]) -> str | None:
+    """Render a JSON path as ``messages[0].role``; ``None`` for the root."""
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or None
+
+
+def error_for(error: ValidationError) -> ApiError:
+    """Turn the best jsonschema error into a 400 naming the field.
+
+    Args:
+        error (ValidationError): from :func:`jsonschema.exceptions.best_match`.
+
+    Returns:
+        ApiError: ``invalid_request`` with ``param`` set to the field path.
+    """
+    path = list(error.absolute_path)
+    schema = error.schema if isinstance(error.schema, dict) else {}
+    if error.validator == "required":
+        missing = next(p for p in error.validator_value if p not in error.instance)
+        path.append(missing)
+        props = schema.get("properties", {})
+        schema = props.get(missing, {}) if isinstance(props, dict) else {}
+    param = format_path(path)
+    custom = _custom_message(error, schema)
+    if custom is not None:
+        return ApiError("invalid_request", custom, param=param)
+    if error.validator == "required":
+        return ApiError("invalid_request", f"{param} is required", param=param)
+    where = f"'{param}'" if param else "request body"
+    return ApiError("invalid_request", f"Invalid value for {where}: {error.message}", param=param)
+
+
+def _custom_message(error: ValidationError, schema: dict) -> str | None:
+    """The nearest ``x-mlxspec-error`` at the failing location (``anyOf`` parents included).
+
+    A mapping is looked up by the failing keyword, then by the keyword of the
+    level that carries it, then ``"*"``.
+    """
+    level: ValidationError | None = error
+    while level is not None:
+        here = schema if level is error else level.schema
+        custom = here.get("x-mlxspec-error") if isinstance(here, dict) else None
+        if isinstance(custom, str):
+            return custom
+        if isinstance(custom, dict):
+            for key in (error.validator, level.validator, "*"):
+                if isinstance(custom.get(str(key)), str):
+                    return custom[str(key)]
+        level = level.parent
+    return None
+
+
+class RequestBodyValidator(JSONRequestBodyValidator):
+    """Connexion body validator: strict JSON, Draft 2020-12, OpenAI-shaped errors.
+
+    Register under ``validator_map["body"]`` for ``*/*json`` in ``add_api``.
+    """
+
+    async def _parse(self, stream: Any, scope: Any) -> Any:
+        return parse_json_body(b"".join([chunk async for chunk in stream]))
+
+    def _validate(self, body: Any) -> dict | None:
+        if body is None:
+            raise ApiError("invalid_request", "request body is required")
+        error = best_match(validator_for(self._schema).iter_errors(body))
+        if error is not None:
+            raise error_for(error)
+        return None
+
+
+class ResponseBodyValidator(JSONResponseBodyValidator):
+    """Connexion response validator using Draft 2020-12 (Draft 4 ignores ``const``)."""
+
+    @property
+    def validator(self) -> Any:
+        """The cached strict Draft 2020-12 validator for this response schema."""
+        return validator_for(self._schema)

@@ -1,0 +1,142 @@
+"""Shared fixtures: tiny random models, in-process apps and live servers.
+
+Tiers: pure unit tests need nothing; ``tiny_engine``/``tiny_server`` use a
+2-layer random Llama (fast); ``real_server`` runs ``mlxspec serve`` on the
+embedded SmolLM2-135M model in a subprocess, as a user would.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from fixtures.tiny_model import build_tiny_llama  # noqa: E402
+
+
+def free_port() -> int:
+    """An unused TCP port on 127.0.0.1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(base: str, timeout: float, proc: subprocess.Popen | None = None) -> None:
+    """Poll ``GET /health`` until it answers 200, or fail."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"{base} not healthy after {timeout}s")
+
+
+class LiveServer:
+    """uvicorn serving an ASGI app on a real socket, in a background thread
+    (httpx's ASGI transport buffers whole responses, so SSE timing and
+    disconnect tests need this)."""
+
+    def __init__(self, app: object) -> None:
+        import uvicorn
+
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> LiveServer:
+        self.thread.start()
+        wait_healthy(self.base, 15)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Llama folder with a ChatML template (context 256)."""
+    return build_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tiny_model_dir: Path) -> Iterator[object]:
+    """A started engine on the tiny model."""
+    from mlxspec.engine import Engine
+
+    engine = Engine.load(tiny_model_dir, "tiny-llama")
+    engine.start()
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_app(tiny_engine: object) -> object:
+    """The ASGI app on the tiny engine, validating responses against the document."""
+    from mlxspec.app import create_app
+
+    return create_app(tiny_engine, validate_responses=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_server(tiny_app: object) -> Iterator[LiveServer]:
+    """A live uvicorn server on the tiny model."""
+    with LiveServer(tiny_app) as server:
+        yield server
+
+
+@pytest.fixture()
+def client(tiny_server: LiveServer) -> Iterator[httpx.Client]:
+    """An httpx client bound to the tiny live server."""
+    with httpx.Client(base_url=tiny_server.base, timeout=60) as c:
+        yield c
+
+
+@pytest.fixture(scope="session")
+def real_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``mlxspec serve`` on the embedded default model, in a subprocess.
+
+    Yields the base URL (``http://127.0.0.1:<port>``). The GGUF conversion is
+    cached under ``MLXSPEC_CACHE_DIR`` (default ~/.cache/mlxspec).
+    """
+    port = free_port()
+    log = tmp_path_factory.mktemp("real") / "serve.log"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "mlxspec", "serve", "--port", str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(base, 300, proc)
+        yield base
+    except Exception:
+        raise RuntimeError(f"real server failed:\n{log.read_text()[-3000:]}") from None
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()

@@ -1,0 +1,80 @@
+"""Stop-string matcher: unit cases and a chunking property (hypothesis)."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mlxspec.engine.stops import StopMatcher
+
+
+def run(stops: list[str], pieces: list[str]) -> tuple[list[str], bool]:
+    m = StopMatcher(stops)
+    out = [m.feed(p) for p in pieces]
+    out.append(m.flush())
+    return out, m.stopped
+
+
+def reference(stops: list[str], text: str) -> tuple[str, bool]:
+    """Non-streamed result: cut at the earliest occurrence of any stop."""
+    hits = [i for i in (text.find(s) for s in stops if s) if i >= 0]
+    return (text[: min(hits)], True) if hits else (text, False)
+
+
+def test_stop_spanning_pieces_is_never_emitted() -> None:
+    out, stopped = run(["\n\n"], ["Hello", "\n", "\nWorld"])
+    assert out == ["Hello", "", "", ""]
+    assert stopped
+
+
+def test_partial_prefix_is_released_when_disambiguated() -> None:
+    out, stopped = run(["END"], ["a E", "N", "x tail"])
+    assert out == ["a ", "", "ENx tail", ""]
+    assert not stopped
+
+
+def test_earliest_of_several_stops_wins() -> None:
+    out, stopped = run(["bb", "a"], ["xxbba"])
+    assert "".join(out) == "xx"
+    assert stopped
+
+
+def test_held_text_flushed_at_end() -> None:
+    out, stopped = run(["###"], ["abc#", "#"])
+    assert out == ["abc", "", "##"]
+    assert not stopped
+
+
+def test_no_stops_passes_text_through() -> None:
+    assert run([], ["a", "b"]) == (["a", "b", ""], False)
+    assert run([""], ["a"]) == (["a", ""], False)
+
+
+def test_nothing_after_stop() -> None:
+    m = StopMatcher(["x"])
+    assert m.feed("ax") == "a"
+    assert m.feed("more") == ""
+    assert m.flush() == ""
+
+
+alphabet = st.sampled_from("ab\n#é😀")
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    text=st.text(alphabet=alphabet, max_size=40),
+    stops=st.lists(st.text(alphabet=alphabet, min_size=1, max_size=4), max_size=3),
+    cuts=st.lists(st.integers(min_value=0, max_value=40), max_size=10),
+)
+def test_any_chunking_equals_non_streamed(text: str, stops: list[str], cuts: list[int]) -> None:
+    bounds = sorted({0, len(text), *(c for c in cuts if c <= len(text))})
+    pieces = [text[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    out, stopped = run(stops, pieces)
+    expected, expect_stop = reference(stops, text)
+    assert "".join(out) == expected
+    assert stopped == expect_stop
+    # No emitted prefix ever contains a stop string.
+    emitted = ""
+    for piece in out:
+        emitted += piece
+        assert not any(s in emitted for s in stops)
