@@ -43,6 +43,8 @@ ERROR_TABLE: dict[str, ErrorSpec] = {
     "payload_too_large": ErrorSpec(413, "invalid_request_error", "payload_too_large"),
     "unsupported_media_type": ErrorSpec(415, "invalid_request_error", "unsupported_media_type"),
     "queue_full": ErrorSpec(429, "resource_admission", "queue_full"),
+    # 499 (nginx's "client closed request"): the client left; never a 500.
+    "cancelled": ErrorSpec(499, "request_cancelled", "request_cancelled"),
     "server_error": ErrorSpec(500, "server_error"),
     "unavailable": ErrorSpec(503, "server_error", "unavailable"),
 }

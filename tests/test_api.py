@@ -319,3 +319,15 @@ def test_disconnect_mid_stream_cancels_and_server_keeps_serving(
     assert tiny_engine.counters["cancelled"] == before + 1
     r = client.post(CHAT, json={"messages": user(), "max_tokens": 2})
     assert r.status_code == 200
+
+
+def test_disconnect_during_non_stream_request_cancels(tiny_server, tiny_engine, client) -> None:
+    before = tiny_engine.counters["cancelled"]
+    body = {"messages": user("hello"), "logit_bias": NO_EOS}  # runs to the context window
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{tiny_server.base}{CHAT}", json=body, timeout=0.15)
+    deadline = time.monotonic() + 10
+    while tiny_engine.counters["cancelled"] == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert tiny_engine.counters["cancelled"] == before + 1
+    assert client.post(CHAT, json={"messages": user(), "max_tokens": 2}).status_code == 200

@@ -8,6 +8,7 @@ resolution (:mod:`.loader`).
 from .generator import Engine, RequestHandle
 from .sampling import GenerationDefaults
 from .types import (
+    Cancelled,
     ContextLengthError,
     Delta,
     EngineRequestError,
@@ -24,6 +25,7 @@ from .types import (
 )
 
 __all__ = [
+    "Cancelled",
     "ContextLengthError",
     "Delta",
     "Engine",

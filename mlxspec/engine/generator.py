@@ -27,6 +27,7 @@ from .sampling import (
 )
 from .stops import StopMatcher
 from .types import (
+    Cancelled,
     ContextLengthError,
     Delta,
     Event,
@@ -44,8 +45,8 @@ log = logging.getLogger("mlxspec.engine")
 class RequestHandle:
     """A submitted request: an async iterator of events, and ``cancel()``.
 
-    Events are pushed from the engine thread with
-    ``loop.call_soon_threadsafe``; iteration ends after ``Finished`` or ``Failed``.
+    Events are pushed from the engine thread with ``loop.call_soon_threadsafe``;
+    iteration ends after ``Finished``, ``Failed`` or ``Cancelled``.
     """
 
     def __init__(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop) -> None:
@@ -60,21 +61,24 @@ class RequestHandle:
         return self._cancelled.is_set()
 
     def cancel(self) -> None:
-        """Ask the engine to stop this request; safe from any thread, idempotent."""
-        self._cancelled.set()
+        """Stop this request: the engine drops it at its next decode step and
+        iteration ends with ``Cancelled``. Safe from any thread, idempotent."""
+        if not self._cancelled.is_set():
+            self._cancelled.set()
+            self.emit(Cancelled())
 
     def emit(self, event: Event) -> None:
         """Deliver ``event`` to the request's loop (engine thread side)."""
         try:
             self._loop.call_soon_threadsafe(self._events.put_nowait, event)
         except RuntimeError:  # the loop is closed: the client is gone
-            self.cancel()
+            self._cancelled.set()
 
     async def __aiter__(self) -> AsyncIterator[Event]:
         while True:
             event = await self._events.get()
             yield event
-            if isinstance(event, (Finished, Failed)):
+            if isinstance(event, (Finished, Failed, Cancelled)):
                 return
 
 

@@ -149,7 +149,12 @@ class Failed:
     message: str
 
 
-Event = Delta | Finished | Failed
+@dataclass(frozen=True)
+class Cancelled:
+    """The request was cancelled (client disconnect); no more events follow."""
+
+
+Event = Delta | Finished | Failed | Cancelled
 
 
 class EngineRequestError(ValueError):

@@ -15,10 +15,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from connexion.context import scope
+from connexion.context import receive, scope
 
 from mlxspec import __version__
 from mlxspec.engine import (
+    Cancelled,
     Delta,
     Engine,
     Failed,
@@ -124,14 +125,26 @@ class Collected:
     finished: Finished | None = None
 
 
+async def _cancel_on_disconnect(handle: RequestHandle) -> None:
+    """Wait for the client's ``http.disconnect`` and cancel ``handle``.
+
+    The body was already read by validation, so the next ASGI message for a
+    plain request is the disconnect (ASGI HTTP spec, "Disconnected").
+    """
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    handle.cancel()
+
+
 async def collect(handle: RequestHandle) -> Collected:
-    """Gather a non-streamed generation. Cancels the engine request if the
-    awaiting task is cancelled.
+    """Gather a non-streamed generation. A client that disconnects, or a
+    cancelled awaiting task, cancels the engine request.
 
     Raises:
         ApiError: ``server_error`` when the engine reports a failure.
     """
     out, pieces = Collected(), []
+    watcher = asyncio.ensure_future(_cancel_on_disconnect(handle))
     try:
         async for event in handle:
             if isinstance(event, Delta):
@@ -141,9 +154,13 @@ async def collect(handle: RequestHandle) -> Collected:
                 out.finished = event
             elif isinstance(event, Failed):
                 raise ApiError("server_error", event.message)
+            elif isinstance(event, Cancelled):
+                raise ApiError("cancelled", "request cancelled")
     except asyncio.CancelledError:
         handle.cancel()
         raise
+    finally:
+        watcher.cancel()
     out.text = "".join(pieces)
     return out
 
