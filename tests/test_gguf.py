@@ -27,6 +27,12 @@ ROUND_TRIP_TEXTS = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def isolated_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keep any fallback download of the embedded model out of the user's cache."""
+    monkeypatch.setenv("MLXSPEC_CACHE_DIR", str(tmp_path / "mlxspec-cache"))
+
+
 # --- the real embedded model -------------------------------------------------------------
 
 

