@@ -396,6 +396,35 @@ def test_rejects_missing_metadata(tmp_path: Path) -> None:
         convert_gguf(gguf, tmp_path / "out")
 
 
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"llama.attention.head_count_kv": [2, 2]}, "per-layer"),
+        ({"llama.rope.scaling.type": "yarn"}, "rope scaling type 'yarn'"),
+        ({"llama.rope.dimension_count": 8}, "partial rotary"),
+    ],
+    ids=["per-layer-heads", "yarn", "partial-rope"],
+)
+def test_rejects_unsupported_metadata(tmp_path: Path, overrides: dict, message: str) -> None:
+    gguf = save_float_gguf(
+        tmp_path / "t.gguf", tiny_weights(), tiny_metadata(**overrides), mx.float32
+    )
+    with pytest.raises(GGUFError, match=message):
+        convert_gguf(gguf, tmp_path / "out")
+
+
+def test_linear_rope_scaling_and_dropped_rope_freqs(tmp_path: Path) -> None:
+    meta = tiny_metadata(**{"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 2.0})
+    weights = tiny_weights() | {"rope_freqs.weight": np.ones(8, np.float32)}
+    out = convert_gguf(
+        save_float_gguf(tmp_path / "t.gguf", weights, meta, mx.float32), tmp_path / "o"
+    )
+    config = json.loads((out / "config.json").read_text())
+    assert config["rope_scaling"] == {"type": "linear", "factor": 2.0}
+    model, _ = mlx_lm.load(str(out))  # strict: rope_freqs is not in the safetensors
+    assert model.model.layers[0].self_attn.rope is not None
+
+
 @pytest.mark.parametrize("size", [0, 4, 100, 1_000_000, 50_000_000])
 def test_rejects_truncated_or_garbage(tmp_path: Path, size: int) -> None:
     with find_embedded_gguf().open("rb") as real:

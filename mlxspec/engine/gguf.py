@@ -84,6 +84,10 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
 
     The folder is built in a temporary folder next to ``out_dir`` and renamed into
     place, so ``out_dir`` either does not exist or holds a finished conversion.
+    Tensors keep the dtypes ``mx.load`` gives: float32 norms make activations
+    float32, which on MLX CPU decodes about 30x faster than all-float16 (measured
+    on SmolLM2-135M Q4_1: 5.3 vs 0.17 tokens/s). Q/K rows stay in GGUF's
+    interleaved rope order, hence ``rope_traditional: true``.
 
     Args:
         gguf_path (Path): The GGUF file (GGUF spec v2 or v3).
@@ -242,7 +246,6 @@ def _model_config(meta: dict[str, Any], tensors: dict[str, mx.array]) -> dict[st
     arch = _meta(meta, "general.architecture")
     hidden = _meta(meta, f"{arch}.embedding_length")
     heads = _meta(meta, f"{arch}.attention.head_count")
-    tokens = _meta(meta, "tokenizer.ggml.tokens", [])
     config: dict[str, Any] = {
         "model_type": "llama",
         "architectures": ["LlamaForCausalLM"],
@@ -252,10 +255,13 @@ def _model_config(meta: dict[str, Any], tensors: dict[str, mx.array]) -> dict[st
         "num_attention_heads": heads,
         "num_key_value_heads": _meta(meta, f"{arch}.attention.head_count_kv", heads),
         "rms_norm_eps": float(f"{_meta(meta, f'{arch}.attention.layer_norm_rms_epsilon'):.6g}"),
-        "vocab_size": _meta(meta, f"{arch}.vocab_size", len(tokens)),
+        "vocab_size": tensors["model.embed_tokens.weight"].shape[0],
         "max_position_embeddings": _meta(meta, f"{arch}.context_length"),
         "tie_word_embeddings": "lm_head.weight" not in tensors,
     }
+    sizes = {k: v for k, v in config.items() if k.startswith(("num_", "hidden", "inter"))}
+    if not all(isinstance(v, int) and v > 0 for v in sizes.values()):
+        raise GGUFError(f"unsupported GGUF llama sizes (per-layer values?): {sizes}")
     head_dim = _meta(meta, f"{arch}.attention.key_length", hidden // heads)
     if head_dim != hidden // heads:
         config["head_dim"] = head_dim

@@ -226,7 +226,7 @@ def _convert_cached(gguf: Path) -> Path:
         return convert_gguf(gguf, out)
     except GGUFError as e:
         raise ModelLoadError(str(e)) from e
-    except OSError as e:
+    except (OSError, RuntimeError) as e:  # e.g. disk full while saving safetensors
         raise ModelLoadError(f"cannot convert GGUF {gguf}: {e}") from e
 
 
