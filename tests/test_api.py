@@ -123,23 +123,25 @@ def test_stream_matches_non_stream(client: httpx.Client) -> None:
     assert last["usage"]["completion_tokens"] == whole["usage"]["completion_tokens"] == 12
 
 
-def test_stop_string_spanning_tokens_never_appears(client: httpx.Client) -> None:
-    base = {"messages": user("hello"), "max_tokens": 16, "logit_bias": NO_EOS}
-    full = client.post(CHAT, json=base).json()["choices"][0]["message"]["content"]
-    # A stop that starts inside one token and ends inside a later one.
-    tokens = client.post(COMP, json={"prompt": "x", "max_tokens": 1}).json()  # warm path
-    assert tokens["choices"]
-    stop = full[3:6]
-    assert len(stop) == 3
+def test_stop_string_spanning_tokens_never_appears(client: httpx.Client, tiny_engine) -> None:
+    base = {"messages": user("hello"), "max_tokens": 16, "logit_bias": NO_EOS, "logprobs": True}
+    whole = client.post(CHAT, json=base).json()["choices"][0]
+    full = whole["message"]["content"]
+    ids = [e["id"] for e in whole["logprobs"]["content"]]
+    pieces = [tiny_engine.tokenizer.decode([i]) for i in ids]
+    assert "".join(pieces) == full
+    # A stop made of the last character of token 2 and the first of token 3.
+    cut = len(pieces[0]) + len(pieces[1]) + len(pieces[2])
+    stop = full[cut - 1 : cut + 1]
+    assert len(stop) == 2
     body = {**base, "stop": [stop, "\u0000never"]}
     out = client.post(CHAT, json=body).json()["choices"][0]
     assert out["message"]["content"] == full[: full.find(stop)]
     assert out["finish_reason"] == "stop"
     events = sse_events(client.post(CHAT, json={**body, "stream": True}))
-    streamed = "".join(
-        json.loads(e)["choices"][0]["delta"].get("content") or "" for e in events[:-1]
-    )
-    assert streamed == out["message"]["content"] and stop not in streamed
+    deltas = [json.loads(e)["choices"][0]["delta"].get("content") or "" for e in events[:-1]]
+    assert "".join(deltas) == out["message"]["content"]
+    assert stop not in "".join(deltas)
 
 
 @pytest.mark.parametrize(

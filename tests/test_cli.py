@@ -1,0 +1,87 @@
+"""The ``mlxspec`` command line: flags, and clean failures for bad models."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mlxspec.cli import parse_config
+from mlxspec.config import ServeConfig
+
+
+def test_defaults() -> None:
+    assert parse_config(["serve"]) == ServeConfig()
+
+
+def test_flags() -> None:
+    cfg = parse_config(
+        [
+            "serve",
+            "some/model",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "9000",
+            "--max-tokens",
+            "64",
+            "--temperature",
+            "0.5",
+            "--top-p",
+            "0.9",
+            "--top-k",
+            "40",
+            "--log-level",
+            "debug",
+        ]
+    )
+    assert cfg == ServeConfig(
+        model="some/model",
+        host="0.0.0.0",
+        port=9000,
+        max_tokens=64,
+        temperature=0.5,
+        top_p=0.9,
+        top_k=40,
+        log_level="debug",
+    )
+
+
+def test_bad_flag_exits_2() -> None:
+    with pytest.raises(SystemExit) as err:
+        parse_config(["serve", "--max-tokens", "0"])
+    assert err.value.code == 2
+
+
+def run_serve(*args: str, cache: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "MLXSPEC_CACHE_DIR": str(cache)}
+    return subprocess.run(
+        [sys.executable, "-m", "mlxspec", "serve", *args, "--port", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda d: str(d / "does-not-exist"),
+        lambda d: str(d),  # a folder without config.json
+        lambda d: (
+            (d / "broken.gguf").write_bytes(b"GGUF\x03\x00garbage") and str(d / "broken.gguf")
+        ),
+        lambda d: "nobody/not-in-the-cache",
+    ],
+)
+def test_unusable_model_is_one_line_and_exit_2(tmp_path: Path, make) -> None:
+    spec = make(tmp_path) or str(tmp_path / "broken.gguf")
+    proc = run_serve(spec, cache=tmp_path / "cache")
+    assert proc.returncode == 2, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("mlxspec: error: ")]
+    assert len(errors) == 1 and proc.stderr.rstrip().endswith(errors[0]), proc.stderr
+    assert "Traceback" not in proc.stderr
