@@ -37,6 +37,12 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--top-p", type=float, default=None, help="default top_p")
     serve.add_argument("--top-k", type=int, default=None, help="default top_k")
     serve.add_argument(
+        "--batch",
+        type=_positive_int,
+        default=8,
+        help="most requests decoding at once (continuous batching); 1 = serial (default 8)",
+    )
+    serve.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"]
     )
     return parser
@@ -61,6 +67,7 @@ def parse_config(argv: Sequence[str] | None = None) -> ServeConfig:
         top_p=args.top_p,
         top_k=args.top_k,
         log_level=args.log_level,
+        batch=args.batch,
     )
 
 
@@ -82,7 +89,11 @@ def load_engine(config: ServeConfig):  # noqa: ANN201 - returns mlxspec.engine.E
     )
     try:
         engine = Engine.load(
-            resolved.path, resolved.model_id, source=resolved.source, overrides=overrides
+            resolved.path,
+            resolved.model_id,
+            source=resolved.source,
+            overrides=overrides,
+            max_batch=config.batch,
         )
     except Exception as exc:  # mlx-lm raises many types for unreadable folders
         raise ModelLoadError(f"cannot load model from {resolved.path}: {exc}") from exc

@@ -21,6 +21,8 @@ class ServeConfig:
         top_p (float | None): default top_p. Default: ``None``.
         top_k (int | None): default top_k. Default: ``None``.
         log_level (str): Python logging level name. Default: ``"info"``.
+        batch (int): most requests decoding at once (continuous batching);
+            ``1`` runs requests one at a time. Default: ``8``.
         validate_responses (bool): check every JSON response against the
             OpenAPI document (for tests and CI). Default: ``False``.
     """
@@ -33,4 +35,5 @@ class ServeConfig:
     top_p: float | None = None
     top_k: int | None = None
     log_level: str = "info"
+    batch: int = 8
     validate_responses: bool = False

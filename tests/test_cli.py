@@ -48,6 +48,7 @@ def test_flags() -> None:
         top_k=40,
         log_level="debug",
     )
+    assert parse_config(["serve", "--batch", "1"]).batch == 1
 
 
 def test_bad_flag_exits_2() -> None:

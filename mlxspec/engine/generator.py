@@ -1,10 +1,13 @@
 """The engine: one thread owns MLX; handlers talk to it through an asyncio bridge.
 
 Requests queue to a single engine thread (as mlx-lm's ``ResponseGenerator``
-does); each runs mlx-lm's ``generate_step`` with its own sampler and logits
-processors, detokenizes incrementally, matches stop strings on text and emits
-:mod:`types` events back to the request's event loop. Cancelling a handle
-stops its generation at the next decode step.
+does). With ``max_batch > 1`` they join a continuous batch
+(:class:`~.batching.BatchLane`, on mlx-lm's ``BatchGenerator``) between decode
+steps; with ``max_batch == 1``, and for requests with an explicit ``seed``
+(whose random stream must not depend on batch-mates, as in mlx_lm.server),
+they run alone on mlx-lm's ``generate_step``. Either way a :class:`~.rows.Row`
+detokenizes, matches stop strings and emits :mod:`types` events back to the
+request's event loop. Cancelling a handle stops it at the next decode step.
 """
 
 from __future__ import annotations
@@ -18,25 +21,23 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from .batching import BatchLane
 from .prompt import encode_text, normalize_messages, render_chat
+from .rows import Row
 from .sampling import (
     GenerationDefaults,
     build_logits_processors,
     build_sampler,
     read_generation_config,
 )
-from .stops import StopMatcher
 from .types import (
     Cancelled,
     ContextLengthError,
-    Delta,
     Event,
     Failed,
     Finished,
     GenerationRequest,
     ModelInfo,
-    TokenLogprob,
-    TopLogprob,
 )
 
 log = logging.getLogger("mlxspec.engine")
@@ -90,12 +91,20 @@ class Engine:
         tokenizer: an ``mlx_lm`` ``TokenizerWrapper``.
         info (ModelInfo): id, context window, start time.
         defaults (GenerationDefaults): sampling defaults for omitted fields.
+        max_batch (int): most requests decoding at once; ``1`` is serial.
+            Default: ``8``.
     """
 
     def __init__(
-        self, model: Any, tokenizer: Any, info: ModelInfo, defaults: GenerationDefaults
+        self,
+        model: Any,
+        tokenizer: Any,
+        info: ModelInfo,
+        defaults: GenerationDefaults,
+        max_batch: int = 8,
     ) -> None:
         self.model = model
+        self.max_batch = max_batch
         self.tokenizer = tokenizer
         self.info = info
         self.defaults = defaults
@@ -114,6 +123,7 @@ class Engine:
         *,
         source: str = "local",
         overrides: GenerationDefaults | None = None,
+        max_batch: int = 8,
     ) -> Engine:
         """Load an MLX model folder with ``mlx_lm.load``.
 
@@ -123,6 +133,7 @@ class Engine:
             source (str): where the folder came from. Default: ``"local"``.
             overrides (GenerationDefaults | None): server CLI sampling flags,
                 which win over ``generation_config.json``. Default: ``None``.
+            max_batch (int): concurrency cap; ``1`` is serial. Default: ``8``.
 
         Returns:
             Engine: not yet started; call :meth:`start`.
@@ -138,7 +149,7 @@ class Engine:
         defaults = read_generation_config(Path(path)).merged(
             **(overrides or GenerationDefaults()).__dict__
         )
-        return cls(model, tokenizer, info, defaults)
+        return cls(model, tokenizer, info, defaults, max_batch=max_batch)
 
     def start(self) -> None:
         """Start the engine thread (idempotent)."""
@@ -194,74 +205,89 @@ class Engine:
 
     # Engine thread.
     def _run(self) -> None:
-        while (handle := self._jobs.get()) is not None:
+        lane = self._new_lane() if self.max_batch > 1 else None
+        try:
+            while self._admit(lane):
+                if lane is not None and len(lane):
+                    try:
+                        lane.step()
+                    except Exception:  # a broken batch fails its rows, not the engine
+                        log.exception("batch step failed")
+                        self.counters["failed"] += lane.fail_all("generation failed")
+                        lane.close()
+                        lane = self._new_lane()
+        finally:
+            if lane is not None:
+                lane.close()
+
+    def _admit(self, lane: BatchLane | None) -> bool:
+        """Take queued requests (waiting only when idle); False on shutdown."""
+        idle = lane is None or not len(lane)
+        try:
+            handle = self._jobs.get(block=idle)
+        except queue.Empty:
+            return True
+        while handle is not None:
+            if handle.cancelled:
+                self._count("cancelled")
+            elif lane is None or handle.request.sampling.seed is not None:
+                self._serial(handle)
+            else:
+                lane.add(handle, self._budget(handle.request))
             try:
-                outcome = "cancelled" if handle.cancelled else self._generate(handle)
-            except Exception:  # never kill the engine thread
-                log.exception("generation failed")
-                handle.emit(Failed("generation failed"))
-                outcome = "failed"
-            self.counters[outcome] += 1
+                handle = self._jobs.get_nowait()
+            except queue.Empty:
+                return True
+        return False
+
+    def _new_lane(self) -> BatchLane:
+        return BatchLane(
+            self.model,
+            self.tokenizer,
+            self._eos,
+            self._xtc_special,
+            self.max_batch,
+            on_done=self._count,
+        )
+
+    def _count(self, outcome: str) -> None:
+        self.counters[outcome] += 1
+
+    def _budget(self, req: GenerationRequest) -> int:
+        """Tokens this request may generate: its ``max_tokens`` capped by the room
+        left in the context window (never below 1: ``submit`` checked the prompt)."""
+        room = self.info.context_window - len(req.prompt)
+        return max(1, room if req.max_tokens is None else min(req.max_tokens, room))
+
+    def _serial(self, handle: RequestHandle) -> None:
+        try:
+            outcome = self._generate(handle)
+        except Exception:  # never kill the engine thread
+            log.exception("generation failed")
+            handle.emit(Failed("generation failed"))
+            outcome = "failed"
+        self._count(outcome)
 
     def _generate(self, handle: RequestHandle) -> str:
-        """Run one request to its end; returns ``"completed"`` or ``"cancelled"``."""
+        """Run one request alone to its end; returns ``"completed"`` or ``"cancelled"``."""
         import mlx.core as mx
         from mlx_lm.generate import generate_step
 
         req = handle.request
         if req.sampling.seed is not None:
             mx.random.seed(req.sampling.seed)
-        room = self.info.context_window - len(req.prompt)
-        max_tokens = room if req.max_tokens is None else min(req.max_tokens, room)
+        row = Row(handle, self.tokenizer, self._eos, lane="serial")
         steps = generate_step(
             mx.array(req.prompt, dtype=mx.uint32),
             self.model,
-            max_tokens=max_tokens,
+            max_tokens=self._budget(req),
             sampler=build_sampler(req.sampling, self._xtc_special),
             logits_processors=build_logits_processors(req.logits),
         )
-        detok = self.tokenizer.detokenizer
-        stops = StopMatcher(req.stop)
-        finish, count = "length", 0
         for token, logprobs in steps:
             if handle.cancelled:
                 return "cancelled"
-            count += 1
-            lps = self._logprobs(token, logprobs, req)
-            if token in self._eos:
-                finish = "stop"
-                if lps:
-                    handle.emit(Delta("", (token,), lps))
-                break
-            detok.add_token(token)
-            text = stops.feed(detok.last_segment)
-            if text or lps:
-                handle.emit(Delta(text, (token,), lps))
-            if stops.stopped:
-                finish = "stop"
-                break
-        if not stops.stopped:
-            detok.finalize()
-            tail = stops.feed(detok.last_segment) + stops.flush()
-            if tail:
-                handle.emit(Delta(tail))
-            if stops.stopped:
-                finish = "stop"
-        handle.emit(Finished(finish, len(req.prompt), count))
+            if row.push(token, logprobs):
+                return "completed"
+        row.finish_length()
         return "completed"
-
-    def _logprobs(self, token: int, logprobs: Any, req: GenerationRequest) -> tuple:
-        if not (req.logprobs or req.top_logprobs > 0):
-            return ()
-        import mlx.core as mx
-
-        top: tuple[TopLogprob, ...] = ()
-        if req.top_logprobs > 0:
-            k = req.top_logprobs
-            ids = mx.argpartition(-logprobs, kth=k - 1)[:k]
-            values = logprobs[ids]
-            order = mx.argsort(-values)
-            ids_l, vals_l = ids[order].tolist(), values[order].tolist()
-            pieces = self.tokenizer.convert_ids_to_tokens(ids_l)
-            top = tuple(TopLogprob(i, p, v) for i, p, v in zip(ids_l, pieces, vals_l, strict=True))
-        return (TokenLogprob(token, logprobs[token].item(), top),)

@@ -134,12 +134,14 @@ class Finished:
         prompt_tokens (int): prompt length in tokens.
         completion_tokens (int): generated tokens, counting the EOS token as mlx-lm does.
         cached_tokens (int): prompt tokens reused from a prompt cache. Default: ``0``.
+        lane (str): ``"serial"`` or ``"batched"``: how the request ran. Default: ``"serial"``.
     """
 
     finish_reason: FinishReason
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0
+    lane: str = "serial"
 
 
 @dataclass(frozen=True)

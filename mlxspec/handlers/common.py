@@ -172,7 +172,7 @@ def usage(finished: Finished) -> dict[str, Any]:
         "completion_tokens": finished.completion_tokens,
         "total_tokens": finished.prompt_tokens + finished.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": finished.cached_tokens},
-        "lane": "serial",
+        "lane": finished.lane,
     }
 
 

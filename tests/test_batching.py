@@ -1,0 +1,104 @@
+"""Continuous batching: concurrent requests give the serial results, join and
+leave between steps, and a cancelled row frees its slot."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from mlxspec.engine import (
+    Delta,
+    Engine,
+    Finished,
+    GenerationRequest,
+    LogitsParams,
+    SamplingParams,
+)
+
+NO_EOS = LogitsParams(logit_bias=((2, -1e9),))
+
+
+async def run_all(engine: Engine, requests: list[GenerationRequest]) -> list[tuple[str, Finished]]:
+    async def one(req: GenerationRequest) -> tuple[str, Finished]:
+        text, fin = "", None
+        async for ev in engine.submit(req):
+            if isinstance(ev, Delta):
+                text += ev.text
+            elif isinstance(ev, Finished):
+                fin = ev
+        return text, fin
+
+    return await asyncio.gather(*(one(r) for r in requests))
+
+
+@pytest.fixture(scope="module")
+def serial_engine(tiny_model_dir):
+    engine = Engine.load(tiny_model_dir, "tiny-llama", max_batch=1)
+    engine.start()
+    yield engine
+    engine.close()
+
+
+def prompts(engine: Engine) -> list[tuple[int, ...]]:
+    texts = ["hello", "the world", "or", "he said", "abc", "tell me", "x", "hell"]
+    return [tuple(engine.text_prompt(t)) for t in texts]
+
+
+def test_concurrent_greedy_equals_serial(tiny_engine, serial_engine) -> None:
+    reqs = [GenerationRequest(p, max_tokens=6 + i) for i, p in enumerate(prompts(tiny_engine))]
+    batched = asyncio.run(run_all(tiny_engine, reqs))
+    serial = [asyncio.run(run_all(serial_engine, [r]))[0] for r in reqs]
+    assert [t for t, _ in batched] == [t for t, _ in serial]
+    for (_, b), (_, s) in zip(batched, serial, strict=True):
+        assert (b.finish_reason, b.completion_tokens, b.prompt_tokens) == (
+            s.finish_reason,
+            s.completion_tokens,
+            s.prompt_tokens,
+        )
+        assert (b.lane, s.lane) == ("batched", "serial")
+
+
+def test_mixed_settings_in_one_batch(tiny_engine, serial_engine) -> None:
+    base = prompts(tiny_engine)
+    reqs = [
+        GenerationRequest(base[0], max_tokens=5, logits=NO_EOS),
+        GenerationRequest(base[1], max_tokens=7, logits=LogitsParams(repetition_penalty=1.3)),
+        GenerationRequest(base[2], max_tokens=4, stop=("o",)),
+        GenerationRequest(base[3], max_tokens=6, sampling=SamplingParams(top_k=1, temperature=1.0)),
+    ]
+    batched = asyncio.run(run_all(tiny_engine, reqs))
+    serial = [asyncio.run(run_all(serial_engine, [r]))[0] for r in reqs]
+    assert [t for t, _ in batched] == [t for t, _ in serial]
+    assert [f.completion_tokens for _, f in batched] == [f.completion_tokens for _, f in serial]
+
+
+def test_seeded_requests_run_serially(tiny_engine) -> None:
+    req = GenerationRequest(
+        prompts(tiny_engine)[0], max_tokens=4, sampling=SamplingParams(temperature=1.0, seed=3)
+    )
+    ((text, fin),) = asyncio.run(run_all(tiny_engine, [req]))
+    assert fin.lane == "serial"
+
+
+def test_cancelled_row_leaves_batch_and_others_finish(tiny_engine) -> None:
+    p = prompts(tiny_engine)
+
+    async def go():
+        long = tiny_engine.submit(GenerationRequest(p[0], logits=NO_EOS))
+        others = asyncio.gather(
+            *(
+                run_all(tiny_engine, [GenerationRequest(q, max_tokens=5, logits=NO_EOS)])
+                for q in p[1:4]
+            )
+        )
+        async for ev in long:
+            if isinstance(ev, Delta):
+                long.cancel()
+        return await others
+
+    before = tiny_engine.counters["cancelled"]
+    results = asyncio.run(asyncio.wait_for(go(), 60))
+    finals = [r[0][1] for r in results]
+    assert [(f.completion_tokens, f.finish_reason) for f in finals] == [(5, "length")] * 3
+    assert tiny_engine.counters["cancelled"] == before + 1
