@@ -225,7 +225,7 @@ def test_extensions_are_marked() -> None:
     shared = schemas["GenerationParameters"]["properties"]
     for field in EXTENSION_FIELDS:
         assert shared[field].get("x-mlxspec-extension") is True, field
-    chat = schemas["CreateChatCompletionRequest"]["properties"]
+    chat = schemas["CreateChatCompletionRequest"]["allOf"][1]["properties"]
     assert chat["chat_template_kwargs"]["x-mlxspec-extension"] is True
     openai_fields = ["temperature", "top_p", "max_tokens", "stop", "seed", "logprobs", "n"]
     for field in openai_fields:
