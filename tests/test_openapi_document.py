@@ -22,7 +22,7 @@ REGISTRY = Registry().with_resource(
 )
 HTTP_METHODS = {"get", "put", "post", "delete", "options", "head", "patch", "trace"}
 
-GENERATION_CODES = {"200", "400", "415", "429", "500"}
+GENERATION_CODES = {"200", "400", "415", "429", "499", "500"}
 OPERATIONS = [
     # method, path, operationId, router controller, tag, response codes
     (
@@ -41,17 +41,17 @@ OPERATIONS = [
         "completions",
         GENERATION_CODES,
     ),
-    ("get", "/v1/models", "listModels", "mlxspec.handlers.models", "models", {"200", "500"}),
+    ("get", "/v1/models", "listModels", "mlxspec.handlers.models", "models", {"200", "400", "500"}),
     (
         "get",
         "/v1/models/{model_id}",
         "retrieveModel",
         "mlxspec.handlers.models",
         "models",
-        {"200", "404", "500"},
+        {"200", "400", "404", "500"},
     ),
-    ("get", "/health", "health", "mlxspec.handlers.system", "system", {"200", "500"}),
-    ("get", "/v1", "apiIndex", "mlxspec.handlers.system", "system", {"200", "500"}),
+    ("get", "/health", "health", "mlxspec.handlers.system", "system", {"200", "400", "500"}),
+    ("get", "/v1", "apiIndex", "mlxspec.handlers.system", "system", {"200", "400", "500"}),
 ]
 
 EXTENSION_FIELDS = [
