@@ -24,6 +24,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from fixtures.tiny_model import build_tiny_llama  # noqa: E402
+from mlxspec.conformance.contract import checking_client  # noqa: E402
 
 
 def free_port() -> int:
@@ -106,8 +107,9 @@ def tiny_server(tiny_app: object) -> Iterator[LiveServer]:
 
 @pytest.fixture()
 def client(tiny_server: LiveServer) -> Iterator[httpx.Client]:
-    """An httpx client bound to the tiny live server."""
-    with httpx.Client(base_url=tiny_server.base, timeout=60) as c:
+    """An httpx client bound to the tiny live server that checks every response
+    against the OpenAPI document (status, headers, body, each SSE frame)."""
+    with checking_client(tiny_server.base, timeout=60) as c:
         yield c
 
 
@@ -140,3 +142,11 @@ def real_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             proc.wait(15)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+@pytest.fixture()
+def real_client(real_server: str) -> Iterator[httpx.Client]:
+    """An httpx client bound to ``real_server`` that checks every response
+    against the OpenAPI document, like ``client``."""
+    with checking_client(real_server, timeout=120) as c:
+        yield c

@@ -1,0 +1,527 @@
+"""Response-contract checks: any HTTP response against the OpenAPI document.
+
+:func:`check_response` validates one response (status, declared headers, body)
+with openapi-core 0.23 against ``mlxspec/openapi/openapi.yaml``. Event streams
+are checked frame by frame, since the document's ``text/event-stream`` schema
+describes one event (OpenAPI 3.1 has no ``itemSchema``): every frame must be
+``data: <payload>\\n\\n`` (or a ``:`` comment), each payload must match the event
+schema and its ``contentSchema``, and the stream must end with ``data: [DONE]``
+or an error frame. Responses outside any operation follow the conventions of
+the document's description: unknown paths answer 404 and undeclared methods 405
+with ``Allow``, both with an ``ErrorResponse`` body; every error body agrees
+with :data:`mlxspec.errors.ERROR_TABLE`.
+
+:func:`checking_client` and :func:`checking_async_client` give httpx clients
+that check every response they receive (the official ``openai`` SDK accepts them
+as ``http_client``).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import httpx
+from jsonschema_path import SchemaPath
+from openapi_core import OpenAPI
+from openapi_core.testing import MockRequest, MockResponse
+from openapi_core.validation.response.validators import V31ResponseHeadersValidator
+from openapi_core.validation.schemas import oas31_schema_validators_factory
+from openapi_core.validation.schemas.exceptions import InvalidSchemaValue
+
+from mlxspec.errors import ERROR_TABLE
+from mlxspec.openapi import load_spec
+
+__all__ = [
+    "ContractViolation",
+    "check_response",
+    "checking_async_client",
+    "checking_client",
+    "split_event_stream",
+]
+
+HOST = "http://mlxspec.test"
+SSE = "text/event-stream"
+#: Routes the app serves outside the document (Connexion's own spec route).
+UNDOCUMENTED_GET = {"/openapi.json"}
+_ERROR_ROWS = {(row.status, row.type, row.code) for row in ERROR_TABLE.values()}
+
+
+class ContractViolation(AssertionError):
+    """A response that breaks the contract of the OpenAPI document."""
+
+
+@functools.cache
+def _api() -> OpenAPI:
+    return OpenAPI.from_dict(load_spec())
+
+
+@functools.cache
+def _headers_validator() -> V31ResponseHeadersValidator:
+    return V31ResponseHeadersValidator(_api().spec)
+
+
+@functools.cache
+def _routes() -> list[tuple[re.Pattern[str], str]]:
+    """``(regex, template)`` per documented path, literal paths first.
+
+    A parameter with ``format: path`` matches any rest of the path, ``/`` and
+    empty included (Starlette's ``path`` converter, which Connexion uses for
+    model ids such as ``org/name``); others match one non-empty segment.
+    """
+    spec = load_spec()
+    out = []
+    for template, item in spec["paths"].items():
+        params = [
+            _deref(spec, p)
+            for op in item.values()
+            if isinstance(op, dict)
+            for p in op.get("parameters", [])
+        ]
+        path_params = {p["name"] for p in params if p.get("schema", {}).get("format") == "path"}
+        regex = ""
+        for i, part in enumerate(re.split(r"\{(\w+)\}", template)):
+            if i % 2 == 0:
+                regex += re.escape(part)
+            else:
+                regex += f"(?P<{part}>{'.*' if part in path_params else '[^/]+'})"
+        out.append((re.compile(f"^{regex}$"), template))
+    return sorted(out, key=lambda r: r[1].count("{"))
+
+
+def _deref(spec: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
+    while "$ref" in node:
+        target: Any = spec
+        for part in node["$ref"].removeprefix("#/").split("/"):
+            target = target[part]
+        node = target
+    return node
+
+
+def _fail(where: str, message: str) -> ContractViolation:
+    return ContractViolation(f"{where}: {message}")
+
+
+def _describe(exc: BaseException) -> str:
+    """One readable line per schema error found under an openapi-core exception."""
+    cause: BaseException | None = exc
+    while cause is not None and not isinstance(cause, InvalidSchemaValue):
+        cause = cause.__cause__
+    if cause is None:
+        return f"{type(exc).__name__}: {exc}"
+    lines = []
+    for err in cause.schema_errors:
+        path = "".join(f"[{p!r}]" for p in getattr(err, "absolute_path", ()))
+        lines.append(f"body{path}: {getattr(err, 'message', err)}")
+    return "; ".join(lines) or str(cause)
+
+
+def _mimetype(headers: Mapping[str, str]) -> str:
+    return headers.get("content-type", "").split(";")[0].strip().lower()
+
+
+def check_response(
+    method: str,
+    path: str,
+    request_body: bytes | None,
+    status: int,
+    headers: Mapping[str, str],
+    body_bytes: bytes | None,
+) -> None:
+    """Check one HTTP response against the OpenAPI document.
+
+    Args:
+        method (str): the request method, any case. ``HEAD`` is checked as
+            ``GET`` without a body (RFC 9110 section 9.3.2).
+        path (str): the request path as sent (percent-encoded), optionally
+            with a query string.
+        request_body (bytes | None): the request body; a JSON object's
+            ``stream`` field decides which media type a 200 must have.
+        status (int): the response status code.
+        headers (Mapping[str, str]): response headers, case-insensitive
+            (e.g. ``httpx.Headers``); a plain dict must use lowercase keys.
+        body_bytes (bytes | None): the whole response body, or ``None`` when
+            it was not read (only status and headers are checked then).
+
+    Raises:
+        ContractViolation: the first breach found, naming the request and the
+            rule, e.g. ``POST /v1/completions -> 200: body['choices']: ...``.
+    """
+    method = method.upper()
+    path = urlsplit(path).path or "/"
+    where = f"{method} {path} -> {status}"
+    headers = httpx.Headers(headers)
+    if method == "HEAD":
+        method, body_bytes = "GET", None
+    match = _match(path)
+    if match is None:
+        _check_outside(method, path, status, headers, body_bytes, where)
+        return
+    template, view_args = match
+    operations = {m for m in load_spec()["paths"][template] if m.isalpha()}
+    if method.lower() not in operations:
+        _check_method_not_allowed(operations, status, headers, body_bytes, where)
+        return
+    request = MockRequest(
+        HOST, method, path, path_pattern=template, view_args=view_args, data=request_body
+    )
+    _check_operation(request, template, status, headers, body_bytes, where)
+
+
+def _match(path: str) -> tuple[str, dict[str, str]] | None:
+    for regex, template in _routes():
+        m = regex.match(path)
+        if m:
+            return template, {k: unquote(v) for k, v in m.groupdict().items()}
+    return None
+
+
+def _check_operation(
+    request: MockRequest,
+    template: str,
+    status: int,
+    headers: httpx.Headers,
+    body: bytes | None,
+    where: str,
+) -> None:
+    api = _api()
+    mimetype = _mimetype(headers)
+    response = MockResponse(body or b"", status, list(headers.multi_items()), mimetype)
+    errors = list(_headers_validator().iter_errors(request, response))  # status and headers
+    if errors:
+        raise _fail(where, "; ".join(_describe(e) for e in errors))
+    content = api.spec / "paths" / template / request.method / "responses" / str(status)
+    content = content / "content"
+    if mimetype not in content.str_keys():
+        raise _fail(where, f"Content-Type {mimetype!r} not declared: {list(content.str_keys())}")
+    _check_stream_flag(request.body, content, mimetype, status, where)
+    if body is None:
+        return
+    if mimetype == SSE:
+        # openapi-core would read the stream as one event: check frame by frame.
+        check_event_stream(content / SSE / "schema", body, where)
+        if headers.get("cache-control") != "no-cache":
+            raise _fail(where, "an event stream must be sent with Cache-Control: no-cache")
+        return
+    errors = list(api.iter_response_errors(request, response))
+    if errors:
+        raise _fail(where, "; ".join(_describe(e) for e in errors))
+    if status >= 400:
+        _check_error_row(status, body, where)
+
+
+def _check_stream_flag(
+    request_body: bytes, content: SchemaPath, mimetype: str, status: int, where: str
+) -> None:
+    """Where JSON and SSE are both declared, the request's ``stream`` picks one
+    (the generation routes' 200 description)."""
+    if status != 200 or {"application/json", SSE} - set(content.str_keys()):
+        return
+    try:
+        fields = json.loads(request_body or b"null")
+    except ValueError:
+        return
+    streamed = isinstance(fields, dict) and fields.get("stream") is True
+    expected = SSE if streamed else "application/json"
+    if mimetype != expected:
+        raise _fail(where, f"stream={streamed} must answer {expected}, got {mimetype}")
+
+
+def _check_outside(
+    method: str,
+    path: str,
+    status: int,
+    headers: httpx.Headers,
+    body: bytes | None,
+    where: str,
+) -> None:
+    """A path no operation declares: Connexion's spec route, a trailing-slash
+    redirect to a documented path, or a 404 ``ErrorResponse``."""
+    if path in UNDOCUMENTED_GET:
+        if method != "GET":
+            _check_method_not_allowed({"get"}, status, headers, body, where)
+        elif status != 200 or (body is not None and _json(body, where).get("paths") is None):
+            raise _fail(where, "the OpenAPI document route must answer 200 with the document")
+        return
+    if status in (307, 308):
+        target = urlsplit(headers.get("location", "")).path
+        if path.endswith("/") and target == path.rstrip("/") and _match(target):
+            return
+        raise _fail(where, f"redirect to {target!r} is not the documented {path.rstrip('/')!r}")
+    if status != 404:
+        raise _fail(where, "a path outside the document must answer 404")
+    _check_error_body(status, headers, body, where)
+
+
+def _check_method_not_allowed(
+    operations: set[str], status: int, headers: httpx.Headers, body: bytes | None, where: str
+) -> None:
+    if status != 405:
+        raise _fail(where, f"method not declared here (only {sorted(operations)}): expected 405")
+    allow = {m.strip().lower() for m in headers.get("allow", "").split(",") if m.strip()}
+    expected = operations | ({"head"} if "get" in operations else set())
+    if allow != expected:
+        raise _fail(where, f"Allow {headers.get('allow')!r} should list {sorted(expected)}")
+    _check_error_body(status, headers, body, where)
+
+
+def _check_error_body(status: int, headers: httpx.Headers, body: bytes | None, where: str) -> None:
+    if _mimetype(headers) != "application/json":
+        raise _fail(where, f"errors are application/json, got {_mimetype(headers)!r}")
+    if body is None:
+        return
+    _validate(_schema("ErrorResponse"), _json(body, where), where)
+    _check_error_row(status, body, where)
+
+
+def _check_error_row(status: int, body: bytes, where: str) -> None:
+    error = _json(body, where).get("error", {})
+    row = (status, error.get("type"), error.get("code"))
+    if row not in _ERROR_ROWS:
+        raise _fail(where, f"(status, type, code) {row} is not a row of mlxspec.errors.ERROR_TABLE")
+
+
+def _json(body: bytes, where: str) -> Any:
+    try:
+        return json.loads(body)
+    except ValueError as exc:
+        raise _fail(where, f"body is not JSON: {body[:80]!r}") from exc
+
+
+def _schema(name: str) -> SchemaPath:
+    return _api().spec / "components" / "schemas" / name
+
+
+def _schema_errors(schema: SchemaPath, value: Any) -> str | None:
+    """openapi-core's verdict on ``value`` against ``schema``: ``None`` if valid."""
+    validator = oas31_schema_validators_factory.create(_api().spec, schema)
+    try:
+        validator.validate(value)
+    except InvalidSchemaValue as exc:
+        return _describe(exc)
+    return None
+
+
+def _validate(schema: SchemaPath, value: Any, where: str) -> None:
+    problem = _schema_errors(schema, value)
+    if problem:
+        raise _fail(where, problem)
+
+
+def split_event_stream(body: bytes, where: str = "stream") -> list[str]:
+    """Split an event stream into its ``data`` payloads, enforcing mlxspec's framing.
+
+    Stricter than the WHATWG parser (HTML Living Standard, "Server-sent
+    events", section 9.2.6): every event is exactly one ``data: <payload>``
+    line followed by a blank line, with ``\\n`` line ends; blocks of ``:``
+    comment lines (keep-alives) are skipped.
+
+    Args:
+        body (bytes): the whole stream, UTF-8.
+        where (str): context for error messages. Default: ``"stream"``.
+
+    Returns:
+        list[str]: the payloads in order (``"[DONE]"`` included).
+
+    Raises:
+        ContractViolation: bad UTF-8, ``\\r``, a frame with other fields or
+            several lines, or a stream that does not end with a blank line.
+    """
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _fail(where, "event stream is not UTF-8") from exc
+    if "\r" in text:
+        raise _fail(where, "event stream frames end with \\n only")
+    if not text.endswith("\n\n"):
+        raise _fail(where, f"event stream does not end with a blank line: {text[-80:]!r}")
+    payloads = []
+    for block in text[:-2].split("\n\n"):
+        lines = block.split("\n")
+        if all(line.startswith(":") for line in lines):
+            continue
+        if len(lines) != 1 or not lines[0].startswith("data: "):
+            raise _fail(where, f"frame is not one 'data: ' line: {block[:120]!r}")
+        payloads.append(lines[0][len("data: ") :])
+    return payloads
+
+
+def check_event_stream(event_schema: SchemaPath, body: bytes, where: str = "stream") -> None:
+    """Check a whole event stream against a per-event schema of the document.
+
+    Each payload is validated as ``{"data": payload}`` against ``event_schema``
+    and, for JSON payloads, against the ``contentSchema`` of the first
+    ``data.anyOf`` branch it satisfies. Order, from the generation routes'
+    descriptions: ``[DONE]`` or an error frame ends the stream and nothing
+    follows either; only the last chunk has a non-null ``finish_reason``, and
+    before ``[DONE]`` it also carries ``usage``; all chunks share one ``id``;
+    an error frame's ``type``/``code`` is a row of the error table.
+
+    Args:
+        event_schema (SchemaPath): e.g. the ``text/event-stream`` media type's schema.
+        body (bytes): the whole stream.
+        where (str): context for error messages. Default: ``"stream"``.
+
+    Raises:
+        ContractViolation: the first frame or ordering rule broken.
+    """
+    payloads = split_event_stream(body, where)
+    if not payloads:
+        raise _fail(where, "event stream has no data frames")
+    kinds = []
+    for i, payload in enumerate(payloads):
+        _validate(event_schema, {"data": payload}, f"{where} frame {i}")
+        kinds.append(_frame_kind(event_schema, payload, f"{where} frame {i}"))
+    for i, kind in enumerate(kinds[:-1]):
+        if kind != "chunk":
+            raise _fail(where, f"frame {i} ({kind}) must be the last, {len(kinds) - i - 1} follow")
+    chunks = [json.loads(p) for p, k in zip(payloads, kinds, strict=True) if k == "chunk"]
+    _check_chunk_order(chunks, kinds[-1], where)
+    if kinds[-1] == "error":
+        error = json.loads(payloads[-1])["error"]
+        if (error.get("type"), error.get("code")) not in {row[1:] for row in _ERROR_ROWS}:
+            raise _fail(where, f"in-band error {error} is not a row of mlxspec.errors.ERROR_TABLE")
+
+
+def _frame_kind(event_schema: SchemaPath, payload: str, where: str) -> str:
+    """``done``, ``error`` or ``chunk``: the ``data.anyOf`` branch the payload satisfies."""
+    failures = []
+    for node in event_schema / "properties" / "data" / "anyOf":
+        with node.resolve() as resolved:
+            contents = resolved.contents
+        if "const" in contents:
+            if payload == contents["const"]:
+                return "done"
+            continue
+        if "contentSchema" not in contents:
+            continue
+        try:
+            problem = _schema_errors(node / "contentSchema", json.loads(payload))
+        except ValueError:
+            problem = "not JSON"
+        if problem:
+            failures.append(problem)
+            continue
+        ref = contents["contentSchema"].get("$ref", "")
+        return "error" if ref.endswith("/ErrorResponse") else "chunk"
+    raise _fail(where, f"{payload[:120]!r} matches no frame kind: {' | '.join(failures)}")
+
+
+def _check_chunk_order(chunks: list[dict[str, Any]], last: str, where: str) -> None:
+    if last == "chunk":
+        raise _fail(where, "stream ended without data: [DONE] or an error frame")
+    if len({c.get("id") for c in chunks}) > 1:
+        raise _fail(where, "chunks of one stream must share one id")
+    finished = [
+        i
+        for i, c in enumerate(chunks)
+        if any(choice.get("finish_reason") is not None for choice in c.get("choices", []))
+    ]
+    if last == "done":
+        if finished != [len(chunks) - 1]:
+            raise _fail(where, f"finish_reason must be set on the last chunk only, got {finished}")
+        if not isinstance(chunks[-1].get("usage"), dict):
+            raise _fail(where, "the last chunk before [DONE] must carry usage")
+    elif finished:
+        raise _fail(where, "a stream that ends in an error has no finish_reason")
+
+
+# --------------------------------------------------------------------- httpx
+
+
+def _check_exchange(response: httpx.Response, body: bytes | None) -> None:
+    request = response.request
+    try:
+        request_body: bytes | None = request.content
+    except httpx.RequestNotRead:
+        request_body = None
+    if response.headers.get("content-encoding", "identity") != "identity":
+        body = None  # raw bytes are still encoded; mlxspec never compresses
+    check_response(
+        request.method,
+        request.url.raw_path.decode("ascii"),
+        request_body,
+        response.status_code,
+        response.headers,
+        body,
+    )
+
+
+class _RecordingStream(httpx.SyncByteStream):
+    """Pass the body through; check the exchange once it has been read to the end."""
+
+    def __init__(self, inner: Any, done: Callable[[bytes], None]) -> None:
+        self.inner, self.done = inner, done
+
+    def __iter__(self) -> Iterator[bytes]:
+        chunks = []
+        for chunk in self.inner:
+            chunks.append(chunk)
+            yield chunk
+        self.done(b"".join(chunks))
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class _AsyncRecordingStream(httpx.AsyncByteStream):
+    """Async twin of :class:`_RecordingStream`."""
+
+    def __init__(self, inner: Any, done: Callable[[bytes], None]) -> None:
+        self.inner, self.done = inner, done
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        chunks = []
+        async for chunk in self.inner:
+            chunks.append(chunk)
+            yield chunk
+        self.done(b"".join(chunks))
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def check_hook(response: httpx.Response) -> None:
+    """httpx response hook: check status and headers now, the body once read.
+
+    A body the caller stops reading early (a cancelled stream) is not checked.
+    """
+    if response.is_stream_consumed:  # e.g. httpx.MockTransport's pre-read responses
+        _check_exchange(response, response.content)
+        return
+    _check_exchange(response, None)
+    response.stream = _RecordingStream(response.stream, lambda b: _check_exchange(response, b))
+
+
+async def async_check_hook(response: httpx.Response) -> None:
+    """:func:`check_hook` for ``httpx.AsyncClient``."""
+    if response.is_stream_consumed:
+        _check_exchange(response, response.content)
+        return
+    _check_exchange(response, None)
+    response.stream = _AsyncRecordingStream(response.stream, lambda b: _check_exchange(response, b))
+
+
+def checking_client(base_url: str = "", **kwargs: Any) -> httpx.Client:
+    """An ``httpx.Client`` that checks every response against the document.
+
+    Args:
+        base_url (str): e.g. ``http://127.0.0.1:8080``. Default: ``""``.
+        **kwargs: passed to ``httpx.Client`` (``timeout``, ...).
+
+    Returns:
+        httpx.Client: raises :class:`ContractViolation` from the call (or from
+        reading the body) that received a non-conforming response.
+    """
+    return httpx.Client(base_url=base_url, event_hooks={"response": [check_hook]}, **kwargs)
+
+
+def checking_async_client(base_url: str = "", **kwargs: Any) -> httpx.AsyncClient:
+    """:func:`checking_client` for asyncio (``httpx.AsyncClient``)."""
+    return httpx.AsyncClient(
+        base_url=base_url, event_hooks={"response": [async_check_hook]}, **kwargs
+    )
