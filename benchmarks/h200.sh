@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Runs on the lent H200 through the device tool, from the repo root.
+#   step 1 (carry .whl/a):              bash benchmarks/h200.sh stash
+#   step 2 (carry .whl/b and .bench):   bash benchmarks/h200.sh setup
+#   step 3 (machine still warm):        bash benchmarks/h200.sh bench NAME SIZE [serve_bench args]
+# Wheels are staged here by ../shared/gpu/stage-mlx-cuda.sh (see ../shared/gpu/README.md);
+# .bench/tok holds tokenizer files of the converted embedded model.
+set -euo pipefail
+SITE=/tmp/site
+export PYTHONPATH=$SITE:$PWD HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+case "$1" in
+  stash)
+    mkdir -p /tmp/wa && cp .whl/a/part_* /tmp/wa/ && nvidia-smi -L ;;
+  setup)
+    whl=/tmp/mlx_cuda_13-0.32.4-py3-none-manylinux_2_35_x86_64.whl
+    cat /tmp/wa/part_* .whl/b/part_* > "$whl"
+    python3 -m pip install -q --no-index --no-deps --no-compile --target $SITE "$whl" .whl/b/*.whl
+    python3 -c "import mlx.core as mx; print(mx.default_device(), mx.__version__)"
+    for size in 1b 8b; do
+      [ -f /tmp/rand$size/config.json ] || python3 benchmarks/make_random_model.py /tmp/rand$size --size $size --tokenizer-from .bench/tok
+    done
+    df -h /tmp | tail -1 ;;
+  bench)
+    name=$2 size=$3; shift 3
+    python3 benchmarks/serve_bench.py --model /tmp/rand$size --name "$name" "$@"
+    mkdir -p "$OUT" && cp benchmarks/results/"$name".* "$OUT"/ ;;
+esac
