@@ -24,11 +24,17 @@ KEEPALIVE = b": keep-alive\n\n"
 HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
+#: Line breaks for ``str.splitlines`` (so for httpx's ``iter_lines`` and
+#: httpx-sse) that JSON leaves raw; escaped, they cannot split a frame.
+_LINE_BREAKS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"})
+
+
 def data_frame(payload: Any) -> bytes:
     """Encode one JSON payload as a ``data:`` event.
 
-    JSON text never contains a raw newline (it is escaped), so one ``data:``
-    line always suffices.
+    JSON escapes ``\\n`` and ``\\r``; U+2028, U+2029 and U+0085 are escaped
+    here too (they can only occur inside JSON strings, where ``\\uXXXX`` means
+    the same), so one ``data:`` line suffices for every line-based parser.
 
     Args:
         payload: any JSON-serialisable value.
@@ -37,7 +43,7 @@ def data_frame(payload: Any) -> bytes:
         bytes: ``b"data: <json>\\n\\n"``, UTF-8.
     """
     text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
-    return b"data: " + text.encode() + b"\n\n"
+    return b"data: " + text.translate(_LINE_BREAKS).encode() + b"\n\n"
 
 
 def error_frame(err: ApiError) -> bytes:
