@@ -452,17 +452,22 @@ def _check_exchange(response: httpx.Response, body: bytes | None) -> None:
 
 
 class _RecordingStream(httpx.SyncByteStream):
-    """Pass the body through; check the exchange once it has been read to the end."""
+    """Pass the body through; check the exchange once it has been read to the end.
+
+    Only the first pass is recorded: the openai SDK drains ``response.stream``
+    again after a stream ends, which yields nothing.
+    """
 
     def __init__(self, inner: Any, done: Callable[[bytes], None]) -> None:
-        self.inner, self.done = inner, done
+        self.inner, self.done, self.started = inner, done, False
 
     def __iter__(self) -> Iterator[bytes]:
-        chunks = []
+        first, self.started, chunks = not self.started, True, []
         for chunk in self.inner:
             chunks.append(chunk)
             yield chunk
-        self.done(b"".join(chunks))
+        if first:
+            self.done(b"".join(chunks))
 
     def close(self) -> None:
         self.inner.close()
@@ -472,14 +477,15 @@ class _AsyncRecordingStream(httpx.AsyncByteStream):
     """Async twin of :class:`_RecordingStream`."""
 
     def __init__(self, inner: Any, done: Callable[[bytes], None]) -> None:
-        self.inner, self.done = inner, done
+        self.inner, self.done, self.started = inner, done, False
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        chunks = []
+        first, self.started, chunks = not self.started, True, []
         async for chunk in self.inner:
             chunks.append(chunk)
             yield chunk
-        self.done(b"".join(chunks))
+        if first:
+            self.done(b"".join(chunks))
 
     async def aclose(self) -> None:
         await self.inner.aclose()
