@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from fixtures.tiny_model import build_tiny_llama  # noqa: E402
-from mlxspec.conformance.contract import checking_client  # noqa: E402
+from mlxspec.conformance.httpx_checks import checking_client  # noqa: E402
 
 
 def free_port() -> int:

@@ -16,13 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
-from mlxspec.conformance.contract import (
-    ContractViolation,
-    check_response,
-    checking_async_client,
-    checking_client,
-    split_event_stream,
-)
+from mlxspec.conformance.contract import ContractViolation, check_response, split_event_stream
+from mlxspec.conformance.httpx_checks import checking_async_client, checking_client
 from mlxspec.errors import ERROR_TABLE
 from mlxspec.openapi import load_spec
 

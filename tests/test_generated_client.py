@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from mlxspec.conformance.contract import async_check_hook, check_hook
+from mlxspec.conformance.httpx_checks import async_check_hook, check_hook
 from mlxspec.openapi import SPEC_PATH
 
 PACKAGE = "mlxspec_generated_client"

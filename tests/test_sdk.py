@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from mlxspec.conformance.contract import checking_async_client, checking_client
+from mlxspec.conformance.httpx_checks import checking_async_client, checking_client
 
 NO_EOS = {"2": -1e9}  # the tiny model's EOS id
 MESSAGES = [{"role": "user", "content": "hello"}]

@@ -11,9 +11,8 @@ the document's description: unknown paths answer 404 and undeclared methods 405
 with ``Allow``, both with an ``ErrorResponse`` body; every error body agrees
 with :data:`mlxspec.errors.ERROR_TABLE`.
 
-:func:`checking_client` and :func:`checking_async_client` give httpx clients
-that check every response they receive (the official ``openai`` SDK accepts them
-as ``http_client``).
+:mod:`mlxspec.conformance.httpx_checks` runs these checks on every response an
+httpx client (or the openai SDK over one) receives.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -36,13 +35,7 @@ from openapi_core.validation.schemas.exceptions import InvalidSchemaValue
 from mlxspec.errors import ERROR_TABLE
 from mlxspec.openapi import load_spec
 
-__all__ = [
-    "ContractViolation",
-    "check_response",
-    "checking_async_client",
-    "checking_client",
-    "split_event_stream",
-]
+__all__ = ["ContractViolation", "check_event_stream", "check_response", "split_event_stream"]
 
 HOST = "http://mlxspec.test"
 SSE = "text/event-stream"
@@ -142,8 +135,7 @@ def check_response(
         request_body (bytes | None): the request body; a JSON object's
             ``stream`` field decides which media type a 200 must have.
         status (int): the response status code.
-        headers (Mapping[str, str]): response headers, case-insensitive
-            (e.g. ``httpx.Headers``); a plain dict must use lowercase keys.
+        headers (Mapping[str, str]): response headers; names in any case.
         body_bytes (bytes | None): the whole response body, or ``None`` when
             it was not read (only status and headers are checked then).
 
@@ -428,106 +420,3 @@ def _check_chunk_order(chunks: list[dict[str, Any]], last: str, where: str) -> N
             raise _fail(where, "the last chunk before [DONE] must carry usage")
     elif finished:
         raise _fail(where, "a stream that ends in an error has no finish_reason")
-
-
-# --------------------------------------------------------------------- httpx
-
-
-def _check_exchange(response: httpx.Response, body: bytes | None) -> None:
-    request = response.request
-    try:
-        request_body: bytes | None = request.content
-    except httpx.RequestNotRead:
-        request_body = None
-    if response.headers.get("content-encoding", "identity") != "identity":
-        body = None  # raw bytes are still encoded; mlxspec never compresses
-    check_response(
-        request.method,
-        request.url.raw_path.decode("ascii"),
-        request_body,
-        response.status_code,
-        response.headers,
-        body,
-    )
-
-
-class _RecordingStream(httpx.SyncByteStream):
-    """Pass the body through; check the exchange once it has been read to the end.
-
-    Only the first pass is recorded: the openai SDK drains ``response.stream``
-    again after a stream ends, which yields nothing.
-    """
-
-    def __init__(self, inner: Any, done: Callable[[bytes], None]) -> None:
-        self.inner, self.done, self.started = inner, done, False
-
-    def __iter__(self) -> Iterator[bytes]:
-        first, self.started, chunks = not self.started, True, []
-        for chunk in self.inner:
-            chunks.append(chunk)
-            yield chunk
-        if first:
-            self.done(b"".join(chunks))
-
-    def close(self) -> None:
-        self.inner.close()
-
-
-class _AsyncRecordingStream(httpx.AsyncByteStream):
-    """Async twin of :class:`_RecordingStream`."""
-
-    def __init__(self, inner: Any, done: Callable[[bytes], None]) -> None:
-        self.inner, self.done, self.started = inner, done, False
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        first, self.started, chunks = not self.started, True, []
-        async for chunk in self.inner:
-            chunks.append(chunk)
-            yield chunk
-        if first:
-            self.done(b"".join(chunks))
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
-
-
-def check_hook(response: httpx.Response) -> None:
-    """httpx response hook: check status and headers now, the body once read.
-
-    A body the caller stops reading early (a cancelled stream) is not checked.
-    """
-    if response.is_stream_consumed:  # e.g. httpx.MockTransport's pre-read responses
-        _check_exchange(response, response.content)
-        return
-    _check_exchange(response, None)
-    response.stream = _RecordingStream(response.stream, lambda b: _check_exchange(response, b))
-
-
-async def async_check_hook(response: httpx.Response) -> None:
-    """:func:`check_hook` for ``httpx.AsyncClient``."""
-    if response.is_stream_consumed:
-        _check_exchange(response, response.content)
-        return
-    _check_exchange(response, None)
-    response.stream = _AsyncRecordingStream(response.stream, lambda b: _check_exchange(response, b))
-
-
-def checking_client(base_url: str = "", **kwargs: Any) -> httpx.Client:
-    """An ``httpx.Client`` that checks every response against the document.
-
-    Args:
-        base_url (str): e.g. ``http://127.0.0.1:8080``. Default: ``""``.
-        **kwargs: passed to ``httpx.Client`` (``timeout``, ...).
-
-    Returns:
-        httpx.Client: raises :class:`ContractViolation` from the call (or from
-        reading the body) that received a non-conforming response.
-    """
-    return httpx.Client(base_url=base_url, event_hooks={"response": [check_hook]}, **kwargs)
-
-
-def checking_async_client(base_url: str = "", **kwargs: Any) -> httpx.AsyncClient:
-    """:func:`checking_client` for asyncio (``httpx.AsyncClient``)."""
-    return httpx.AsyncClient(
-        base_url=base_url, event_hooks={"response": [async_check_hook]}, **kwargs
-    )
