@@ -143,8 +143,13 @@ class Engine:
         model, tokenizer = load(str(path))
         window = getattr(getattr(model, "args", None), "max_position_embeddings", None)
         window = window or getattr(tokenizer, "model_max_length", None) or 4096
+        vocab = getattr(getattr(model, "args", None), "vocab_size", None)
         info = ModelInfo(
-            id=model_id, context_window=int(window), created=int(time.time()), source=source
+            id=model_id,
+            context_window=int(window),
+            created=int(time.time()),
+            source=source,
+            vocab_size=int(vocab) if vocab else None,
         )
         defaults = read_generation_config(Path(path)).merged(
             **(overrides or GenerationDefaults()).__dict__

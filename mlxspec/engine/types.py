@@ -190,9 +190,12 @@ class ModelInfo:
         context_window (int): maximum prompt + completion tokens.
         created (int): server start time, Unix seconds.
         source (str): where the weights came from (``local``, ``hf-cache``, ``gguf``, ``embedded``).
+        vocab_size (int | None): rows of the output logits, so valid token ids
+            are ``[0, vocab_size)``; ``None`` if unknown. Default: ``None``.
     """
 
     id: str
     context_window: int
     created: int
     source: str = "local"
+    vocab_size: int | None = None

@@ -28,7 +28,7 @@ async def create_chat_completion(body: dict[str, Any]) -> Any:
     prompt = engine.chat_prompt(
         body["messages"], body.get("tools"), body.get("chat_template_kwargs")
     )
-    request = to_generation_request(body, prompt, engine.defaults)
+    request = to_generation_request(body, prompt, engine.defaults, engine.info)
     handle = engine.submit(request)
     head = {
         "id": new_id("chatcmpl"),

@@ -27,6 +27,7 @@ from mlxspec.engine import (
     GenerationDefaults,
     GenerationRequest,
     LogitsParams,
+    ModelInfo,
     RequestHandle,
     SamplingParams,
     TokenLogprob,
@@ -42,7 +43,10 @@ def current_engine() -> Engine:
 
 
 def to_generation_request(
-    body: Mapping[str, Any], prompt: list[int], defaults: GenerationDefaults
+    body: Mapping[str, Any],
+    prompt: list[int],
+    defaults: GenerationDefaults,
+    model: ModelInfo | None = None,
 ) -> GenerationRequest:
     """Convert a validated chat or completion body into an engine request.
 
@@ -55,18 +59,22 @@ def to_generation_request(
         body (Mapping): the request body, already validated by the document.
         prompt (list[int]): prompt token ids.
         defaults (GenerationDefaults): the engine's sampling defaults.
+        model (ModelInfo | None): the served model, for limits the document
+            cannot state (its vocabulary size). Default: ``None`` (unchecked).
 
     Returns:
         GenerationRequest: a frozen engine request.
 
     Raises:
-        ApiError: ``logit_bias`` keys that are not integers (mlx-lm's message).
+        ApiError: ``logit_bias`` keys that are not integers (mlx-lm's message)
+            or not token ids of the model (mlx would index out of bounds).
     """
 
     def pick(name: str, fallback: Any) -> Any:
         value = body.get(name)
         return fallback if value is None else value
 
+    vocab = model.vocab_size if model is not None else None
     max_tokens = body.get("max_completion_tokens")
     if max_tokens is None:
         max_tokens = pick("max_tokens", defaults.max_tokens)
@@ -81,7 +89,7 @@ def to_generation_request(
         seed=body.get("seed"),
     )
     logits = LogitsParams(
-        logit_bias=_logit_bias(body.get("logit_bias")),
+        logit_bias=_logit_bias(body.get("logit_bias"), vocab),
         repetition_penalty=float(pick("repetition_penalty", 0.0)),
         repetition_context_size=int(pick("repetition_context_size", 20)),
         presence_penalty=float(pick("presence_penalty", 0.0)),
@@ -105,15 +113,27 @@ def pick_default(value: Any, fallback: Any) -> Any:
     return fallback if value is None else value
 
 
-def _logit_bias(raw: Mapping[str, float] | None) -> tuple[tuple[int, float], ...]:
+def _logit_bias(
+    raw: Mapping[str, float] | None, vocab: int | None
+) -> tuple[tuple[int, float], ...]:
     if not raw:
         return ()
     try:
-        return tuple((int(k), float(v)) for k, v in raw.items())
+        bias = tuple((int(k), float(v)) for k, v in raw.items())
     except (TypeError, ValueError) as exc:
         raise ApiError(
             "invalid_request", "logit_bias must be a dict of int to float", param="logit_bias"
         ) from exc
+    # mlx's logits.at[:, ids].add does not bounds-check: a bad id corrupts memory.
+    for (token, _), key in zip(bias, raw, strict=True):
+        if token < 0 or (vocab is not None and token >= vocab):
+            ids = f"ids are 0 to {vocab - 1}" if vocab is not None else "ids are non-negative"
+            raise ApiError(
+                "invalid_request",
+                f"logit_bias key {key} is not a token id of this model (token {ids})",
+                param="logit_bias",
+            )
+    return bias
 
 
 @dataclass

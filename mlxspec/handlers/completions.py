@@ -25,7 +25,8 @@ from .common import (
 async def create_completion(body: dict[str, Any]) -> Any:
     """Tokenize ``prompt`` as mlx-lm does, generate, answer as JSON or SSE."""
     engine = current_engine()
-    request = to_generation_request(body, engine.text_prompt(body["prompt"]), engine.defaults)
+    prompt = engine.text_prompt(body["prompt"])
+    request = to_generation_request(body, prompt, engine.defaults, engine.info)
     handle = engine.submit(request)
     head = {
         "id": new_id("cmpl"),

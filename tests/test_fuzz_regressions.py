@@ -1,0 +1,75 @@
+"""Regression tests for what fuzzing (``python -m mlxspec.conformance fuzz``) found.
+
+Each case is a request that schemathesis, or a hand probe of the same
+suspects, sent and the server answered with a 500, a crash, a hang or a body
+that is not JSON. A value that cannot work is a 400 naming the field; a value
+whose meaning is obvious (``top_k`` at least the vocabulary size is "off", a
+penalty window longer than any sequence is "all of it") is accepted. The
+``client`` fixture checks every response against the OpenAPI document.
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from mlxspec.engine import GenerationDefaults, ModelInfo
+from mlxspec.errors import ApiError
+from mlxspec.handlers.common import to_generation_request
+
+CHAT = "/v1/chat/completions"
+COMP = "/v1/completions"
+TINY_VOCAB = 264  # fixtures/tiny_model.py: 3 special + 256 byte tokens + 5 merges
+INFO = ModelInfo(id="m", context_window=256, created=0, vocab_size=TINY_VOCAB)
+
+
+def completion(client: httpx.Client, **fields: object) -> httpx.Response:
+    return client.post(COMP, json={"prompt": "hello", "max_tokens": 2, **fields})
+
+
+def chat(client: httpx.Client, **fields: object) -> httpx.Response:
+    messages = fields.pop("messages", [{"role": "user", "content": "hi"}])
+    return client.post(CHAT, json={"messages": messages, "max_tokens": 2, **fields})
+
+
+def assert_400(r: httpx.Response, param: str | None) -> str:
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param, err
+    return err["message"]
+
+
+def strict_json(text: str) -> object:
+    """Parse as RFC 8259 JSON: ``NaN``/``Infinity`` are not JSON."""
+
+    def reject(name: str) -> None:
+        raise AssertionError(f"{name} in a response body")
+
+    return json.loads(text, parse_constant=reject)
+
+
+# --- logit_bias: mlx's at[].add with an out-of-range id corrupts memory -------
+# (the whole server process died, with no response and no log line)
+
+
+@pytest.mark.parametrize("key", [str(TINY_VOCAB), "99999999", "-1", str(2**64)])
+def test_logit_bias_id_outside_vocabulary_is_400(client: httpx.Client, key: str) -> None:
+    message = assert_400(completion(client, logit_bias={key: 1.0}), "logit_bias")
+    assert key in message
+    assert completion(client).status_code == 200  # still alive
+
+
+def test_logit_bias_last_id_in_vocabulary_is_accepted(client: httpx.Client) -> None:
+    assert completion(client, logit_bias={str(TINY_VOCAB - 1): 5}).status_code == 200
+
+
+def test_logit_bias_ids_checked_in_conversion() -> None:
+    with pytest.raises(ApiError) as err:
+        to_generation_request({"logit_bias": {"300": 1}}, [1], GenerationDefaults(), INFO)
+    assert (err.value.status, err.value.param) == (400, "logit_bias")
+    req = to_generation_request({"logit_bias": {"263": 1}}, [1], GenerationDefaults(), INFO)
+    assert req.logits.logit_bias == ((263, 1.0),)
+
+
