@@ -73,3 +73,16 @@ def test_logit_bias_ids_checked_in_conversion() -> None:
     assert req.logits.logit_bias == ((263, 1.0),)
 
 
+# --- seed: mx.random.seed takes an unsigned 64-bit integer --------------------
+
+
+@pytest.mark.parametrize("seed", [-1, 2**64])
+def test_seed_outside_uint64_is_400(client: httpx.Client, seed: int) -> None:
+    assert_400(completion(client, seed=seed), "seed")
+
+
+@pytest.mark.parametrize("seed", [0, 2**64 - 1])
+def test_seed_uint64_bounds_are_accepted(client: httpx.Client, seed: int) -> None:
+    assert completion(client, seed=seed).status_code == 200
+
+
