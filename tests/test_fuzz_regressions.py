@@ -86,3 +86,21 @@ def test_seed_uint64_bounds_are_accepted(client: httpx.Client, seed: int) -> Non
     assert completion(client, seed=seed).status_code == 200
 
 
+# --- top_k: mlx-lm's sampler raises for k >= vocabulary size ------------------
+
+
+@pytest.mark.parametrize("top_k", [TINY_VOCAB, 10**6, 2**63])
+def test_top_k_at_least_vocabulary_means_off(client: httpx.Client, top_k: int) -> None:
+    r = completion(client, top_k=top_k, temperature=1.0, seed=7)
+    assert r.status_code == 200, r.text
+    off = completion(client, top_k=0, temperature=1.0, seed=7).json()["choices"][0]["text"]
+    assert r.json()["choices"][0]["text"] == off
+    assert completion(client, top_k=top_k, temperature=1.0).status_code == 200  # batched lane
+
+
+def test_top_k_clamped_in_conversion() -> None:
+    convert = to_generation_request
+    assert convert({"top_k": TINY_VOCAB}, [1], GenerationDefaults(), INFO).sampling.top_k == 0
+    assert convert({"top_k": 263}, [1], GenerationDefaults(), INFO).sampling.top_k == 263
+
+

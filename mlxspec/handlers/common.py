@@ -82,7 +82,7 @@ def to_generation_request(
     sampling = SamplingParams(
         temperature=float(pick("temperature", pick_default(defaults.temperature, 0.0))),
         top_p=float(pick("top_p", pick_default(defaults.top_p, 1.0))),
-        top_k=int(pick("top_k", pick_default(defaults.top_k, 0))),
+        top_k=_top_k(int(pick("top_k", pick_default(defaults.top_k, 0))), vocab),
         min_p=float(pick("min_p", 0.0)),
         xtc_probability=float(pick("xtc_probability", 0.0)),
         xtc_threshold=float(pick("xtc_threshold", 0.1)),
@@ -106,6 +106,12 @@ def to_generation_request(
         logprobs=bool(body.get("logprobs") or False),
         top_logprobs=max(0, int(pick("top_logprobs", -1))),
     )
+
+
+def _top_k(k: int, vocab: int | None) -> int:
+    """``k`` covering the whole vocabulary keeps every token: that is "off" (0),
+    and mlx-lm's ``apply_top_k`` raises for ``k >= vocab_size``."""
+    return 0 if vocab is not None and k >= vocab else k
 
 
 def pick_default(value: Any, fallback: Any) -> Any:
