@@ -104,3 +104,16 @@ def test_top_k_clamped_in_conversion() -> None:
     assert convert({"top_k": 263}, [1], GenerationDefaults(), INFO).sampling.top_k == 263
 
 
+# --- stop strings: a short stop inside a longer, earlier one -----------------
+# (found by tests/test_stops.py's chunking property while running the suite)
+
+
+def test_longer_stop_starting_earlier_wins_when_streamed() -> None:
+    from mlxspec.engine.stops import StopMatcher
+
+    m = StopMatcher(["b", "aba"])
+    assert (m.feed("ab"), m.feed("a"), m.stopped) == ("", "", True)
+    m = StopMatcher(["b", "aba"])
+    assert (m.feed("ab"), m.flush(), m.stopped) == ("", "a", True)
+    m = StopMatcher(["b", "aba"])
+    assert (m.feed("ab"), m.feed("c"), m.stopped) == ("", "a", True)

@@ -44,19 +44,31 @@ class StopMatcher:
         if not self._stops:
             return text
         buf = self._held + text
-        cut = min((i for i in (buf.find(s) for s in self._stops) if i >= 0), default=-1)
-        if cut >= 0:
+        cut = self._earliest_match(buf)
+        start = len(buf) - self._partial_suffix_len(buf)
+        # A longer stop that starts before ``cut`` may still complete: wait for it.
+        if cut >= 0 and cut <= start:
             self.stopped = True
             self._held = ""
             return buf[:cut]
-        keep = self._partial_suffix_len(buf)
-        self._held = buf[len(buf) - keep :]
-        return buf[: len(buf) - keep]
+        self._held = buf[start:]
+        return buf[:start]
 
     def flush(self) -> str:
-        """Return the held-back text at the end of generation (no stop matched)."""
+        """Return the held-back text at the end of generation, cut at a stop
+        it already contains (one a longer candidate was being waited for)."""
         held, self._held = self._held, ""
-        return "" if self.stopped else held
+        if self.stopped:
+            return ""
+        cut = self._earliest_match(held)
+        if cut >= 0:
+            self.stopped = True
+            return held[:cut]
+        return held
+
+    def _earliest_match(self, buf: str) -> int:
+        """Index of the earliest occurrence of any stop in ``buf``, or -1."""
+        return min((i for i in (buf.find(s) for s in self._stops) if i >= 0), default=-1)
 
     def _partial_suffix_len(self, buf: str) -> int:
         """Length of the longest suffix of ``buf`` that is a proper prefix of a stop."""
