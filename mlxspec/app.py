@@ -97,9 +97,11 @@ def _unexpected(_req: ConnexionRequest, exc: Exception) -> ConnexionResponse:
 
 
 class _WithEngine:
-    """ASGI wrapper: puts the engine and config into ``scope["state"]``, and reads
-    a POST body sent without ``Content-Type`` as JSON, the only type the API
-    takes (curl users often omit the header; mlx_lm.server ignores it)."""
+    """ASGI wrapper: puts the engine and config into ``scope["state"]``, reads a
+    POST body sent without ``Content-Type`` as JSON, the only type the API takes
+    (curl users often omit the header; mlx_lm.server ignores it), and ignores
+    ``Content-Type`` on GET/HEAD, which carry no body (Connexion would otherwise
+    try to parse a form)."""
 
     def __init__(self, app: Any, engine: Any, config: Any) -> None:
         self.app, self.engine, self.config = app, engine, config
@@ -109,8 +111,12 @@ class _WithEngine:
             state = scope.setdefault("state", {})
             state["engine"], state["config"] = self.engine, self.config
             headers = scope.get("headers", [])
-            if scope.get("method") == "POST" and not any(k == b"content-type" for k, _ in headers):
+            method = scope.get("method")
+            if method == "POST" and not any(k == b"content-type" for k, _ in headers):
                 scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
+            elif method in ("GET", "HEAD"):
+                kept = [(k, v) for k, v in headers if k != b"content-type"]
+                scope = {**scope, "headers": kept}
         await self.app(scope, receive, send)
 
 
