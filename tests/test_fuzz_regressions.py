@@ -104,6 +104,26 @@ def test_top_k_clamped_in_conversion() -> None:
     assert convert({"top_k": 263}, [1], GenerationDefaults(), INFO).sampling.top_k == 263
 
 
+# --- penalty windows: mlx slices need 32-bit indices --------------------------
+
+
+@pytest.mark.parametrize(
+    "field,penalty",
+    [
+        ("repetition_context_size", "repetition_penalty"),
+        ("presence_context_size", "presence_penalty"),
+        ("frequency_context_size", "frequency_penalty"),
+    ],
+)
+def test_huge_penalty_window_is_the_whole_sequence(
+    client: httpx.Client, field: str, penalty: str
+) -> None:
+    r = completion(client, **{field: 2**40, penalty: 1.5, "temperature": 0})
+    assert r.status_code == 200, r.text
+    whole = completion(client, **{field: 10_000, penalty: 1.5, "temperature": 0})
+    assert r.json()["choices"][0]["text"] == whole.json()["choices"][0]["text"]
+
+
 # --- stop strings: a short stop inside a longer, earlier one -----------------
 # (found by tests/test_stops.py's chunking property while running the suite)
 

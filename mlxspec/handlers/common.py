@@ -91,11 +91,11 @@ def to_generation_request(
     logits = LogitsParams(
         logit_bias=_logit_bias(body.get("logit_bias"), vocab),
         repetition_penalty=float(pick("repetition_penalty", 0.0)),
-        repetition_context_size=int(pick("repetition_context_size", 20)),
+        repetition_context_size=_window(pick("repetition_context_size", 20)),
         presence_penalty=float(pick("presence_penalty", 0.0)),
-        presence_context_size=int(pick("presence_context_size", 20)),
+        presence_context_size=_window(pick("presence_context_size", 20)),
         frequency_penalty=float(pick("frequency_penalty", 0.0)),
-        frequency_context_size=int(pick("frequency_context_size", 20)),
+        frequency_context_size=_window(pick("frequency_context_size", 20)),
     )
     return GenerationRequest(
         prompt=tuple(prompt),
@@ -106,6 +106,15 @@ def to_generation_request(
         logprobs=bool(body.get("logprobs") or False),
         top_logprobs=max(0, int(pick("top_logprobs", -1))),
     )
+
+
+#: Largest penalty window: mlx slices take 32-bit indices, and a window
+#: longer than the sequence covers all of it anyway.
+MAX_PENALTY_WINDOW = 2**31 - 1
+
+
+def _window(size: Any) -> int:
+    return min(int(size), MAX_PENALTY_WINDOW)
 
 
 def _top_k(k: int, vocab: int | None) -> int:
