@@ -124,6 +124,16 @@ def test_huge_penalty_window_is_the_whole_sequence(
     assert r.json()["choices"][0]["text"] == whole.json()["choices"][0]["text"]
 
 
+# --- xtc_threshold: mlx-lm's XTC raises above 0.5, where XTC cannot act -------
+
+
+def test_xtc_threshold_above_half_is_accepted(client: httpx.Client) -> None:
+    r = completion(client, xtc_probability=1.0, xtc_threshold=1.0, temperature=1.0, seed=3)
+    assert r.status_code == 200, r.text
+    off = completion(client, temperature=1.0, seed=3).json()["choices"][0]["text"]
+    assert r.json()["choices"][0]["text"] == off
+
+
 # --- stop strings: a short stop inside a longer, earlier one -----------------
 # (found by tests/test_stops.py's chunking property while running the suite)
 

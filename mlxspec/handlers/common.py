@@ -85,7 +85,9 @@ def to_generation_request(
         top_k=_top_k(int(pick("top_k", pick_default(defaults.top_k, 0))), vocab),
         min_p=float(pick("min_p", 0.0)),
         xtc_probability=float(pick("xtc_probability", 0.0)),
-        xtc_threshold=float(pick("xtc_threshold", 0.1)),
+        # XTC needs two tokens above the threshold, impossible above 0.5, where
+        # mlx-lm's apply_xtc raises instead: 0.5 behaves the same.
+        xtc_threshold=min(float(pick("xtc_threshold", 0.1)), 0.5),
         seed=body.get("seed"),
     )
     logits = LogitsParams(
