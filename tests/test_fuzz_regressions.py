@@ -11,6 +11,7 @@ penalty window longer than any sequence is "all of it") is accepted. The
 from __future__ import annotations
 
 import json
+import math
 
 import httpx
 import pytest
@@ -132,6 +133,29 @@ def test_xtc_threshold_above_half_is_accepted(client: httpx.Client) -> None:
     assert r.status_code == 200, r.text
     off = completion(client, temperature=1.0, seed=3).json()["choices"][0]["text"]
     assert r.json()["choices"][0]["text"] == off
+
+
+# --- logprobs: float32 overflow gave NaN / -Infinity, which is not JSON -------
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"frequency_penalty": -1e308},
+        {"repetition_penalty": 1e-308},
+        {"logit_bias": {"5": 1e308}},
+        {"logit_bias": {"5": 1e308, "6": 1e308}, "top_logprobs": 3},
+        {"logit_bias": {"5": -1e308}, "top_logprobs": 3},
+        {"presence_penalty": 1e308, "temperature": 1e308},
+    ],
+)
+def test_logprobs_are_always_finite_json(client: httpx.Client, fields: dict) -> None:
+    r = completion(client, logprobs=True, **fields)
+    assert r.status_code == 200, r.text
+    body = strict_json(r.text)
+    for entry in body["choices"][0]["logprobs"]["content"]:
+        values = [entry["logprob"]] + [t["logprob"] for t in entry.get("top_logprobs", [])]
+        assert all(math.isfinite(v) and v <= 0 for v in values), entry
 
 
 # --- stop strings: a short stop inside a longer, earlier one -----------------

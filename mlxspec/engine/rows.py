@@ -8,6 +8,7 @@ text and emits :class:`~.types.Delta` / :class:`~.types.Finished`.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 from .stops import StopMatcher
@@ -15,6 +16,17 @@ from .types import Delta, Finished, GenerationRequest, TokenLogprob, TopLogprob
 
 if TYPE_CHECKING:
     from .generator import RequestHandle
+
+
+#: Reported for a log-probability that is not finite (OpenAI's value for an
+#: impossible token); NaN and -Infinity are not JSON.
+LOGPROB_FLOOR = -9999.0
+
+
+def finite_logprob(value: float) -> float:
+    """``value``, or :data:`LOGPROB_FLOOR` when it is -inf or NaN (a zero
+    probability, or float32 logits overflowed by extreme penalties or biases)."""
+    return value if math.isfinite(value) else LOGPROB_FLOOR
 
 
 def token_logprob(tokenizer: Any, token: int, logprobs: Any, top_k: int) -> TokenLogprob:
@@ -28,7 +40,8 @@ def token_logprob(tokenizer: Any, token: int, logprobs: Any, top_k: int) -> Toke
         top_k (int): how many candidates to report; ``0`` for none.
 
     Returns:
-        TokenLogprob: with ``top`` sorted by descending log-probability.
+        TokenLogprob: with ``top`` sorted by descending log-probability; a
+        non-finite value is reported as :data:`LOGPROB_FLOOR`.
     """
     import mlx.core as mx
 
@@ -39,8 +52,11 @@ def token_logprob(tokenizer: Any, token: int, logprobs: Any, top_k: int) -> Toke
         order = mx.argsort(-values)
         ids_l, vals_l = ids[order].tolist(), values[order].tolist()
         pieces = tokenizer.convert_ids_to_tokens(ids_l)
-        top = tuple(TopLogprob(i, p, v) for i, p, v in zip(ids_l, pieces, vals_l, strict=True))
-    return TokenLogprob(token, logprobs[token].item(), top)
+        top = tuple(
+            TopLogprob(i, p, finite_logprob(v))
+            for i, p, v in zip(ids_l, pieces, vals_l, strict=True)
+        )
+    return TokenLogprob(token, finite_logprob(logprobs[token].item()), top)
 
 
 class Row:
