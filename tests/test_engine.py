@@ -141,3 +141,38 @@ def test_media_parts_are_a_prompt_error(tiny_engine) -> None:
     with pytest.raises(PromptError, match="tiny-llama is text-only") as err:
         tiny_engine.chat_prompt(msgs)
     assert err.value.param == "messages[0].content[0]"
+
+
+class CountingModel:
+    """Forwards to a model and counts forward passes."""
+
+    def __init__(self, model) -> None:
+        self.model, self.calls = model, 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self.model(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+
+def test_cancel_during_prefill_abandons_the_request(tiny_engine) -> None:
+    """The prefill progress callback sees the cancel before any forward pass."""
+    from mlxspec.engine import Engine, RequestHandle
+
+    counting = CountingModel(tiny_engine.model)
+    engine = Engine(
+        counting, tiny_engine.tokenizer, tiny_engine.info, tiny_engine.defaults, max_batch=1
+    )
+
+    async def go():
+        prompt = tuple(engine.text_prompt("hello ") * 40)
+        handle = RequestHandle(GenerationRequest(prompt, max_tokens=5), asyncio.get_running_loop())
+        handle.cancel()
+        return engine._generate(handle), [ev async for ev in handle]
+
+    outcome, events = asyncio.run(go())
+    assert outcome == "cancelled"
+    assert [type(ev).__name__ for ev in events] == ["Cancelled"]
+    assert counting.calls == 0

@@ -30,6 +30,9 @@ class BatchLane:
         max_batch (int): most sequences decoding at once.
         on_done (Callable[[str], None]): called with ``"completed"`` or
             ``"cancelled"`` when a request leaves the batch.
+        prefill_step (int): prompt tokens per prefill chunk; each ``step``
+            processes at most one chunk, so cancellation is seen between chunks.
+            Default: ``2048`` (mlx-lm's).
     """
 
     def __init__(
@@ -40,6 +43,7 @@ class BatchLane:
         xtc_special: list[int],
         max_batch: int,
         on_done: Callable[[str], None],
+        prefill_step: int = 2048,
     ) -> None:
         from mlx_lm.generate import BatchGenerator
 
@@ -52,6 +56,7 @@ class BatchLane:
             stop_tokens=[[t] for t in sorted(eos)],
             completion_batch_size=max_batch,
             prefill_batch_size=min(max_batch, 8),
+            prefill_step_size=prefill_step,
         )
         self._rows: dict[int, Row] = {}
 

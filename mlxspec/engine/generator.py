@@ -42,6 +42,14 @@ from .types import (
 
 log = logging.getLogger("mlxspec.engine")
 
+#: Prompt tokens per prefill chunk. Cancellation is noticed between chunks, so
+#: a smaller chunk frees the engine sooner when a client leaves mid-prefill.
+PREFILL_STEP = 512
+
+
+class _PrefillCancelled(Exception):
+    """Raised from the prefill progress callback to abandon a cancelled request."""
+
 
 class RequestHandle:
     """A submitted request: an async iterator of events, and ``cancel()``.
@@ -253,6 +261,7 @@ class Engine:
             self._xtc_special,
             self.max_batch,
             on_done=self._count,
+            prefill_step=PREFILL_STEP,
         )
 
     def _count(self, outcome: str) -> None:
@@ -282,17 +291,27 @@ class Engine:
         if req.sampling.seed is not None:
             mx.random.seed(req.sampling.seed)
         row = Row(handle, self.tokenizer, self._eos, lane="serial")
+
+        def progress(_done: int, _total: int) -> None:
+            if handle.cancelled:
+                raise _PrefillCancelled
+
         steps = generate_step(
             mx.array(req.prompt, dtype=mx.uint32),
             self.model,
             max_tokens=self._budget(req),
             sampler=build_sampler(req.sampling, self._xtc_special),
             logits_processors=build_logits_processors(req.logits),
+            prefill_step_size=PREFILL_STEP,
+            prompt_progress_callback=progress,
         )
-        for token, logprobs in steps:
-            if handle.cancelled:
-                return "cancelled"
-            if row.push(token, logprobs):
-                return "completed"
+        try:
+            for token, logprobs in steps:
+                if handle.cancelled:
+                    return "cancelled"
+                if row.push(token, logprobs):
+                    return "completed"
+        except _PrefillCancelled:
+            return "cancelled"
         row.finish_length()
         return "completed"
