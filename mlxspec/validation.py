@@ -19,6 +19,7 @@ message) to give a field the reference's exact error text.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -88,21 +89,36 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"invalid JSON literal {name}")
 
 
+#: A ``\\uD800``-``\\uDFFF`` escape: the only way a surrogate gets into a string.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
 def parse_json_body(raw: bytes) -> Any:
     """Parse a request body as strict JSON.
+
+    Strings holding an unpaired UTF-16 surrogate escape (``"\\ud800"``) are
+    refused: they are not Unicode text (RFC 8259 section 8.2), and tokenizers
+    raise on them.
 
     Returns:
         The decoded value, or ``None`` for an empty body.
 
     Raises:
-        ApiError: ``invalid_json`` with the message ``invalid JSON body``.
+        ApiError: ``invalid_json`` with the message ``invalid JSON body``
+            (``invalid JSON body: unpaired UTF-16 surrogate`` for the above).
     """
     if not raw.strip():
         return None
     try:
-        return json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+        value = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError("invalid_json", "invalid JSON body") from exc
+    if _SURROGATE_ESCAPE.search(raw):
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ApiError("invalid_json", "invalid JSON body: unpaired UTF-16 surrogate") from exc
+    return value
 
 
 def format_path(path: Iterable[Any]) -> str | None:

@@ -158,6 +158,33 @@ def test_logprobs_are_always_finite_json(client: httpx.Client, fields: dict) -> 
         assert all(math.isfinite(v) and v <= 0 for v in values), entry
 
 
+# --- unpaired UTF-16 surrogates: the tokenizer raised TypeError (a 500) -------
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"prompt": "\\ud800", "max_tokens": 2}',
+        b'{"prompt": "a\\udfffb", "max_tokens": 2}',
+    ],
+)
+def test_unpaired_surrogate_is_invalid_json(client: httpx.Client, raw: bytes) -> None:
+    r = client.post(COMP, content=raw, headers={"Content-Type": "application/json"})
+    assert "surrogate" in assert_400(r, None)
+
+
+def test_unpaired_surrogate_in_chat_message_is_invalid_json(client: httpx.Client) -> None:
+    raw = b'{"messages": [{"role": "user", "content": "x\\udc00"}], "max_tokens": 2}'
+    r = client.post(CHAT, content=raw, headers={"Content-Type": "application/json"})
+    assert_400(r, None)
+
+
+def test_surrogate_pair_is_fine(client: httpx.Client) -> None:
+    raw = b'{"prompt": "\\ud83d\\ude00", "max_tokens": 2}'
+    r = client.post(COMP, content=raw, headers={"Content-Type": "application/json"})
+    assert r.status_code == 200, r.text
+
+
 # --- stop strings: a short stop inside a longer, earlier one -----------------
 # (found by tests/test_stops.py's chunking property while running the suite)
 
