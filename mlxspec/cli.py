@@ -26,7 +26,7 @@ def _parser() -> argparse.ArgumentParser:
         "default: the embedded SmolLM2-135M-Instruct",
     )
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=8080, help="TCP port (default 8080)")
+    serve.add_argument("--port", type=_port, default=8080, help="TCP port (default 8080)")
     serve.add_argument(
         "--max-tokens",
         type=_positive_int,
@@ -46,6 +46,13 @@ def _parser() -> argparse.ArgumentParser:
         "--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"]
     )
     return parser
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError("must be a TCP port, 0-65535")
+    return value
 
 
 def _positive_int(text: str) -> int:
@@ -101,6 +108,21 @@ def load_engine(config: ServeConfig):  # noqa: ANN201 - returns mlxspec.engine.E
     return engine
 
 
+def _bind_problem(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be listened on, checked before the slow model load
+    (a later race with another process still fails in uvicorn); ``None`` if it can."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        with socket.socket(infos[0][0], socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(infos[0][4])
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
+
+
 def serve(config: ServeConfig) -> int:
     """Load the model, then run uvicorn until interrupted. Returns an exit code."""
     import uvicorn
@@ -111,6 +133,12 @@ def serve(config: ServeConfig) -> int:
     logging.basicConfig(
         level=config.log_level.upper(), format="%(levelname)s %(name)s: %(message)s"
     )
+    if (problem := _bind_problem(config.host, config.port)) is not None:
+        print(
+            f"mlxspec: error: cannot listen on {config.host}:{config.port}: {problem}",
+            file=sys.stderr,
+        )
+        return EXIT_MODEL_ERROR
     try:
         engine = load_engine(config)
     except ModelLoadError as exc:

@@ -289,10 +289,10 @@ def test_prompt_errors(client: httpx.Client) -> None:
 
 def test_prompt_over_context_window(client: httpx.Client) -> None:
     r = client.post(COMP, json={"prompt": "hello " * 400, "max_tokens": 1})
-    err = assert_error(r, 400)
+    err = assert_error(r, 400, param="prompt")
     assert err["code"] == "context_length_exceeded" and "256" in err["message"]
     r = client.post(CHAT, json={"messages": user("hello " * 400)})
-    assert assert_error(r, 400)["code"] == "context_length_exceeded"
+    assert assert_error(r, 400, param="messages")["code"] == "context_length_exceeded"
 
 
 def test_logit_bias_keys(client: httpx.Client) -> None:

@@ -51,16 +51,17 @@ def test_flags() -> None:
     assert parse_config(["serve", "--batch", "1"]).batch == 1
 
 
-def test_bad_flag_exits_2() -> None:
+@pytest.mark.parametrize("flags", [["--max-tokens", "0"], ["--port", "99999"], ["--batch", "0"]])
+def test_bad_flag_exits_2(flags: list[str]) -> None:
     with pytest.raises(SystemExit) as err:
-        parse_config(["serve", "--max-tokens", "0"])
+        parse_config(["serve", *flags])
     assert err.value.code == 2
 
 
 def run_serve(*args: str, cache: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "MLXSPEC_CACHE_DIR": str(cache)}
     return subprocess.run(
-        [sys.executable, "-m", "mlxspec", "serve", *args, "--port", "1"],
+        [sys.executable, "-m", "mlxspec", "serve", *args, "--port", "0"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -86,3 +87,24 @@ def test_unusable_model_is_one_line_and_exit_2(tmp_path: Path, make) -> None:
     errors = [line for line in proc.stderr.splitlines() if line.startswith("mlxspec: error: ")]
     assert len(errors) == 1 and proc.stderr.rstrip().endswith(errors[0]), proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_busy_port_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "MLXSPEC_CACHE_DIR": str(tmp_path)}
+        proc = subprocess.run(
+            [sys.executable, "-m", "mlxspec", "serve", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        f"mlxspec: error: cannot listen on 127.0.0.1:{port}: Address already in use"
+    )

@@ -189,29 +189,35 @@ class Engine:
         """Tokenize a raw completion prompt (no template)."""
         return encode_text(self.tokenizer, prompt)
 
-    def check_fits(self, prompt_tokens: int) -> None:
+    def check_fits(self, prompt_tokens: int, param: str = "messages") -> None:
         """Raise ``ContextLengthError`` unless the prompt leaves room for one token.
 
         Args:
             prompt_tokens (int): prompt length in tokens.
+            param (str): the request field named in the error. Default: ``"messages"``.
         """
         limit = self.info.context_window
         if prompt_tokens >= limit:
             raise ContextLengthError(
                 f"This model's maximum context length is {limit} tokens, but the prompt "
                 f"has {prompt_tokens} tokens, leaving no room to generate.",
-                param="messages",
+                param=param,
             )
 
-    def submit(self, request: GenerationRequest) -> RequestHandle:
+    def submit(self, request: GenerationRequest, prompt_param: str = "messages") -> RequestHandle:
         """Queue ``request``; iterate the returned handle for its events.
 
         Must be called from a running asyncio event loop.
 
+        Args:
+            request (GenerationRequest): the job.
+            prompt_param (str): the request field holding the prompt, named in
+                errors. Default: ``"messages"``.
+
         Raises:
             ContextLengthError: the prompt does not fit the context window.
         """
-        self.check_fits(len(request.prompt))
+        self.check_fits(len(request.prompt), prompt_param)
         handle = RequestHandle(request, asyncio.get_running_loop())
         self._jobs.put(handle)
         return handle

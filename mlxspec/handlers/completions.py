@@ -27,7 +27,7 @@ async def create_completion(body: dict[str, Any]) -> Any:
     engine = current_engine()
     prompt = engine.text_prompt(body["prompt"])
     request = to_generation_request(body, prompt, engine.defaults, engine.info)
-    handle = engine.submit(request)
+    handle = engine.submit(request, prompt_param="prompt")
     head = {
         "id": new_id("cmpl"),
         "object": "text_completion",
