@@ -333,3 +333,41 @@ def test_disconnect_during_non_stream_request_cancels(tiny_server, tiny_engine, 
         time.sleep(0.05)
     assert tiny_engine.counters["cancelled"] == before + 1
     assert client.post(CHAT, json={"messages": user(), "max_tokens": 2}).status_code == 200
+
+
+def test_null_optional_fields_mean_absent(client: httpx.Client) -> None:
+    nulls = {
+        k: None
+        for k in (
+            "model",
+            "tools",
+            "tool_choice",
+            "response_format",
+            "parallel_tool_calls",
+            "chat_template_kwargs",
+            "reasoning_effort",
+            "temperature",
+            "top_p",
+            "top_k",
+            "stop",
+            "seed",
+            "logit_bias",
+            "logprobs",
+            "top_logprobs",
+            "n",
+            "user",
+            "stream",
+            "session_id",
+            "prompt_cache_key",
+            "max_tokens",
+        )
+    }
+    body = {
+        "messages": user(),
+        **nulls,
+        "max_completion_tokens": 2,
+        "stream_options": {"include_usage": None},
+    }
+    r = client.post(CHAT, json=body)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] <= 2
