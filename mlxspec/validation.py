@@ -111,7 +111,8 @@ def parse_json_body(raw: bytes) -> Any:
         return None
     try:
         value = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        # RecursionError: nesting deeper than Python's recursion limit.
         raise ApiError("invalid_json", "invalid JSON body") from exc
     if _SURROGATE_ESCAPE.search(raw):
         try:

@@ -109,3 +109,10 @@ def test_openapi_31_documents_are_checked() -> None:
     bad = {"openapi": "3.1.0", "info": {"title": "t"}, "paths": {}}
     with pytest.raises(InvalidSpecification):
         Specification.load(bad)
+
+
+def test_nesting_past_the_recursion_limit_is_invalid_json() -> None:
+    deep = b'{"x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    with pytest.raises(ApiError) as err:
+        parse_json_body(deep)
+    assert (err.value.status, err.value.message) == (400, "invalid JSON body")
