@@ -10,13 +10,14 @@ penalty window longer than any sequence is "all of it") is accepted. The
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 
 import httpx
 import pytest
 
-from mlxspec.engine import GenerationDefaults, ModelInfo
+from mlxspec.engine import Failed, Finished, GenerationDefaults, GenerationRequest, ModelInfo
 from mlxspec.errors import ApiError
 from mlxspec.handlers.common import to_generation_request
 
@@ -183,6 +184,27 @@ def test_surrogate_pair_is_fine(client: httpx.Client) -> None:
     raw = b'{"prompt": "\\ud83d\\ude00", "max_tokens": 2}'
     r = client.post(COMP, content=raw, headers={"Content-Type": "application/json"})
     assert r.status_code == 200, r.text
+
+
+# --- an empty prompt killed the engine thread (every later request hung) ------
+
+
+@pytest.mark.parametrize("template", ["{{ '' }}", ""])
+def test_chat_template_rendering_nothing_is_400(client: httpx.Client, template: str) -> None:
+    r = chat(client, chat_template_kwargs={"chat_template": template})
+    assert_400(r, "messages")
+    assert chat(client).status_code == 200  # the engine still runs
+
+
+@pytest.mark.timeout(60)
+def test_engine_survives_a_request_the_batch_rejects(tiny_engine) -> None:
+    async def events(request: GenerationRequest) -> list:
+        return [e async for e in tiny_engine.submit(request)]
+
+    bad = asyncio.run(events(GenerationRequest(prompt=(), max_tokens=2)))
+    assert isinstance(bad[-1], Failed)
+    good = asyncio.run(events(GenerationRequest(prompt=(5, 6), max_tokens=2)))
+    assert isinstance(good[-1], Finished)
 
 
 # --- stop strings: a short stop inside a longer, earlier one -----------------

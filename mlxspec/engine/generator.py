@@ -252,12 +252,22 @@ class Engine:
             elif lane is None or handle.request.sampling.seed is not None:
                 self._serial(handle)
             else:
-                lane.add(handle, self._budget(handle.request))
+                self._join(lane, handle)
             try:
                 handle = self._jobs.get_nowait()
             except queue.Empty:
                 return True
         return False
+
+    def _join(self, lane: BatchLane, handle: RequestHandle) -> None:
+        """Add ``handle`` to the batch; a request the batch rejects fails alone
+        (an exception here used to end the engine thread, hanging every request)."""
+        try:
+            lane.add(handle, self._budget(handle.request))
+        except Exception:
+            log.exception("batch insert failed")
+            handle.emit(Failed("generation failed"))
+            self._count("failed")
 
     def _new_lane(self) -> BatchLane:
         return BatchLane(

@@ -99,7 +99,8 @@ def render_chat(
         list[int]: prompt token ids.
 
     Raises:
-        PromptError: the model has no chat template or the template failed.
+        PromptError: the model has no chat template, the template failed or
+            rendered nothing (a model cannot continue an empty prompt).
     """
     if not getattr(tokenizer, "chat_template", None):
         raise PromptError("model has no chat template; use /v1/completions", param="messages")
@@ -113,7 +114,10 @@ def render_chat(
         )
     except Exception as exc:  # jinja2 TemplateError, TypeError from bad values
         raise PromptError(f"prompt build failed: {exc}", param="messages") from exc
-    return dedupe_bos(tokenizer.encode(text, add_special_tokens=False), tokenizer.bos_token_id)
+    tokens = dedupe_bos(tokenizer.encode(text, add_special_tokens=False), tokenizer.bos_token_id)
+    if not tokens:  # e.g. a chat_template_kwargs "chat_template" that renders nothing
+        raise PromptError("the chat template rendered an empty prompt", param="messages")
+    return tokens
 
 
 def dedupe_bos(tokens: list[int], bos_id: int | None) -> list[int]:
@@ -133,5 +137,12 @@ def dedupe_bos(tokens: list[int], bos_id: int | None) -> list[int]:
 
 def encode_text(tokenizer: Any, prompt: str) -> list[int]:
     """Tokenize a raw completion prompt exactly as ``mlx_lm.server``
-    (``tokenizer.encode(prompt)``, the tokenizer's own BOS handling)."""
-    return list(tokenizer.encode(prompt))
+    (``tokenizer.encode(prompt)``, the tokenizer's own BOS handling).
+
+    Raises:
+        PromptError: the prompt encodes to no tokens.
+    """
+    tokens = list(tokenizer.encode(prompt))
+    if not tokens:
+        raise PromptError("the prompt is empty after tokenization", param="prompt")
+    return tokens
