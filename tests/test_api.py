@@ -60,7 +60,7 @@ def test_models_list_and_retrieve(client: httpx.Client) -> None:
         256,
     )
     one = client.get("/v1/models/tiny-llama").json()
-    assert one == {"object": "list", "data": [row]}
+    assert one == row
     assert_error(client.get("/v1/models/other"), 404, param="model_id")
 
 

@@ -135,7 +135,7 @@ def test_models_health_and_index(gen: ModuleType, client: Any) -> None:
     assert isinstance(row.capabilities, m.ModelCapabilities)
     assert row.capabilities["chat_completions"] is True
     one = _api(gen, "models", "retrieve_model").sync(client=client, model_id="tiny-llama")
-    assert isinstance(one, m.ModelList) and one.data[0].id == "tiny-llama"
+    assert isinstance(one, m.Model) and one.id == "tiny-llama"
     missing = _api(gen, "models", "retrieve_model").sync_detailed(client=client, model_id="x")
     assert missing.status_code == 404 and isinstance(missing.parsed, m.ErrorResponse)
     assert isinstance(_api(gen, "system", "health").sync(client=client), m.Health)

@@ -83,17 +83,9 @@ def test_models_list(sdk: openai.OpenAI) -> None:
     assert models.data[0].model_extra["context_window"] == 256
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="GET /v1/models/{id} answers mlx_lm.server's list shape; the SDK expects one Model",
-)
-def test_models_retrieve_gives_a_model(sdk: openai.OpenAI) -> None:
-    assert sdk.models.retrieve("tiny-llama").id == "tiny-llama"
-
-
-def test_models_retrieve_list_shape_and_unknown_id(sdk: openai.OpenAI) -> None:
+def test_models_retrieve_gives_a_model_and_404_for_unknown_ids(sdk: openai.OpenAI) -> None:
     found = sdk.models.retrieve("tiny-llama")
-    assert found.object == "list" and found.data[0]["id"] == "tiny-llama"
+    assert (found.id, found.object, found.owned_by) == ("tiny-llama", "model", "mlxspec")
     with pytest.raises(openai.NotFoundError) as err:
         sdk.models.retrieve("other")
     assert err.value.body["param"] == "model_id"

@@ -34,7 +34,10 @@ async def list_models() -> dict[str, Any]:
 
 
 async def retrieve_model(model_id: str) -> dict[str, Any]:
-    """The list filtered to ``model_id`` (the reference's and mlx_lm.server's shape).
+    """One ``Model`` object, OpenAI's shape (``client.models.retrieve``).
+
+    The reference and mlx_lm.server answer the list shape here; the SDKs
+    expect a model, so this follows OpenAI (docs/deviations.md).
 
     Raises:
         ApiError: 404 ``not_found`` for an id this server does not serve.
@@ -42,4 +45,4 @@ async def retrieve_model(model_id: str) -> dict[str, Any]:
     row = _served_model()
     if model_id != row["id"]:
         raise ApiError("not_found", f"model '{model_id}' not found", param="model_id")
-    return {"object": "list", "data": [row]}
+    return row
