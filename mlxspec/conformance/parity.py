@@ -1,0 +1,445 @@
+"""Parity with ``mlx_lm.server``: cases, live and recorded runs, the report.
+
+A case (``fixtures/parity/cases/*.json``) is a request (route, body) and the
+names of the :data:`~mlxspec.conformance.observe.FIELDS` that must match. *Live* mode starts
+``mlx_lm.server`` and ``mlxspec serve`` on the same model folder and sends each
+case to both; *recorded* mode compares mlxspec with the responses stored in
+``fixtures/parity/reference/`` (``--live --record`` rewrites them), so CI needs
+no second server. Fields compare exactly on text, ids and ints and within
+``observe.TOLERANCE`` on floats (TGI's integration snapshots do the same). A case
+may name a ``deviation`` (a row of ``docs/deviations.md``): its fields may
+differ from mlx_lm.server, and ``expect`` pins what mlxspec answers instead.
+
+    python -m mlxspec.conformance parity --live [--record] [--report docs/parity-report.md]
+    python -m mlxspec.conformance parity            # recorded mode
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from .observe import (
+    FIELDS,
+    TOLERANCE,
+    Observed,
+    diff,
+    parse_sse,
+    strip_volatile,
+    top_order_violations,
+)
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "parity"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One request sent to both servers.
+
+    Args:
+        name (str): unique id, also the recording's file name.
+        route (str): path such as ``/v1/chat/completions``.
+        body (dict | None): JSON body; ``None`` means ``GET``.
+        match (tuple[str, ...]): names of :data:`FIELDS` that must match.
+        about (str): one line on what the case shows.
+        deviation (dict | None): ``{"row", "fields", "expect"}``: the row of
+            docs/deviations.md, the fields it lets differ, and mlxspec's value
+            of those fields (checked in every mode).
+    """
+
+    name: str
+    route: str
+    body: dict | None
+    match: tuple[str, ...]
+    about: str = ""
+    deviation: dict | None = None
+
+
+@dataclass
+class Outcome:
+    """A case's verdict: ``identical``, ``deviation``, ``differs`` or ``error``."""
+
+    case: str
+    route: str
+    verdict: str
+    fields: list[str] = field(default_factory=list)
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """True for ``identical`` and for differences listed as deviations."""
+        return self.verdict in ("identical", "deviation")
+
+
+def load_cases(root: Path = FIXTURES) -> list[Case]:
+    """Read every case file under ``root/cases`` (each a JSON list), in file order."""
+    cases = []
+    for path in sorted((root / "cases").glob("*.json")):
+        for raw in json.loads(path.read_text()):
+            cases.append(
+                Case(
+                    name=raw["name"],
+                    route=raw["route"],
+                    body=raw.get("body"),
+                    match=tuple(raw["match"]),
+                    about=raw.get("about", ""),
+                    deviation=raw.get("deviation"),
+                )
+            )
+    return cases
+
+
+# Observing a response -------------------------------------------------------
+
+
+def fetch(client: httpx.Client, base: str, case: Case) -> Observed:
+    """Send ``case`` to the server at ``base`` and record what came back.
+
+    Returns:
+        Observed: ``status``, ``content_type``; ``events`` and ``done`` for
+        SSE, else ``json`` (volatile keys dropped) and, for short bodies, ``text``.
+    """
+    method = "GET" if case.body is None else "POST"
+    with client.stream(method, base + case.route, json=case.body) as r:
+        raw = r.read().decode("utf-8", "replace")
+    ctype = r.headers.get("content-type", "").split(";")[0].strip().lower()
+    out: Observed = {"status": r.status_code, "content_type": ctype}
+    if ctype == "text/event-stream":
+        out["events"], out["done"] = parse_sse(raw)
+        return out
+    try:
+        out["json"] = strip_volatile(json.loads(raw))
+    except ValueError:
+        out["json"] = None
+    if len(raw) <= 512:
+        out["text"] = raw
+    return out
+
+
+def check(case: Case, ours: Observed, ref: Observed) -> Outcome:
+    """Compare one case's fields; a difference is fine only in the fields its
+    deviation lists, and then mlxspec must answer the deviation's ``expect``."""
+    dev = case.deviation or {}
+    allowed, expect = set(dev.get("fields", ())), dev.get("expect", {})
+    differing, details, unexpected = [], [], []
+    for name in case.match:
+        d = diff(FIELDS[name](ours), FIELDS[name](ref))
+        if d:
+            differing.append(name)
+            if name not in allowed:
+                unexpected.append(name)
+                details.append(name + (d[0][1:] if d[0].startswith(".:") else d[0]))
+    for name, value in expect.items():
+        d = diff(FIELDS[name](ours), value)
+        if d:
+            unexpected.append(f"{name} (expected)")
+            details.append(f"{name} vs expected: {d[0]}")
+    if "top_logprobs" in case.match and (bad := top_order_violations(ours)):
+        unexpected.append("top_order")
+        details.append(bad[0])
+    if unexpected:
+        return Outcome(case.name, case.route, "differs", unexpected, "; ".join(details))
+    if differing:
+        return Outcome(case.name, case.route, "deviation", differing, dev.get("row", ""))
+    return Outcome(case.name, case.route, "identical")
+
+
+# Recordings ----------------------------------------------------------------
+
+
+def reference_path(case: Case, root: Path = FIXTURES) -> Path:
+    """Where ``case``'s mlx_lm.server response is recorded."""
+    return root / "reference" / f"{case.name}.json"
+
+
+def save_reference(case: Case, observed: Observed, meta: dict, root: Path = FIXTURES) -> None:
+    """Write mlx_lm.server's response to ``case`` with the request and run metadata."""
+    path = reference_path(case, root)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {**meta, "request": {"route": case.route, "body": case.body}, "response": observed}
+    path.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n")
+
+
+def load_reference(case: Case, root: Path = FIXTURES) -> Observed:
+    """The recorded response for ``case``.
+
+    Raises:
+        LookupError: no recording, or one made for a different request.
+    """
+    path = reference_path(case, root)
+    if not path.exists():
+        raise LookupError("no recording (run parity --live --record)")
+    record = json.loads(path.read_text())
+    if record["request"] != {"route": case.route, "body": case.body}:
+        raise LookupError("recording is for another request (run parity --live --record)")
+    return record["response"]
+
+
+def check_recorded(client: httpx.Client, base: str, case: Case, root: Path = FIXTURES) -> Outcome:
+    """Send ``case`` to mlxspec at ``base`` and compare with its recording."""
+    try:
+        ref = load_reference(case, root)
+    except LookupError as exc:
+        return Outcome(case.name, case.route, "error", [], str(exc))
+    return check(case, fetch(client, base, case), ref)
+
+
+# Servers -------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def serve(argv: list[str], env: dict[str, str], log: Path, timeout: float = 600) -> Iterator[str]:
+    """Run a server command (``{port}`` in ``argv`` is filled in) until it answers
+    ``GET /health``; yield its base URL and terminate it afterwards."""
+    port = _free_port()
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [a.format(port=port) for a in argv], stdout=out, stderr=subprocess.STDOUT, env=env
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{argv[2]} exited:\n{log.read_text()[-2000:]}")
+            try:
+                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{argv[2]} not healthy after {timeout}s")
+            time.sleep(0.25)
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def offline_env(hf_cache: str) -> dict[str, str]:
+    """Environment with the Hugging Face hub offline and an empty hub cache
+    (mlx_lm.server's ``/v1/models`` scans it, and fails if it is missing)."""
+    return {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "HF_HUB_CACHE": hf_cache,
+    }
+
+
+def mlx_lm_version() -> str:
+    """The installed mlx-lm version."""
+    from mlx_lm import __version__
+
+    return __version__
+
+
+# Runs and reports ------------------------------------------------------------
+
+
+def run_live(
+    cases: Sequence[Case],
+    model: Path,
+    record: bool,
+    ref_url: str | None = None,
+    ours_url: str | None = None,
+    root: Path = FIXTURES,
+) -> list[Outcome]:
+    """Start mlx_lm.server and mlxspec on ``model`` (unless URLs are given), send
+    every case to both (mlx_lm.server first) and compare; ``record`` stores mlx-lm's answers."""
+    meta = {
+        "mlx_lm_version": mlx_lm_version(),
+        "model": model.name,
+        "recorded": dt.date.today().isoformat(),
+    }
+    outcomes = []
+    with ExitStack() as stack, httpx.Client(timeout=600) as client:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        (tmp / "hub").mkdir()
+        env = offline_env(str(tmp / "hub"))
+        py = sys.executable
+        ref_url = ref_url or stack.enter_context(
+            serve(
+                [
+                    py,
+                    "-m",
+                    "mlx_lm",
+                    "server",
+                    "--model",
+                    str(model),
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    "{port}",
+                ],
+                env,
+                tmp / "mlx_lm.log",
+            )
+        )
+        ours_url = ours_url or stack.enter_context(
+            serve(
+                [
+                    py,
+                    "-m",
+                    "mlxspec",
+                    "serve",
+                    str(model),
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    "{port}",
+                ],
+                env,
+                tmp / "mlxspec.log",
+            )
+        )
+        for case in cases:
+            ref = fetch(client, ref_url, case)
+            if record:
+                save_reference(case, ref, meta, root)
+            outcomes.append(check(case, fetch(client, ours_url, case), ref))
+            print(f"  {case.name}: {outcomes[-1].verdict}", file=sys.stderr, flush=True)
+    return outcomes
+
+
+def run_recorded(
+    cases: Sequence[Case], ours_url: str | None = None, root: Path = FIXTURES
+) -> list[Outcome]:
+    """Compare mlxspec (started with the embedded default model unless
+    ``ours_url`` is given) with the recordings."""
+    with ExitStack() as stack, httpx.Client(timeout=600) as client:
+        if ours_url is None:
+            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+            (tmp / "hub").mkdir()
+            ours_url = stack.enter_context(
+                serve(
+                    [sys.executable, "-m", "mlxspec", "serve", "--port", "{port}"],
+                    offline_env(str(tmp / "hub")),
+                    tmp / "mlxspec.log",
+                )
+            )
+        return [check_recorded(client, ours_url, case, root) for case in cases]
+
+
+def table(outcomes: Sequence[Outcome]) -> str:
+    """The outcomes as a Markdown table: case, route, result."""
+    lines = ["| case | route | result |", "| --- | --- | --- |"]
+    for o in outcomes:
+        if o.verdict == "identical":
+            result = "identical"
+        elif o.verdict == "deviation":
+            result = f"deviation ({o.detail}): {', '.join(o.fields)}"
+        else:
+            result = f"**{o.verdict.upper()}**: {', '.join(o.fields)} {o.detail}".strip()
+        cell = result.replace("|", r"\|")
+        lines.append(f"| {o.case} | `{o.route}` | {cell} |")
+    return "\n".join(lines)
+
+
+def summary(outcomes: Sequence[Outcome]) -> str:
+    """``N cases: a identical, b deviations, c differ, d errors``."""
+    count = {
+        v: sum(o.verdict == v for o in outcomes)
+        for v in ("identical", "deviation", "differs", "error")
+    }
+    return (
+        f"{len(outcomes)} cases: {count['identical']} identical, {count['deviation']} listed "
+        f"deviations, {count['differs']} differ, {count['error']} errors"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``parity`` subcommand: run the cases live or against the recordings,
+    print the table; exit 1 when any case differs or fails."""
+    p = argparse.ArgumentParser(
+        prog="python -m mlxspec.conformance parity",
+        description="Compare mlxspec with mlx_lm.server.",
+    )
+    p.add_argument("--live", action="store_true", help="start mlx_lm.server too and compare live")
+    p.add_argument("--record", action="store_true", help="with --live: rewrite the recordings")
+    p.add_argument("--model", type=Path, help="MLX model folder (default: the embedded default)")
+    p.add_argument("--fixtures", type=Path, default=FIXTURES, help="cases/ and reference/ root")
+    p.add_argument("--only", nargs="+", metavar="CASE", help="run only these cases")
+    p.add_argument("--mlx-lm-url", help="use a running mlx_lm.server instead of starting one")
+    p.add_argument("--mlxspec-url", help="use a running mlxspec instead of starting one")
+    p.add_argument("--report", type=Path, help="also write the table as a Markdown report")
+    args = p.parse_args(argv)
+    if args.record and not args.live:
+        p.error("--record needs --live")
+    cases = load_cases(args.fixtures)
+    if args.only:
+        cases = [c for c in cases if c.name in set(args.only)]
+    try:
+        outcomes, mode = _run(args, cases)
+    except (RuntimeError, TimeoutError) as exc:  # a server that would not start
+        print(f"parity: error: {exc}", file=sys.stderr)
+        return 2
+    print(table(outcomes))
+    print(f"\n{summary(outcomes)} ({mode})")
+    if args.report:
+        args.report.write_text(report(outcomes, mode, cases))
+    return 0 if all(o.ok for o in outcomes) else 1
+
+
+def _run(args: argparse.Namespace, cases: list[Case]) -> tuple[list[Outcome], str]:
+    if args.live:
+        model, about = args.model, f"`{args.model}`"
+        if model is None:
+            from mlxspec.engine.loader import resolve_model
+
+            resolved = resolve_model(None)
+            model = resolved.path
+            about = f"{resolved.model_id} (embedded default, folder `{model.name}`)"
+        outcomes = run_live(
+            cases, Path(model), args.record, args.mlx_lm_url, args.mlxspec_url, args.fixtures
+        )
+        mode = f"live against mlx_lm.server {mlx_lm_version()}, model {about}"
+    else:
+        outcomes = run_recorded(cases, args.mlxspec_url, args.fixtures)
+        mode = "recorded references"
+    return outcomes, mode
+
+
+def report(outcomes: Sequence[Outcome], mode: str, cases: Sequence[Case] = ()) -> str:
+    """The Markdown report committed as ``docs/parity-report.md``: the table,
+    then what each listed deviation case shows."""
+    about = {c.name: c.about for c in cases}
+    notes = [
+        f"- `{o.case}` ({o.detail}): {about.get(o.case, '')}"
+        for o in outcomes
+        if o.verdict == "deviation"
+    ]
+    return (
+        f"# Parity with mlx_lm.server\n\nRun {dt.date.today().isoformat()}, {mode}.\n"
+        "Generated by `python -m mlxspec.conformance parity --live --report "
+        "docs/parity-report.md`. Both servers ran on the same converted model folder, "
+        "greedy (`temperature: 0`) with an explicit `max_tokens`; text, token ids and "
+        f"counts must be equal and logprob values within {TOLERANCE} "
+        "(`mlxspec/conformance/observe.py`). mlx_lm.server decodes unseeded requests with "
+        "its `BatchGenerator` and seeded ones (`chat_seeded`) with `generate_step`. "
+        "Deviations are rows of `docs/deviations.md`.\n\n"
+        f"{summary(outcomes)}.\n\n{table(outcomes)}\n"
+        + ("\n## Listed deviations\n\n" + "\n".join(notes) + "\n" if notes else "")
+    )
