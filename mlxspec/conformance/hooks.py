@@ -1,0 +1,144 @@
+"""schemathesis hooks for fuzzing mlxspec: keep generation requests cheap.
+
+Loaded by the schemathesis CLI through ``SCHEMATHESIS_HOOKS=mlxspec.conformance.hooks``
+(see :mod:`mlxspec.conformance.fuzz`). The OpenAPI document is never weakened: a
+``before_call`` hook edits each generation request just before it is sent, so the
+case schemathesis reports is the request the server actually saw.
+
+On a 2-core CPU box the embedded model runs about 5-10 tokens/s, and a prompt
+token costs about as much as a generated one (measured: a 32-token forward
+pass takes ~25x a 1-token one, quantized or not). An omitted or null
+``max_tokens`` means "until EOS or the 8192-token context", so an uncapped case
+could run for minutes. Hence both the completion and the prompt text are capped.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+#: Most tokens a fuzzed generation may produce.
+MAX_TOKENS_CAP = 4
+#: Characters of prompt text kept per fuzzed request (prompt or all message text).
+PROMPT_CHAR_BUDGET = 200
+#: Most messages kept in a fuzzed chat request.
+MAX_MESSAGES = 4
+#: Routes that run the model.
+GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def cap_max_tokens(body: Any, cap: int = MAX_TOKENS_CAP) -> Any:
+    """Bound the tokens a generation request may produce, keeping its validity.
+
+    The effective limit is ``max_completion_tokens`` when non-null, else
+    ``max_tokens`` (the server's precedence). A valid integer above ``cap``
+    becomes ``cap``; invalid values (``0``, ``2.5``, ``"x"``, ``True``) are kept,
+    since the server must reject them anyway. With no limit at all, ``cap`` is
+    set on ``max_tokens`` (or on ``max_completion_tokens`` when ``max_tokens``
+    is an explicit null, so that null is still sent).
+
+    Args:
+        body (Any): a generated request body; non-objects are returned as is.
+        cap (int): the token cap. Default: :data:`MAX_TOKENS_CAP`.
+
+    Returns:
+        Any: a new dict (or ``body`` itself when it is not a dict).
+    """
+    if not isinstance(body, dict):
+        return body
+    out = dict(body)
+    for name in ("max_completion_tokens", "max_tokens"):
+        value = out.get(name)
+        if value is None:
+            continue
+        if _is_int(value) and value > cap:
+            out[name] = cap
+        return out
+    out["max_tokens" if "max_tokens" not in out else "max_completion_tokens"] = cap
+    return out
+
+
+def trim_prompt(
+    body: Any, budget: int = PROMPT_CHAR_BUDGET, max_messages: int = MAX_MESSAGES
+) -> Any:
+    """Shorten long prompts: a completion ``prompt``, and the message list and
+    the text of message ``content`` (strings and ``text`` parts) of a chat.
+
+    Prefill costs about as much per token as decoding on CPU, so the text of a
+    whole request shares one character budget. Only values of the right type
+    are touched, and a non-empty string or list never becomes empty (their
+    schemas' minimums), so validity is kept.
+
+    Args:
+        body (Any): a generated request body; non-objects are returned as is.
+        budget (int): characters of prompt text kept. Default: :data:`PROMPT_CHAR_BUDGET`.
+        max_messages (int): most messages kept. Default: :data:`MAX_MESSAGES`.
+
+    Returns:
+        Any: a new dict (or ``body`` itself when it is not a dict).
+    """
+    if not isinstance(body, dict):
+        return body
+    out = dict(body)
+    prompt = out.get("prompt")
+    if isinstance(prompt, str) and len(prompt) > budget:
+        out["prompt"] = prompt[: max(budget, 1)]
+    messages = out.get("messages")
+    if isinstance(messages, list):
+        left = [budget]
+        out["messages"] = [_trim_message(m, left) for m in messages[:max_messages]]
+    return out
+
+
+def _trim_text(text: str, left: list[int]) -> str:
+    keep = max(left[0], 0)
+    left[0] -= len(text)
+    return text if len(text) <= keep else text[: max(keep, 1 if text else 0)]
+
+
+def _trim_message(message: Any, left: list[int]) -> Any:
+    """Trim one message's ``content`` against the shared budget ``left[0]``."""
+    if not isinstance(message, dict):
+        return message
+    content = message.get("content")
+    if isinstance(content, str):
+        return {**message, "content": _trim_text(content, left)}
+    if isinstance(content, list):
+        parts = [
+            {**p, "text": _trim_text(p["text"], left)}
+            if isinstance(p, dict) and isinstance(p.get("text"), str)
+            else p
+            for p in content
+        ]
+        return {**message, "content": parts}
+    return message
+
+
+def cheap_generation_body(body: Any) -> Any:
+    """:func:`cap_max_tokens` then :func:`trim_prompt`."""
+    return trim_prompt(cap_max_tokens(body))
+
+
+def register() -> None:
+    """Register the ``before_call`` hook with schemathesis (global scope).
+
+    Runs on import only when this module is the one ``SCHEMATHESIS_HOOKS``
+    names, so importing the helpers above (e.g. in unit tests) registers nothing.
+    """
+    import schemathesis
+
+    @schemathesis.hook
+    def before_call(context: Any, case: Any, kwargs: dict[str, Any]) -> None:
+        """Make every generation request cheap before it goes on the wire."""
+        if case.method.upper() == "POST" and case.operation.path in GENERATION_PATHS:
+            cheap = cheap_generation_body(case.body)
+            if cheap is not case.body and cheap != case.body:
+                case.body = cheap
+
+
+if os.environ.get("SCHEMATHESIS_HOOKS") == __name__:
+    register()

@@ -1,0 +1,130 @@
+"""schemathesis against the live server on the embedded default model (CI's bounded pass).
+
+``python -m mlxspec.conformance fuzz --examples N`` runs the same thing longer.
+Unit tests of the harness's pure parts (the hooks that keep generation cheap,
+the command line) come first; they need no server.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from mlxspec.conformance import fuzz
+from mlxspec.conformance.__main__ import main as conformance_main
+from mlxspec.conformance.hooks import MAX_TOKENS_CAP, cap_max_tokens, trim_prompt
+
+#: CI's examples per operation, and the outer limit (the pass takes about
+#: 1-3 minutes on a 2-core CPU box, depending on what else runs there).
+CI_EXAMPLES = 25
+CI_TIME_LIMIT = 420.0
+
+
+# --- hooks: cheap generation without changing what is valid ------------------
+
+
+@pytest.mark.parametrize(
+    "body,expected",
+    [
+        ({}, {"max_tokens": MAX_TOKENS_CAP}),
+        ({"max_tokens": 100}, {"max_tokens": MAX_TOKENS_CAP}),
+        ({"max_tokens": 2}, {"max_tokens": 2}),
+        ({"max_tokens": None}, {"max_tokens": None, "max_completion_tokens": MAX_TOKENS_CAP}),
+        (
+            {"max_tokens": 100, "max_completion_tokens": None},
+            {"max_tokens": MAX_TOKENS_CAP, "max_completion_tokens": None},
+        ),
+        (
+            {"max_tokens": 100, "max_completion_tokens": 9},
+            {"max_tokens": 100, "max_completion_tokens": MAX_TOKENS_CAP},
+        ),
+        # invalid values stay invalid: the server must still reject them
+        ({"max_tokens": 0}, {"max_tokens": 0}),
+        ({"max_tokens": 2.5}, {"max_tokens": 2.5}),
+        ({"max_tokens": True}, {"max_tokens": True}),
+        ({"max_completion_tokens": "9"}, {"max_completion_tokens": "9"}),
+    ],
+)
+def test_cap_max_tokens(body: dict, expected: dict) -> None:
+    assert cap_max_tokens(body) == expected
+    assert body is not expected  # the input is not mutated
+
+
+def test_cap_max_tokens_leaves_non_objects() -> None:
+    assert cap_max_tokens([1]) == [1]
+    assert cap_max_tokens(None) is None
+
+
+def test_trim_prompt_shares_one_budget_and_keeps_validity() -> None:
+    body = {
+        "messages": [
+            {"role": "user", "content": "x" * 150},
+            {"role": "user", "content": [{"type": "text", "text": "y" * 100}, {"type": "z"}]},
+            {"role": "user", "content": "z" * 10},
+            {"role": "user"},
+            {"role": "user", "content": "dropped"},
+        ]
+    }
+    out = trim_prompt(body, budget=200, max_messages=4)
+    msgs = out["messages"]
+    assert len(msgs) == 4
+    assert msgs[0]["content"] == "x" * 150
+    assert msgs[1]["content"] == [{"type": "text", "text": "y" * 50}, {"type": "z"}]
+    assert msgs[2]["content"] == "z"  # budget spent: non-empty strings stay non-empty
+    assert msgs[3] == {"role": "user"}
+    assert trim_prompt({"prompt": "p" * 500}, budget=10) == {"prompt": "p" * 10}
+    assert trim_prompt({"prompt": ""}, budget=10) == {"prompt": ""}
+    assert body["messages"][0]["content"] == "x" * 150  # not mutated
+
+
+# --- command line ------------------------------------------------------------
+
+
+def test_command_has_the_checks_bounds_and_unsanitized_output(tmp_path) -> None:
+    opts = fuzz.FuzzOptions(base_url="http://127.0.0.1:9/", max_examples=7, seed=3)
+    cmd = fuzz.build_command(opts, tmp_path / "r.json")
+    arg = dict(zip(cmd, cmd[1:], strict=False))
+    assert cmd[4] == "http://127.0.0.1:9/openapi.json"
+    assert arg["--url"] == "http://127.0.0.1:9"
+    assert arg["--checks"].split(",") == list(fuzz.CHECKS)
+    assert (arg["--max-examples"], arg["--seed"]) == ("7", "3")
+    assert arg["--output-sanitize"] == "false"
+
+
+def test_parity_subcommand_is_delegated_lazily(monkeypatch, capsys) -> None:
+    import sys
+    import types
+
+    seen: list[list[str]] = []
+    stub = types.ModuleType("mlxspec.conformance.parity")
+    stub.main = lambda argv: seen.append(argv) or 0  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "mlxspec.conformance.parity", stub)
+    assert conformance_main(["parity", "--live", "-x"]) == 0
+    assert seen == [["--live", "-x"]]
+
+
+def test_unreachable_server_is_an_error_not_a_pass() -> None:
+    result = fuzz.run_fuzz(
+        fuzz.FuzzOptions(base_url="http://127.0.0.1:9", max_examples=1, time_limit=60)
+    )
+    assert not result.ok
+    assert "FAILED" in result.summary()
+
+
+# --- the bounded pass --------------------------------------------------------
+
+
+@pytest.mark.real_model
+@pytest.mark.timeout(CI_TIME_LIMIT + 60)
+def test_schemathesis_finds_nothing(real_server: str) -> None:
+    """Every operation, ``CI_EXAMPLES`` cases each: zero failures."""
+    result = fuzz.run_fuzz(
+        fuzz.FuzzOptions(
+            base_url=real_server,
+            max_examples=CI_EXAMPLES,
+            time_limit=CI_TIME_LIMIT,
+            shrink=False,
+        )
+    )
+    print(result.summary())
+    assert result.ok, f"{result.summary()}\n\n{result.output[-20000:]}"
+    assert result.operations == 6
