@@ -371,3 +371,15 @@ def test_null_optional_fields_mean_absent(client: httpx.Client) -> None:
     r = client.post(CHAT, json=body)
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["completion_tokens"] <= 2
+
+
+def test_reasoning_effort_values(client: httpx.Client) -> None:
+    ok = client.post(CHAT, json={"messages": user(), "max_tokens": 1, "reasoning_effort": "low"})
+    assert ok.status_code == 200
+    r = client.post(CHAT, json={"messages": user(), "reasoning_effort": "bogus"})
+    assert_error(
+        r,
+        400,
+        param="reasoning_effort",
+        message="reasoning_effort must be one of 'none', 'minimal', 'low', 'medium', 'high', 'xhigh'",
+    )
