@@ -21,7 +21,6 @@ import asyncio
 import json
 import os
 import platform
-import socket
 import subprocess
 import sys
 import time
@@ -29,17 +28,13 @@ from pathlib import Path
 
 import httpx
 
+from mlxspec.conformance.live import free_port, wait_healthy
+
 HERE = Path(__file__).resolve().parent
 FILLER = (
     "The quick brown fox jumps over the lazy dog while the river runs past old stone "
     "bridges, and scholars argue about maps, clocks, bread, weather and distant stars. "
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def build_prompt(tokenizer, n_tokens: int, salt: int) -> str:
@@ -51,38 +46,62 @@ def build_prompt(tokenizer, n_tokens: int, salt: int) -> str:
 
 def server_command(kind: str, model: str, port: int, batch: int) -> list[str]:
     if kind == "mlxspec":
-        return [sys.executable, "-m", "mlxspec", "serve", model, "--port", str(port),
-                "--batch", str(batch), "--log-level", "warning"]
-    return [sys.executable, "-m", "mlx_lm.server", "--model", model, "--port", str(port),
-            "--log-level", "WARNING", "--decode-concurrency", str(max(batch, 32))]
+        return [
+            sys.executable,
+            "-m",
+            "mlxspec",
+            "serve",
+            model,
+            "--port",
+            str(port),
+            "--batch",
+            str(batch),
+            "--log-level",
+            "warning",
+        ]
+    return [
+        sys.executable,
+        "-m",
+        "mlx_lm.server",
+        "--model",
+        model,
+        "--port",
+        str(port),
+        "--log-level",
+        "WARNING",
+        "--decode-concurrency",
+        str(max(batch, 32)),
+    ]
 
 
 def start_server(kind: str, model: str, batch: int, log: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     out = open(log, "w")
-    proc = subprocess.Popen(server_command(kind, model, port, batch), stdout=out,
-                            stderr=subprocess.STDOUT, env=env)
+    proc = subprocess.Popen(
+        server_command(kind, model, port, batch), stdout=out, stderr=subprocess.STDOUT, env=env
+    )
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{kind} exited: {log.read_text()[-2000:]}")
-        try:
-            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                return proc, base
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise TimeoutError(f"{kind} did not start")
+    try:
+        wait_healthy(base, 600, proc)
+    except (RuntimeError, TimeoutError):
+        proc.kill()
+        raise RuntimeError(f"{kind} did not start: {log.read_text()[-2000:]}") from None
+    return proc, base
 
 
-async def stream_one(client: httpx.AsyncClient, base: str, messages: list, max_tokens: int,
-                     bias: dict) -> dict:
+async def stream_one(
+    client: httpx.AsyncClient, base: str, messages: list, max_tokens: int, bias: dict
+) -> dict:
     """One streamed chat request: TTFT, chunk gaps, completion tokens, text."""
-    body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "logit_bias": bias, "stream_options": {"include_usage": True}}
+    body = {
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "logit_bias": bias,
+        "stream_options": {"include_usage": True},
+    }
     t0 = time.perf_counter()
     stamps, text, usage = [], "", None
     async with client.stream("POST", f"{base}/v1/chat/completions", json=body) as r:
@@ -100,8 +119,13 @@ async def stream_one(client: httpx.AsyncClient, base: str, messages: list, max_t
     end = time.perf_counter()
     gaps = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
     tokens = (usage or {}).get("completion_tokens") or len(stamps)
-    return {"ttft": (stamps[0] - t0) if stamps else end - t0, "gaps": gaps, "tokens": tokens,
-            "seconds": end - t0, "text": text}
+    return {
+        "ttft": (stamps[0] - t0) if stamps else end - t0,
+        "gaps": gaps,
+        "tokens": tokens,
+        "seconds": end - t0,
+        "text": text,
+    }
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -111,11 +135,13 @@ def pct(values: list[float], q: float) -> float | None:
     return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
 
 
-async def run_level(base: str, prompts: list[str], conc: int, rounds: int, max_tokens: int,
-                    bias: dict, bar) -> dict:
+async def run_level(
+    base: str, prompts: list[str], conc: int, rounds: int, max_tokens: int, bias: dict, bar
+) -> dict:
     results, failures = [], []
     limits = httpx.Limits(max_connections=conc + 4)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+
         async def worker(w: int) -> None:
             for r in range(rounds):
                 prompt = prompts[(w * rounds + r) % len(prompts)]
@@ -132,12 +158,19 @@ async def run_level(base: str, prompts: list[str], conc: int, rounds: int, max_t
         wall = time.perf_counter() - t0
     ttfts = [r["ttft"] for r in results]
     gaps = [g for r in results for g in r["gaps"]]
-    return {"concurrency": conc, "requests": len(results), "failed": len(failures),
-            "failures": sorted(set(failures))[:5], "wall_s": wall,
-            "output_tokens": sum(r["tokens"] for r in results),
-            "tok_per_s": sum(r["tokens"] for r in results) / wall,
-            "ttft_p50": pct(ttfts, 0.5) or 0.0, "ttft_p95": pct(ttfts, 0.95) or 0.0,
-            "itl_p50": pct(gaps, 0.5), "itl_p95": pct(gaps, 0.95)}
+    return {
+        "concurrency": conc,
+        "requests": len(results),
+        "failed": len(failures),
+        "failures": sorted(set(failures))[:5],
+        "wall_s": wall,
+        "output_tokens": sum(r["tokens"] for r in results),
+        "tok_per_s": sum(r["tokens"] for r in results) / wall,
+        "ttft_p50": pct(ttfts, 0.5) or 0.0,
+        "ttft_p95": pct(ttfts, 0.95) or 0.0,
+        "itl_p50": pct(gaps, 0.5),
+        "itl_p95": pct(gaps, 0.95),
+    }
 
 
 async def multi_turn(base: str, prompt: str, max_tokens: int, bias: dict) -> dict:
@@ -145,11 +178,16 @@ async def multi_turn(base: str, prompt: str, max_tokens: int, bias: dict) -> dic
     async with httpx.AsyncClient(timeout=600) as client:
         msgs = [{"role": "user", "content": prompt}]
         first = await stream_one(client, base, msgs, max_tokens, bias)
-        msgs += [{"role": "assistant", "content": first["text"]},
-                 {"role": "user", "content": "And in one word?"}]
+        msgs += [
+            {"role": "assistant", "content": first["text"]},
+            {"role": "user", "content": "And in one word?"},
+        ]
         second = await stream_one(client, base, msgs, max_tokens, bias)
-    return {"turn1_ttft": first["ttft"], "turn2_ttft": second["ttft"],
-            "ratio": second["ttft"] / first["ttft"]}
+    return {
+        "turn1_ttft": first["ttft"],
+        "turn2_ttft": second["ttft"],
+        "ratio": second["ttft"] / first["ttft"],
+    }
 
 
 def mlx_lm_direct(model: str, tokenizer, prompt: str, max_tokens: int) -> float:
@@ -158,8 +196,7 @@ def mlx_lm_direct(model: str, tokenizer, prompt: str, max_tokens: int) -> float:
     from mlx_lm.sample_utils import make_logits_processors
 
     m, tok = load(model)
-    ids = tok.apply_chat_template([{"role": "user", "content": prompt}],
-                                  add_generation_prompt=True)
+    ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
     procs = make_logits_processors({t: -1e9 for t in tok.eos_token_ids})
     last = None
     for _ in range(2):  # warm-up, then measure
@@ -178,14 +215,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=2, help="requests per client per level")
     ap.add_argument("--batch", type=int, default=16, help="mlxspec --batch")
     ap.add_argument("--servers", nargs="+", default=["mlx_lm", "mlxspec"])
-    ap.add_argument("--skip-direct", action="store_true",
-                    help="skip the mlx-lm stream_generate baseline")
+    ap.add_argument(
+        "--skip-direct", action="store_true", help="skip the mlx-lm stream_generate baseline"
+    )
     args = ap.parse_args(argv)
 
     from mlx_lm.utils import load_tokenizer
 
     if args.model is None:
         from mlxspec.engine.loader import resolve_model
+
         args.model = str(resolve_model(None).path)
     tokenizer = load_tokenizer(Path(args.model))
     bias = {str(t): -1e9 for t in tokenizer.eos_token_ids}
@@ -196,21 +235,30 @@ def main(argv: list[str] | None = None) -> int:
 
     out_dir = HERE / "results"
     out_dir.mkdir(exist_ok=True)
-    report = {"name": args.name, "model": args.model, "max_tokens": args.max_tokens,
-              "rounds": args.rounds, "machine": platform.platform(),
-              "python": platform.python_version(), "servers": {}}
+    report = {
+        "name": args.name,
+        "model": args.model,
+        "max_tokens": args.max_tokens,
+        "rounds": args.rounds,
+        "machine": platform.platform(),
+        "python": platform.python_version(),
+        "servers": {},
+    }
     import mlx.core as mx
     import mlx_lm
+
     report["mlx"], report["mlx_lm"] = mx.__version__, mlx_lm.__version__
     report["device"] = str(mx.default_device())
     base_prompt = build_prompt(tokenizer, args.prompt_tokens[0], 0)
     if not args.skip_direct:
         report["mlx_lm_stream_generate_tok_per_s"] = mlx_lm_direct(
-            args.model, tokenizer, base_prompt, args.max_tokens)
+            args.model, tokenizer, base_prompt, args.max_tokens
+        )
         print(f"mlx-lm stream_generate: {report['mlx_lm_stream_generate_tok_per_s']:.1f} tok/s")
 
-    total = len(args.servers) * len(args.prompt_tokens) * sum(c * args.rounds
-                                                              for c in args.concurrency)
+    total = (
+        len(args.servers) * len(args.prompt_tokens) * sum(c * args.rounds for c in args.concurrency)
+    )
     bar = tqdm(total=total, desc="requests") if tqdm else None
     for kind in args.servers:
         proc, base = start_server(kind, args.model, args.batch, out_dir / f"{args.name}-{kind}.log")
@@ -220,11 +268,18 @@ def main(argv: list[str] | None = None) -> int:
                 prompts = [build_prompt(tokenizer, n, s) for s in range(64)]
                 asyncio.run(run_level(base, prompts[:1], 1, 1, 4, bias, None))  # warm-up
                 for conc in args.concurrency:
-                    level = asyncio.run(run_level(base, prompts, conc, args.rounds,
-                                                  args.max_tokens, bias, bar))
+                    level = asyncio.run(
+                        run_level(base, prompts, conc, args.rounds, args.max_tokens, bias, bar)
+                    )
                     levels.append({"prompt_tokens": n, **level})
-            turns = asyncio.run(multi_turn(base, build_prompt(tokenizer, args.prompt_tokens[-1], 999),
-                                           args.max_tokens, bias))
+            turns = asyncio.run(
+                multi_turn(
+                    base,
+                    build_prompt(tokenizer, args.prompt_tokens[-1], 999),
+                    args.max_tokens,
+                    bias,
+                )
+            )
             report["servers"][kind] = {"levels": levels, "multi_turn": turns}
         finally:
             proc.terminate()
@@ -244,46 +299,62 @@ def summarise(report: dict) -> None:
     if {"mlx_lm", "mlxspec"} <= servers.keys():
         ratios = []
         for a, b in zip(servers["mlxspec"]["levels"], servers["mlx_lm"]["levels"], strict=True):
-            ratios.append({"prompt_tokens": a["prompt_tokens"], "concurrency": a["concurrency"],
-                           "tok_per_s_ratio": a["tok_per_s"] / max(b["tok_per_s"], 1e-9),
-                           "ttft_p50_ratio": a["ttft_p50"] / max(b["ttft_p50"], 1e-9)})
+            ratios.append(
+                {
+                    "prompt_tokens": a["prompt_tokens"],
+                    "concurrency": a["concurrency"],
+                    "tok_per_s_ratio": a["tok_per_s"] / max(b["tok_per_s"], 1e-9),
+                    "ttft_p50_ratio": a["ttft_p50"] / max(b["ttft_p50"], 1e-9),
+                }
+            )
         report["ratios_mlxspec_over_mlx_lm"] = ratios
     if "mlxspec" in servers:
         single = [lv for lv in servers["mlxspec"]["levels"] if lv["concurrency"] == 1]
         if single and "mlx_lm_stream_generate_tok_per_s" in report:
             report["mlxspec_single_stream_over_stream_generate"] = (
-                single[0]["tok_per_s"] / report["mlx_lm_stream_generate_tok_per_s"])
-    print(f"{'server':8} {'prompt':>6} {'conc':>4} {'tok/s':>8} {'TTFT p50':>9} {'p95':>7} "
-          f"{'ITL p50':>8} {'p95':>7}")
+                single[0]["tok_per_s"] / report["mlx_lm_stream_generate_tok_per_s"]
+            )
+    print(
+        f"{'server':8} {'prompt':>6} {'conc':>4} {'tok/s':>8} {'TTFT p50':>9} {'p95':>7} "
+        f"{'ITL p50':>8} {'p95':>7}"
+    )
     for kind, data in servers.items():
         for lv in data["levels"]:
-            print(f"{kind:8} {lv['prompt_tokens']:6} {lv['concurrency']:4} {lv['tok_per_s']:8.1f} "
-                  f"{lv['ttft_p50']:9.3f} {lv['ttft_p95']:7.3f} {lv['itl_p50'] or 0:8.4f} "
-                  f"{lv['itl_p95'] or 0:7.4f} failed={lv['failed']}")
+            print(
+                f"{kind:8} {lv['prompt_tokens']:6} {lv['concurrency']:4} {lv['tok_per_s']:8.1f} "
+                f"{lv['ttft_p50']:9.3f} {lv['ttft_p95']:7.3f} {lv['itl_p50'] or 0:8.4f} "
+                f"{lv['itl_p95'] or 0:7.4f} failed={lv['failed']}"
+            )
         mt = data["multi_turn"]
         print(f"{kind:8} multi-turn TTFT turn2/turn1 = {mt['ratio']:.2f}")
     for r in report.get("ratios_mlxspec_over_mlx_lm", []):
-        print(f"ratio prompt {r['prompt_tokens']:5} conc {r['concurrency']:3}: "
-              f"tok/s x{r['tok_per_s_ratio']:.2f}, TTFT p50 x{r['ttft_p50_ratio']:.2f}")
+        print(
+            f"ratio prompt {r['prompt_tokens']:5} conc {r['concurrency']:3}: "
+            f"tok/s x{r['tok_per_s_ratio']:.2f}, TTFT p50 x{r['ttft_p50_ratio']:.2f}"
+        )
 
 
 def plot(report: dict, path: Path) -> None:
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         print("matplotlib not installed: no plot")
         return
-    prompt_sizes = sorted({lv["prompt_tokens"] for d in report["servers"].values()
-                           for lv in d["levels"]})
-    fig, axes = plt.subplots(1, len(prompt_sizes), figsize=(6 * len(prompt_sizes), 4),
-                             squeeze=False)
+    prompt_sizes = sorted(
+        {lv["prompt_tokens"] for d in report["servers"].values() for lv in d["levels"]}
+    )
+    fig, axes = plt.subplots(
+        1, len(prompt_sizes), figsize=(6 * len(prompt_sizes), 4), squeeze=False
+    )
     for ax, n in zip(axes[0], prompt_sizes, strict=True):
         for kind, data in report["servers"].items():
             lv = [x for x in data["levels"] if x["prompt_tokens"] == n]
-            ax.plot([x["concurrency"] for x in lv], [x["tok_per_s"] for x in lv], marker="o",
-                    label=kind)
+            ax.plot(
+                [x["concurrency"] for x in lv], [x["tok_per_s"] for x in lv], marker="o", label=kind
+            )
         ax.set_title(f"{report['name']}: prompt {n} tokens, {report['max_tokens']} out")
         ax.set_xlabel("concurrent streaming clients")
         ax.set_ylabel("aggregate output tokens/s")

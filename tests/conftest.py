@@ -8,11 +8,9 @@ embedded SmolLM2-135M model in a subprocess, as a user would.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,28 +23,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from fixtures.tiny_model import build_tiny_llama  # noqa: E402
 from mlxspec.conformance.httpx_checks import checking_client  # noqa: E402
-
-
-def free_port() -> int:
-    """An unused TCP port on 127.0.0.1."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_healthy(base: str, timeout: float, proc: subprocess.Popen | None = None) -> None:
-    """Poll ``GET /health`` until it answers 200, or fail."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(f"{base} not healthy after {timeout}s")
+from mlxspec.conformance.live import free_port, wait_healthy  # noqa: E402, F401
 
 
 class LiveServer:

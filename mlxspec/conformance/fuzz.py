@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
+from .live import free_port, wait_healthy
 
 #: schemathesis checks every run applies (schemathesis 4.32 names).
 CHECKS = (
@@ -280,26 +279,6 @@ def _result(
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_healthy(base: str, proc: subprocess.Popen, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"mlxspec serve exited with {proc.returncode}")
-        try:
-            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"{base} not healthy after {timeout:.0f}s")
-
-
 @contextmanager
 def served_default_model(
     extra_args: Sequence[str] = (), startup_timeout: float = 300.0
@@ -317,7 +296,7 @@ def served_default_model(
     Raises:
         RuntimeError: the server exited or never became healthy (with its log tail).
     """
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     env = {**_environment(), "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1")}
     env.pop("SCHEMATHESIS_HOOKS")
@@ -330,7 +309,7 @@ def served_default_model(
         )
         try:
             try:
-                _wait_healthy(base, proc, startup_timeout)
+                wait_healthy(base, startup_timeout, proc)
             except (RuntimeError, TimeoutError) as exc:
                 log.seek(0)
                 raise RuntimeError(f"{exc}\n{log.read()[-3000:]}") from None

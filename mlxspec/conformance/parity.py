@@ -20,11 +20,9 @@ import argparse
 import datetime as dt
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -32,6 +30,7 @@ from pathlib import Path
 
 import httpx
 
+from .live import free_port, wait_healthy
 from .observe import (
     FIELDS,
     TOLERANCE,
@@ -200,35 +199,21 @@ def check_recorded(client: httpx.Client, base: str, case: Case, root: Path = FIX
 # Servers -------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextmanager
 def serve(argv: list[str], env: dict[str, str], log: Path, timeout: float = 600) -> Iterator[str]:
     """Run a server command (``{port}`` in ``argv`` is filled in) until it answers
     ``GET /health``; yield its base URL and terminate it afterwards."""
-    port = _free_port()
+    port = free_port()
     with open(log, "w") as out:
         proc = subprocess.Popen(
             [a.format(port=port) for a in argv], stdout=out, stderr=subprocess.STDOUT, env=env
         )
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + timeout
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{argv[2]} exited:\n{log.read_text()[-2000:]}")
-            try:
-                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{argv[2]} not healthy after {timeout}s")
-            time.sleep(0.25)
+        try:
+            wait_healthy(base, timeout, proc)
+        except RuntimeError:
+            raise RuntimeError(f"{argv[2]} exited:\n{log.read_text()[-2000:]}") from None
         yield base
     finally:
         proc.terminate()
