@@ -22,8 +22,12 @@ SIZES = {
     "1b": (2048, 16, 8192, 32, 8),
     "8b": (4096, 32, 14336, 32, 8),
 }
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "generation_config.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "generation_config.json",
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,10 +45,17 @@ def main(argv: list[str] | None = None) -> int:
     src = json.loads((args.tokenizer_from / "config.json").read_text())
     hidden, layers, inter, heads, kv = SIZES[args.size]
     config = {
-        "model_type": "llama", "hidden_size": hidden, "num_hidden_layers": layers,
-        "intermediate_size": inter, "num_attention_heads": heads, "num_key_value_heads": kv,
-        "rms_norm_eps": 1e-5, "vocab_size": src["vocab_size"], "rope_theta": 500000.0,
-        "max_position_embeddings": args.context, "tie_word_embeddings": False,
+        "model_type": "llama",
+        "hidden_size": hidden,
+        "num_hidden_layers": layers,
+        "intermediate_size": inter,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv,
+        "rms_norm_eps": 1e-5,
+        "vocab_size": src["vocab_size"],
+        "rope_theta": 500000.0,
+        "max_position_embeddings": args.context,
+        "tie_word_embeddings": False,
         "torch_dtype": "bfloat16",
     }
     args.out.mkdir(parents=True, exist_ok=True)
