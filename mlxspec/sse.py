@@ -33,7 +33,7 @@ def data_frame(payload: Any) -> bytes:
     """Encode one JSON payload as a ``data:`` event.
 
     JSON escapes ``\\n`` and ``\\r``; U+2028, U+2029 and U+0085 are escaped
-    here too (they can only occur inside JSON strings, where ``\\uXXXX`` means
+    here too (they can only occur inside JSON strings, where a ``\\u`` escape means
     the same), so one ``data:`` line suffices for every line-based parser.
 
     Args:
