@@ -366,7 +366,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--record", action="store_true", help="with --live: rewrite the recordings")
     p.add_argument("--model", type=Path, help="MLX model folder (default: the embedded default)")
     p.add_argument("--fixtures", type=Path, default=FIXTURES, help="cases/ and reference/ root")
-    p.add_argument("--only", nargs="+", metavar="CASE", help="run only these cases")
+    p.add_argument(
+        "--only",
+        nargs="+",
+        metavar="CASE",
+        help='run only these cases (the "name" fields of fixtures/parity/cases/*.json)',
+    )
     p.add_argument("--mlx-lm-url", help="use a running mlx_lm.server instead of starting one")
     p.add_argument("--mlxspec-url", help="use a running mlxspec instead of starting one")
     p.add_argument("--report", type=Path, help="also write the table as a Markdown report")
@@ -375,6 +380,11 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--record needs --live")
     cases = load_cases(args.fixtures)
     if args.only:
+        unknown = sorted(set(args.only) - {c.name for c in cases})
+        if unknown:
+            p.error(
+                f"unknown case(s): {', '.join(unknown)}; known: {', '.join(c.name for c in cases)}"
+            )
         cases = [c for c in cases if c.name in set(args.only)]
     try:
         outcomes, mode = _run(args, cases)
