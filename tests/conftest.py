@@ -8,7 +8,6 @@ embedded SmolLM2-135M model in a subprocess, as a user would.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -23,7 +22,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from fixtures.tiny_model import build_tiny_llama  # noqa: E402
 from mlxspec.conformance.httpx_checks import checking_client  # noqa: E402
-from mlxspec.conformance.live import free_port, wait_healthy  # noqa: E402, F401
+from mlxspec.conformance.live import free_port, serve, wait_healthy  # noqa: E402, F401
 
 
 class LiveServer:
@@ -97,28 +96,11 @@ def real_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     Yields the base URL (``http://127.0.0.1:<port>``). The GGUF conversion is
     cached under ``MLXSPEC_CACHE_DIR`` (default ~/.cache/mlxspec).
     """
-    port = free_port()
     log = tmp_path_factory.mktemp("real") / "serve.log"
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "mlxspec", "serve", "--port", str(port)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(base, 300, proc)
+    argv = [sys.executable, "-m", "mlxspec", "serve", "--port", "{port}"]
+    with serve(argv, env, log, timeout=300) as base:
         yield base
-    except Exception:
-        raise RuntimeError(f"real server failed:\n{log.read_text()[-3000:]}") from None
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 @pytest.fixture()

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .live import free_port, wait_healthy
+from .live import serve
 
 #: schemathesis checks every run applies (schemathesis 4.32 names).
 CHECKS = (
@@ -296,28 +296,9 @@ def served_default_model(
     Raises:
         RuntimeError: the server exited or never became healthy (with its log tail).
     """
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
     env = {**_environment(), "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1")}
     env.pop("SCHEMATHESIS_HOOKS")
-    with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "mlxspec", "serve", "--port", str(port), *extra_args],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-        try:
-            try:
-                wait_healthy(base, startup_timeout, proc)
-            except (RuntimeError, TimeoutError) as exc:
-                log.seek(0)
-                raise RuntimeError(f"{exc}\n{log.read()[-3000:]}") from None
+    with tempfile.TemporaryDirectory() as tmp:
+        argv = [sys.executable, "-m", "mlxspec", "serve", "--port", "{port}", *extra_args]
+        with serve(argv, env, Path(tmp) / "serve.log", startup_timeout) as base:
             yield base
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()

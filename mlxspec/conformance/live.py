@@ -10,6 +10,9 @@ from __future__ import annotations
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import httpx
 
@@ -45,3 +48,41 @@ def wait_healthy(base: str, timeout: float, proc: subprocess.Popen | None = None
             pass
         time.sleep(0.2)
     raise TimeoutError(f"{base} not healthy after {timeout:.0f}s")
+
+
+@contextmanager
+def serve(argv: list[str], env: dict[str, str], log: Path, timeout: float = 600) -> Iterator[str]:
+    """Run a server command until it answers ``GET /health``; yield its base URL
+    and terminate it when the block ends.
+
+    Args:
+        argv (list[str]): the command; ``{port}`` in any item is replaced by a free port.
+        env (dict[str, str]): its environment.
+        log (Path): file for its stdout and stderr.
+        timeout (float): seconds to wait for health. Default: ``600``.
+
+    Yields:
+        str: ``http://127.0.0.1:<port>``.
+
+    Raises:
+        RuntimeError: it exited or never became healthy (with its log tail).
+    """
+    port = free_port()
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [a.format(port=port) for a in argv], stdout=out, stderr=subprocess.STDOUT, env=env
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        try:
+            wait_healthy(base, timeout, proc)
+        except (RuntimeError, TimeoutError) as exc:
+            raise RuntimeError(f"{argv[2]}: {exc}\n{log.read_text()[-3000:]}") from None
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

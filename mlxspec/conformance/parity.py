@@ -20,17 +20,16 @@ import argparse
 import datetime as dt
 import json
 import os
-import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
-from .live import free_port, wait_healthy
+from .live import serve
 from .observe import (
     FIELDS,
     TOLERANCE,
@@ -197,30 +196,6 @@ def check_recorded(client: httpx.Client, base: str, case: Case, root: Path = FIX
 
 
 # Servers -------------------------------------------------------------------
-
-
-@contextmanager
-def serve(argv: list[str], env: dict[str, str], log: Path, timeout: float = 600) -> Iterator[str]:
-    """Run a server command (``{port}`` in ``argv`` is filled in) until it answers
-    ``GET /health``; yield its base URL and terminate it afterwards."""
-    port = free_port()
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            [a.format(port=port) for a in argv], stdout=out, stderr=subprocess.STDOUT, env=env
-        )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        try:
-            wait_healthy(base, timeout, proc)
-        except RuntimeError:
-            raise RuntimeError(f"{argv[2]} exited:\n{log.read_text()[-2000:]}") from None
-        yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def offline_env(hf_cache: str) -> dict[str, str]:
