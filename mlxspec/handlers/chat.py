@@ -6,17 +6,17 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from mlxspec import sse
-from mlxspec.engine import Delta, Failed, Finished, RequestHandle
-from mlxspec.errors import ApiError
+from mlxspec.engine import Finished, RequestHandle
 
 from .common import (
     JSON,
     SYSTEM_FINGERPRINT,
+    choice_logprobs,
     collect,
     current_engine,
-    logprobs_block,
     new_id,
     now,
+    outputs,
     to_generation_request,
     usage,
 )
@@ -44,11 +44,9 @@ async def create_chat_completion(body: dict[str, Any]) -> Any:
     choice: dict[str, Any] = {
         "index": 0,
         "message": {"role": "assistant", "content": result.text},
-        "logprobs": None,
+        "logprobs": choice_logprobs(request, result.logprobs),
         "finish_reason": result.finished.finish_reason,
     }
-    if request.logprobs or request.top_logprobs:
-        choice["logprobs"] = logprobs_block(result.logprobs, request.top_logprobs)
     body_out = {
         **head,
         "object": "chat.completion",
@@ -66,10 +64,8 @@ async def _chunks(handle: RequestHandle, head: dict[str, Any]) -> AsyncIterator[
         return {**head, "object": "chat.completion.chunk", "choices": [choice], **extra}
 
     yield chunk({"role": "assistant", "content": ""})
-    async for event in handle:
-        if isinstance(event, Delta) and event.text:
-            yield chunk({"content": event.text})
-        elif isinstance(event, Finished):
+    async for event in outputs(handle):
+        if isinstance(event, Finished):
             yield chunk({}, event.finish_reason, usage=usage(event))
-        elif isinstance(event, Failed):
-            raise ApiError("server_error", event.message)
+        elif event.text:
+            yield chunk({"content": event.text})

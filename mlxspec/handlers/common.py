@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -173,6 +173,20 @@ async def _cancel_on_disconnect(handle: RequestHandle) -> None:
     handle.cancel()
 
 
+async def outputs(handle: RequestHandle) -> AsyncIterator[Delta | Finished]:
+    """A handle's ``Delta`` and ``Finished`` events; the failure events become errors.
+
+    Raises:
+        ApiError: ``server_error`` for ``Failed``, ``cancelled`` (499) for ``Cancelled``.
+    """
+    async for event in handle:
+        if isinstance(event, Failed):
+            raise ApiError("server_error", event.message)
+        if isinstance(event, Cancelled):
+            raise ApiError("cancelled", "request cancelled")
+        yield event
+
+
 async def collect(handle: RequestHandle) -> Collected:
     """Gather a non-streamed generation. A client that disconnects, or a
     cancelled awaiting task, cancels the engine request.
@@ -183,16 +197,12 @@ async def collect(handle: RequestHandle) -> Collected:
     out, pieces = Collected(), []
     watcher = asyncio.ensure_future(_cancel_on_disconnect(handle))
     try:
-        async for event in handle:
+        async for event in outputs(handle):
             if isinstance(event, Delta):
                 pieces.append(event.text)
                 out.logprobs.extend(event.logprobs)
-            elif isinstance(event, Finished):
+            else:
                 out.finished = event
-            elif isinstance(event, Failed):
-                raise ApiError("server_error", event.message)
-            elif isinstance(event, Cancelled):
-                raise ApiError("cancelled", "request cancelled")
     except asyncio.CancelledError:
         handle.cancel()
         raise
@@ -211,6 +221,13 @@ def usage(finished: Finished) -> dict[str, Any]:
         "prompt_tokens_details": {"cached_tokens": finished.cached_tokens},
         "lane": finished.lane,
     }
+
+
+def choice_logprobs(request: GenerationRequest, entries: list[TokenLogprob]) -> dict | None:
+    """A choice's ``logprobs``: mlx-lm's block when the request asked for it, else ``None``."""
+    if request.logprobs or request.top_logprobs:
+        return logprobs_block(entries, request.top_logprobs)
+    return None
 
 
 def logprobs_block(entries: list[TokenLogprob], top_logprobs: int) -> dict[str, Any]:

@@ -6,17 +6,17 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from mlxspec import sse
-from mlxspec.engine import Delta, Failed, Finished, RequestHandle
-from mlxspec.errors import ApiError
+from mlxspec.engine import Finished, RequestHandle
 
 from .common import (
     JSON,
     SYSTEM_FINGERPRINT,
+    choice_logprobs,
     collect,
     current_engine,
-    logprobs_block,
     new_id,
     now,
+    outputs,
     to_generation_request,
     usage,
 )
@@ -43,11 +43,9 @@ async def create_completion(body: dict[str, Any]) -> Any:
     choice: dict[str, Any] = {
         "index": 0,
         "text": result.text,
-        "logprobs": None,
+        "logprobs": choice_logprobs(request, result.logprobs),
         "finish_reason": result.finished.finish_reason,
     }
-    if request.logprobs or request.top_logprobs:
-        choice["logprobs"] = logprobs_block(result.logprobs, request.top_logprobs)
     return {**head, "choices": [choice], "usage": usage(result.finished)}, 200, JSON
 
 
@@ -58,10 +56,8 @@ async def _chunks(handle: RequestHandle, head: dict[str, Any]) -> AsyncIterator[
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
         return {**head, "choices": [choice], **extra}
 
-    async for event in handle:
-        if isinstance(event, Delta) and event.text:
-            yield chunk(event.text)
-        elif isinstance(event, Finished):
+    async for event in outputs(handle):
+        if isinstance(event, Finished):
             yield chunk("", event.finish_reason, usage=usage(event))
-        elif isinstance(event, Failed):
-            raise ApiError("server_error", event.message)
+        elif event.text:
+            yield chunk(event.text)
