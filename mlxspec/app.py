@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import Receive, Scope, Send
 
 from .engine import ContextLengthError, EngineRequestError
-from .errors import ApiError, openai_error_json
+from .errors import ApiError, error_json, surface_for_path
 from .openapi import load_spec
 from .validation import RequestBodyValidator, ResponseBodyValidator, enable_openapi_31
 
@@ -51,12 +51,14 @@ class SnakeCaseResolver(Resolver):
         return f"{operation.router_controller}.{inflection.underscore(operation.operation_id)}"
 
 
-def _render(err: ApiError) -> ConnexionResponse:
+def _render(err: ApiError, req: ConnexionRequest | None = None) -> ConnexionResponse:
+    """``err`` as an HTTP response in the envelope of the request's surface."""
+    surface = surface_for_path(req.url.path) if req is not None else "openai"
     return ConnexionResponse(
         status_code=err.status,
         mimetype="application/json",
         headers=err.headers,
-        body=openai_error_json(err),
+        body=error_json(err, surface),
     )
 
 
@@ -73,27 +75,27 @@ def _from_status(status: int, detail: Any, headers: Any = None) -> ApiError:
     return ApiError(kind, message, headers={"Allow": allow} if allow else None)
 
 
-def _api_error(_req: ConnexionRequest, exc: Exception) -> ConnexionResponse:
+def _api_error(req: ConnexionRequest, exc: Exception) -> ConnexionResponse:
     assert isinstance(exc, ApiError)
-    return _render(exc)
+    return _render(exc, req)
 
 
-def _engine_error(_req: ConnexionRequest, exc: Exception) -> ConnexionResponse:
+def _engine_error(req: ConnexionRequest, exc: Exception) -> ConnexionResponse:
     assert isinstance(exc, EngineRequestError)
     kind = "context_length_exceeded" if isinstance(exc, ContextLengthError) else "invalid_request"
-    return _render(ApiError(kind, exc.message, param=exc.param))
+    return _render(ApiError(kind, exc.message, param=exc.param), req)
 
 
-def _problem(_req: ConnexionRequest, exc: Exception) -> ConnexionResponse:
+def _problem(req: ConnexionRequest, exc: Exception) -> ConnexionResponse:
     assert isinstance(exc, (ProblemException, HTTPException))
     status = getattr(exc, "status", None) or getattr(exc, "status_code", 500)
     detail = getattr(exc, "detail", None) or getattr(exc, "title", None)
-    return _render(_from_status(int(status), detail, getattr(exc, "headers", None)))
+    return _render(_from_status(int(status), detail, getattr(exc, "headers", None)), req)
 
 
-def _unexpected(_req: ConnexionRequest, exc: Exception) -> ConnexionResponse:
+def _unexpected(req: ConnexionRequest, exc: Exception) -> ConnexionResponse:
     log.error("unhandled error", exc_info=exc)
-    return _render(ApiError.internal())
+    return _render(ApiError.internal(), req)
 
 
 class _WithEngine:

@@ -113,3 +113,53 @@ def openai_error_body(err: ApiError) -> dict[str, Any]:
 def openai_error_json(err: ApiError) -> str:
     """``openai_error_body`` serialised compactly, for HTTP bodies and SSE frames."""
     return json.dumps(openai_error_body(err), separators=(",", ":"))
+
+
+#: HTTP status -> Anthropic ``error.type`` (Anthropic API reference, "Errors").
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+
+
+def anthropic_error_body(err: ApiError) -> dict[str, Any]:
+    """Render ``err`` in Anthropic's envelope.
+
+    Returns:
+        dict: ``{"type": "error", "error": {"type", "message"}}``; the type comes
+        from the status (``api_error`` for other 5xx, ``invalid_request_error``
+        for other 4xx), as Anthropic's "Errors" reference lists them.
+    """
+    fallback = "api_error" if err.status >= 500 else "invalid_request_error"
+    kind = _ANTHROPIC_TYPES.get(err.status, fallback)
+    return {"type": "error", "error": {"type": kind, "message": err.message}}
+
+
+#: surface name -> envelope renderer. Every route belongs to one surface.
+RENDERERS = {"openai": openai_error_body, "anthropic": anthropic_error_body}
+
+#: Path prefixes of non-OpenAI surfaces; every other path is "openai".
+SURFACE_PREFIXES = (("/v1/messages", "anthropic"),)
+
+
+def surface_for_path(path: str) -> str:
+    """The surface whose error envelope a request on ``path`` gets."""
+    for prefix, surface in SURFACE_PREFIXES:
+        if path == prefix or path.startswith(prefix + "/"):
+            return surface
+    return "openai"
+
+
+def error_body(err: ApiError, surface: str = "openai") -> dict[str, Any]:
+    """Render ``err`` in ``surface``'s envelope (a key of :data:`RENDERERS`)."""
+    return RENDERERS[surface](err)
+
+
+def error_json(err: ApiError, surface: str = "openai") -> str:
+    """``error_body`` serialised compactly, for HTTP bodies and SSE frames."""
+    return json.dumps(error_body(err, surface), separators=(",", ":"))

@@ -78,6 +78,8 @@ class GenerationRequest:
         logits (LogitsParams): logits processor settings.
         logprobs (bool): report each generated token's log-probability.
         top_logprobs (int): report the k most likely tokens per step (``0`` off).
+        session (str | None): prompt-cache session label (``session_id``,
+            ``prompt_cache_key`` or an affinity header). Default: ``None``.
     """
 
     prompt: tuple[int, ...]
@@ -87,6 +89,7 @@ class GenerationRequest:
     logits: LogitsParams = field(default_factory=LogitsParams)
     logprobs: bool = False
     top_logprobs: int = 0
+    session: str | None = None
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,7 @@ def to_generation_request(
     prompt: list[int],
     defaults: GenerationDefaults,
     model: ModelInfo | None = None,
+    session: str | None = None,
 ) -> GenerationRequest:
     """Convert a validated chat or completion body into an engine request.
 
@@ -107,6 +108,7 @@ def to_generation_request(
         logits=logits,
         logprobs=bool(body.get("logprobs") or False),
         top_logprobs=max(0, int(pick("top_logprobs", -1))),
+        session=session,
     )
 
 
@@ -162,7 +164,7 @@ class Collected:
     finished: Finished | None = None
 
 
-async def _cancel_on_disconnect(handle: RequestHandle) -> None:
+async def cancel_on_disconnect(handle: RequestHandle) -> None:
     """Wait for the client's ``http.disconnect`` and cancel ``handle``.
 
     The body was already read by validation, so the next ASGI message for a
@@ -195,7 +197,7 @@ async def collect(handle: RequestHandle) -> Collected:
         ApiError: ``server_error`` when the engine reports a failure.
     """
     out, pieces = Collected(), []
-    watcher = asyncio.ensure_future(_cancel_on_disconnect(handle))
+    watcher = asyncio.ensure_future(cancel_on_disconnect(handle))
     try:
         async for event in outputs(handle):
             if isinstance(event, Delta):
@@ -210,6 +212,32 @@ async def collect(handle: RequestHandle) -> Collected:
         watcher.cancel()
     out.text = "".join(pieces)
     return out
+
+
+def session_key(body: Mapping[str, Any], headers: Mapping[str, str]) -> str | None:
+    """The prompt-cache session a request belongs to, or ``None``.
+
+    Precedence (reference, "Prompt cache sessions"): body ``session_id``, body
+    ``prompt_cache_key``, header ``x-session-affinity``, header ``session_id``.
+
+    Args:
+        body (Mapping): the request body.
+        headers (Mapping[str, str]): request headers, lower-case names.
+    """
+    for value in (
+        body.get("session_id"),
+        body.get("prompt_cache_key"),
+        headers.get("x-session-affinity"),
+        headers.get("session_id"),
+    ):
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+def request_headers() -> dict[str, str]:
+    """The current request's headers, lower-case names (last value wins)."""
+    return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers", [])}
 
 
 def usage(finished: Finished) -> dict[str, Any]:
