@@ -9,6 +9,7 @@ from .generator import Engine, RequestHandle
 from .sampling import GenerationDefaults
 from .types import (
     Cancelled,
+    Constraint,
     ContextLengthError,
     Delta,
     EngineRequestError,
@@ -26,6 +27,7 @@ from .types import (
 
 __all__ = [
     "Cancelled",
+    "Constraint",
     "ContextLengthError",
     "Delta",
     "Engine",

@@ -65,6 +65,27 @@ class LogitsParams:
     frequency_context_size: int = 20
 
 
+ConstraintKind = Literal["json_object", "json_schema", "regex", "ebnf", "choice", "structural_tag"]
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """A grammar the generated text must match, enforced by a per-step token
+    bitmask after the logits processors (structured output, forced tool calls).
+
+    Args:
+        kind (str): one of :data:`ConstraintKind`.
+        spec (str): the grammar as text: a JSON Schema (JSON), a regex, an EBNF
+            grammar, a JSON array of choice strings, or an xgrammar structural
+            tag (JSON); empty for ``json_object``.
+        any_whitespace (bool): allow any JSON whitespace (schema kinds). Default: ``True``.
+    """
+
+    kind: ConstraintKind
+    spec: str = ""
+    any_whitespace: bool = True
+
+
 @dataclass(frozen=True)
 class GenerationRequest:
     """One generation job.
@@ -80,6 +101,7 @@ class GenerationRequest:
         top_logprobs (int): report the k most likely tokens per step (``0`` off).
         session (str | None): prompt-cache session label (``session_id``,
             ``prompt_cache_key`` or an affinity header). Default: ``None``.
+        constraint (Constraint | None): grammar the output must match. Default: ``None``.
     """
 
     prompt: tuple[int, ...]
@@ -90,6 +112,7 @@ class GenerationRequest:
     logprobs: bool = False
     top_logprobs: int = 0
     session: str | None = None
+    constraint: Constraint | None = None
 
 
 @dataclass(frozen=True)
