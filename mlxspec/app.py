@@ -25,6 +25,7 @@ from starlette.types import Receive, Scope, Send
 from .engine import ContextLengthError, EngineRequestError
 from .errors import ApiError, error_json, surface_for_path
 from .openapi import load_spec
+from .response_store import ResponseStore
 from .validation import RequestBodyValidator, ResponseBodyValidator, enable_openapi_31
 
 log = logging.getLogger("mlxspec.app")
@@ -99,19 +100,22 @@ def _unexpected(req: ConnexionRequest, exc: Exception) -> ConnexionResponse:
 
 
 class _WithEngine:
-    """ASGI wrapper: puts the engine and config into ``scope["state"]``, reads a
-    POST body sent without ``Content-Type`` as JSON, the only type the API takes
-    (curl users often omit the header; mlx_lm.server ignores it), and ignores
+    """ASGI wrapper: puts the engine, config and Responses store (one per app)
+    into ``scope["state"]``, reads a POST body sent without ``Content-Type`` as
+    JSON, the only type the API takes (curl users often omit the header;
+    mlx_lm.server ignores it), and ignores
     ``Content-Type`` on GET/HEAD, which carry no body (Connexion would otherwise
     try to parse a form)."""
 
     def __init__(self, app: Any, engine: Any, config: Any) -> None:
         self.app, self.engine, self.config = app, engine, config
+        self.response_store = ResponseStore()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             state = scope.setdefault("state", {})
             state["engine"], state["config"] = self.engine, self.config
+            state["response_store"] = self.response_store
             headers = scope.get("headers", [])
             method = scope.get("method")
             if method == "POST" and not any(k == b"content-type" for k, _ in headers):

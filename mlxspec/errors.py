@@ -39,6 +39,9 @@ ERROR_TABLE: dict[str, ErrorSpec] = {
     "context_length_exceeded": ErrorSpec(400, "invalid_request_error", "context_length_exceeded"),
     "unauthorized": ErrorSpec(401, "authentication_error", "invalid_api_key"),
     "not_found": ErrorSpec(404, "not_found_error"),
+    # A stored Responses object that is unknown, expired or deleted (OpenAI
+    # answers these as invalid requests with a 404).
+    "response_not_found": ErrorSpec(404, "invalid_request_error", "response_not_found"),
     "method_not_allowed": ErrorSpec(405, "invalid_request_error", "method_not_allowed"),
     "payload_too_large": ErrorSpec(413, "invalid_request_error", "payload_too_large"),
     "unsupported_media_type": ErrorSpec(415, "invalid_request_error", "unsupported_media_type"),

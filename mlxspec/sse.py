@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 from starlette.responses import StreamingResponse
@@ -77,6 +77,63 @@ async def openai_events(
     except Exception:
         log.exception("stream failed")
         yield error_frame(ApiError.internal())
+    finally:
+        if on_close is not None:
+            on_close()
+
+
+def named_frame(event: str, payload: Any) -> bytes:
+    """Encode one named event: an ``event:`` line, then the ``data:`` line.
+
+    Args:
+        event (str): the event name, e.g. ``response.output_text.delta``; one line.
+        payload: any JSON-serialisable value.
+
+    Returns:
+        bytes: ``b"event: <name>\\ndata: <json>\\n\\n"``, UTF-8.
+
+    Raises:
+        ValueError: ``event`` contains a line break (it would split the frame).
+    """
+    if any(ch in event for ch in "\r\n"):
+        raise ValueError(f"SSE event name must be one line: {event!r}")
+    return b"event: " + event.encode() + b"\n" + data_frame(payload)
+
+
+async def named_events(
+    frames: AsyncIterator[tuple[str, Any]],
+    on_error: Callable[[ApiError], Iterable[tuple[str, Any]]],
+    on_close: Callable[[], None] | None = None,
+) -> AsyncIterator[bytes]:
+    """Frame a stream of named events (OpenAI Responses style): no ``[DONE]``.
+
+    The protocol's own terminal event ends the stream. A failure mid-stream is
+    handed to ``on_error``, whose events (e.g. ``error`` then
+    ``response.failed``) close the stream; an unexpected exception is logged
+    and reported as the internal error. ``on_close`` always runs, also on
+    client disconnect.
+
+    Args:
+        frames (AsyncIterator[tuple[str, Any]]): ``(event name, payload)`` pairs.
+        on_error (Callable): ``ApiError -> [(event name, payload), ...]``.
+        on_close (Callable | None): cleanup, e.g. ``handle.cancel``. Default: ``None``.
+
+    Yields:
+        bytes: SSE frames.
+    """
+    try:
+        try:
+            async for event, payload in frames:
+                yield named_frame(event, payload)
+        except ApiError as err:
+            failure = err
+        except Exception:
+            log.exception("stream failed")
+            failure = ApiError.internal()
+        else:
+            return
+        for event, payload in on_error(failure):
+            yield named_frame(event, payload)
     finally:
         if on_close is not None:
             on_close()

@@ -50,6 +50,30 @@ OPERATIONS = [
         "models",
         {"200", "400", "404", "500"},
     ),
+    (
+        "post",
+        "/v1/responses",
+        "createResponse",
+        "mlxspec.handlers.responses",
+        "responses",
+        GENERATION_CODES | {"404"},
+    ),
+    (
+        "get",
+        "/v1/responses/{response_id}",
+        "getResponse",
+        "mlxspec.handlers.responses",
+        "responses",
+        {"200", "400", "404", "500"},
+    ),
+    (
+        "delete",
+        "/v1/responses/{response_id}",
+        "deleteResponse",
+        "mlxspec.handlers.responses",
+        "responses",
+        {"200", "400", "404", "500"},
+    ),
     ("get", "/health", "health", "mlxspec.handlers.system", "system", {"200", "400", "500"}),
     ("get", "/v1", "apiIndex", "mlxspec.handlers.system", "system", {"200", "400", "500"}),
 ]
@@ -268,6 +292,9 @@ def test_example_matches_its_schema(media_type: str, schema_ptr: str, value: Any
         # contentSchema is an annotation in 2020-12; check the frame's JSON explicitly.
         payload = json.loads(value["data"])
         target = "ErrorResponse" if "error" in payload else None
+        if "event" in value:  # a named-event stream: data.type repeats the event name
+            assert payload["type"] == value["event"]
+            target = "ResponseStreamEvent"
         if target is None:
             target = (
                 "ChatCompletionChunk"

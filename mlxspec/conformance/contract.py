@@ -6,10 +6,12 @@ are checked frame by frame, since the document's ``text/event-stream`` schema
 describes one event (OpenAPI 3.1 has no ``itemSchema``): every frame must be
 ``data: <payload>\\n\\n`` (or a ``:`` comment), each payload must match the event
 schema and its ``contentSchema``, and the stream must end with ``data: [DONE]``
-or an error frame. Responses outside any operation follow the conventions of
-the document's description: unknown paths answer 404 and undeclared methods 405
-with ``Allow``, both with an ``ErrorResponse`` body; every error body agrees
-with :data:`mlxspec.errors.ERROR_TABLE`.
+or an error frame. Where the event schema requires ``event`` (the Responses
+stream), every frame is ``event: <name>`` plus ``data: <payload>`` instead and
+the payload's ``type`` repeats the name. Responses outside any operation
+follow the conventions of the document's description: unknown paths answer
+404 and undeclared methods 405 with ``Allow``, both with an ``ErrorResponse``
+body; every error body agrees with :data:`mlxspec.errors.ERROR_TABLE`.
 
 :mod:`mlxspec.conformance.httpx_checks` runs these checks on every response an
 httpx client (or the openai SDK over one) receives.
@@ -35,7 +37,13 @@ from openapi_core.validation.schemas.exceptions import InvalidSchemaValue
 from mlxspec.errors import ERROR_TABLE
 from mlxspec.openapi import load_spec
 
-__all__ = ["ContractViolation", "check_event_stream", "check_response", "split_event_stream"]
+__all__ = [
+    "ContractViolation",
+    "check_event_stream",
+    "check_response",
+    "split_event_stream",
+    "split_named_event_stream",
+]
 
 HOST = "http://mlxspec.test"
 SSE = "text/event-stream"
@@ -323,6 +331,40 @@ def split_event_stream(body: bytes, where: str = "stream") -> list[str]:
         ContractViolation: bad UTF-8, ``\\r``, a frame with other fields or
             several lines, or a stream that does not end with a blank line.
     """
+    payloads = []
+    for block in _event_blocks(body, where):
+        if len(block) != 1 or not block[0].startswith("data: "):
+            raise _fail(where, f"frame is not one 'data: ' line: {chr(10).join(block)[:120]!r}")
+        payloads.append(block[0][len("data: ") :])
+    return payloads
+
+
+def split_named_event_stream(body: bytes, where: str = "stream") -> list[tuple[str, str]]:
+    """Split a named-event stream (OpenAI Responses style) into ``(event, data)`` pairs.
+
+    Same framing as :func:`split_event_stream`, except that every event is
+    exactly an ``event: <name>`` line then one ``data: <payload>`` line.
+
+    Raises:
+        ContractViolation: as :func:`split_event_stream`, or a frame that is
+            not exactly those two lines.
+    """
+    events = []
+    for block in _event_blocks(body, where):
+        if (
+            len(block) != 2
+            or not block[0].startswith("event: ")
+            or not block[1].startswith("data: ")
+        ):
+            raise _fail(
+                where, f"frame is not 'event: ' then 'data: ': {chr(10).join(block)[:120]!r}"
+            )
+        events.append((block[0][len("event: ") :], block[1][len("data: ") :]))
+    return events
+
+
+def _event_blocks(body: bytes, where: str) -> list[list[str]]:
+    """The stream's frames as lists of lines, keep-alive comment blocks dropped."""
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -331,15 +373,8 @@ def split_event_stream(body: bytes, where: str = "stream") -> list[str]:
         raise _fail(where, "event stream frames end with \\n only")
     if not text.endswith("\n\n"):
         raise _fail(where, f"event stream does not end with a blank line: {text[-80:]!r}")
-    payloads = []
-    for block in text[:-2].split("\n\n"):
-        lines = block.split("\n")
-        if all(line.startswith(":") for line in lines):
-            continue
-        if len(lines) != 1 or not lines[0].startswith("data: "):
-            raise _fail(where, f"frame is not one 'data: ' line: {block[:120]!r}")
-        payloads.append(lines[0][len("data: ") :])
-    return payloads
+    blocks = [block.split("\n") for block in text[:-2].split("\n\n")]
+    return [lines for lines in blocks if not all(line.startswith(":") for line in lines)]
 
 
 def check_event_stream(event_schema: SchemaPath, body: bytes, where: str = "stream") -> None:
@@ -361,6 +396,11 @@ def check_event_stream(event_schema: SchemaPath, body: bytes, where: str = "stre
     Raises:
         ContractViolation: the first frame or ordering rule broken.
     """
+    with event_schema.resolve() as resolved:
+        named = "event" in resolved.contents.get("required", [])
+    if named:
+        _check_named_stream(event_schema, body, where)
+        return
     payloads = split_event_stream(body, where)
     if not payloads:
         raise _fail(where, "event stream has no data frames")
@@ -377,6 +417,25 @@ def check_event_stream(event_schema: SchemaPath, body: bytes, where: str = "stre
         error = json.loads(payloads[-1])["error"]
         if (error.get("type"), error.get("code")) not in {row[1:] for row in _ERROR_ROWS}:
             raise _fail(where, f"in-band error {error} is not a row of mlxspec.errors.ERROR_TABLE")
+
+
+def _check_named_stream(event_schema: SchemaPath, body: bytes, where: str) -> None:
+    """A named-event stream (the event schema requires ``event``): every frame
+    matches the schema, its JSON ``type`` repeats the ``event`` name, and
+    ``sequence_number`` (where the events carry one) counts from 0 by 1."""
+    events = split_named_event_stream(body, where)
+    if not events:
+        raise _fail(where, "event stream has no data frames")
+    for i, (name, payload) in enumerate(events):
+        _validate(event_schema, {"event": name, "data": payload}, f"{where} frame {i}")
+        _frame_kind(event_schema, payload, f"{where} frame {i}")
+        data = json.loads(payload)
+        if data.get("type") != name:
+            raise _fail(where, f"frame {i}: event {name!r} carries type {data.get('type')!r}")
+        if "sequence_number" in data and data["sequence_number"] != i:
+            raise _fail(
+                where, f"frame {i}: sequence_number {data['sequence_number']}, expected {i}"
+            )
 
 
 def _frame_kind(event_schema: SchemaPath, payload: str, where: str) -> str:

@@ -1,0 +1,193 @@
+"""``/v1/responses`` over a scripted fake engine: failures mid-stream and before
+the reply (never stored), the cache-session labels reaching the engine, and the
+SSE writer's named frames at the byte level."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from mlxspec import sse
+from mlxspec.app import create_app
+from mlxspec.conformance.contract import split_named_event_stream
+from mlxspec.engine import Delta, Failed, Finished, GenerationDefaults, GenerationRequest, ModelInfo
+from mlxspec.errors import ApiError
+
+
+class FakeHandle:
+    """A request handle that replays scripted engine events."""
+
+    def __init__(self, events: list) -> None:
+        self.events, self.cancelled = events, False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    async def __aiter__(self) -> AsyncIterator:
+        for event in self.events:
+            await asyncio.sleep(0)
+            yield event
+
+
+class FakeEngine:
+    """The engine methods the chat path uses, answering a scripted event list.
+
+    ``chat_prompt`` encodes each message as one token per character of its
+    role and content, so prompt lengths are predictable.
+    """
+
+    def __init__(self, events: list) -> None:
+        self.events = events
+        self.info = ModelInfo(id="fake", context_window=4096, created=0)
+        self.defaults = GenerationDefaults()
+        self.requests: list[GenerationRequest] = []
+        self.prompts: list[list] = []
+
+    def chat_prompt(self, messages: list, tools=None, template_kwargs=None) -> list[int]:
+        self.prompts.append(messages)
+        return [1] * sum(len(m["role"]) + len(str(m.get("content") or "")) for m in messages)
+
+    def submit(self, request: GenerationRequest, prompt_param: str = "messages") -> FakeHandle:
+        self.requests.append(request)
+        return FakeHandle(self.events)
+
+
+def app_client(events: list) -> tuple[FakeEngine, object, httpx.AsyncClient]:
+    """A fake engine, the app on it, and an in-process client of the app."""
+    engine = FakeEngine(events)
+    app = create_app(engine, validate_responses=True)
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://fake")
+    return engine, app, client
+
+
+FAILING = [Delta("Hel"), Delta("lo"), Failed("generation failed")]
+DONE = [Delta("Hello"), Finished("stop", prompt_tokens=9, completion_tokens=2)]
+
+
+def test_a_failure_mid_stream_sends_error_then_response_failed_and_stores_nothing() -> None:
+    async def run() -> tuple[list, int]:
+        _, _, client = app_client(FAILING)
+        async with client:
+            r = await client.post("/v1/responses", json={"input": "hi", "stream": True})
+            events = split_named_event_stream(r.content)
+            rid = json.loads(events[0][1])["response"]["id"]
+            missing = await client.get(f"/v1/responses/{rid}")
+        return events, missing.status_code
+
+    events, missing = asyncio.run(run())
+    names = [name for name, _ in events]
+    assert names == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.delta",
+        "error",
+        "response.failed",
+    ]
+    error = json.loads(events[-2][1])
+    assert error == {
+        "type": "error",
+        "code": "server_error",
+        "message": "generation failed",
+        "param": None,
+        "sequence_number": 6,
+    }
+    failed = json.loads(events[-1][1])["response"]
+    assert failed["status"] == "failed"
+    assert failed["error"] == {"code": "server_error", "message": "generation failed"}
+    assert missing == 404
+
+
+def test_a_failure_before_the_reply_is_a_500_and_stores_nothing() -> None:
+    async def run() -> tuple[httpx.Response, dict]:
+        _, app, client = app_client(FAILING)
+        async with client:
+            r = await client.post("/v1/responses", json={"input": "hi"})
+        return r, app.response_store.stats()  # type: ignore[attr-defined]
+
+    r, stats = asyncio.run(run())
+    assert r.status_code == 500
+    assert r.json() == {
+        "error": {
+            "message": "generation failed",
+            "type": "server_error",
+            "param": None,
+            "code": None,
+        }
+    }
+    assert stats["entries"] == 0
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "session"),
+    [
+        ({"session_id": "s-1", "prompt_cache_key": "k-1"}, {"x-session-affinity": "h-1"}, "s-1"),
+        ({"prompt_cache_key": "k-1"}, {"x-session-affinity": "h-1"}, "k-1"),
+        ({}, {"x-session-affinity": "h-1", "session_id": "h-2"}, "h-1"),
+        ({}, {"session_id": "h-2"}, "h-2"),
+        ({}, {}, None),
+    ],
+)
+def test_cache_session_fields_reach_the_engine(body: dict, headers: dict, session) -> None:
+    async def run() -> FakeEngine:
+        engine, _, client = app_client(DONE)
+        async with client:
+            r = await client.post("/v1/responses", json={"input": "hi", **body}, headers=headers)
+            assert r.status_code == 200, r.text
+        return engine
+
+    engine = asyncio.run(run())
+    assert engine.requests[0].session == session
+
+
+def test_the_stored_conversation_is_what_the_engine_sees_next() -> None:
+    async def run() -> FakeEngine:
+        engine, _, client = app_client(DONE)
+        async with client:
+            body = {"input": "hi", "instructions": "Be brief."}
+            first = (await client.post("/v1/responses", json=body)).json()
+            body = {"input": "more", "previous_response_id": first["id"]}
+            assert (await client.post("/v1/responses", json=body)).status_code == 200
+        return engine
+
+    engine = asyncio.run(run())
+    assert engine.prompts[1] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "Hello"},
+        {"role": "user", "content": "more"},
+    ]
+
+
+def test_named_frames_at_the_byte_level() -> None:
+    assert sse.named_frame("response.created", {"a": "x\u2028y"}) == (
+        b'event: response.created\ndata: {"a":"x\\u2028y"}\n\n'
+    )
+    with pytest.raises(ValueError, match="one line"):
+        sse.named_frame("bad\nname", {})
+
+
+def test_named_events_close_with_the_error_frames_and_always_clean_up() -> None:
+    closed: list[bool] = []
+
+    async def frames() -> AsyncIterator[tuple[str, dict]]:
+        yield "a", {"type": "a"}
+        raise ApiError("server_error", "boom")
+
+    def on_error(err: ApiError) -> list[tuple[str, dict]]:
+        return [("error", {"type": "error", "message": err.message})]
+
+    async def run() -> bytes:
+        out = [f async for f in sse.named_events(frames(), on_error, lambda: closed.append(True))]
+        return b"".join(out)
+
+    assert asyncio.run(run()) == (
+        b'event: a\ndata: {"type":"a"}\n\nevent: error\ndata: {"type":"error","message":"boom"}\n\n'
+    )
+    assert closed == [True]
