@@ -13,7 +13,11 @@ import pytest
 
 from mlxspec import sse
 from mlxspec.app import create_app
-from mlxspec.conformance.contract import split_named_event_stream
+from mlxspec.conformance.contract import (
+    ContractViolation,
+    check_response,
+    split_named_event_stream,
+)
 from mlxspec.engine import Delta, Failed, Finished, GenerationDefaults, GenerationRequest, ModelInfo
 from mlxspec.errors import ApiError
 
@@ -191,3 +195,46 @@ def test_named_events_close_with_the_error_frames_and_always_clean_up() -> None:
         b'event: a\ndata: {"type":"a"}\n\nevent: error\ndata: {"type":"error","message":"boom"}\n\n'
     )
     assert closed == [True]
+
+
+# --- the contract's named-event stream rules catch their breaches -----------------
+
+SSE_HEADERS = {"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"}
+RESPONSE = {"id": "resp_1", "object": "response", "created_at": 1, "status": "in_progress"}
+RESPONSE = {**RESPONSE, "model": "m", "output": [], "usage": None}
+
+
+def named(*events: tuple[str, dict]) -> bytes:
+    return b"".join(sse.named_frame(name, payload) for name, payload in events)
+
+
+def created(n: int = 0, name: str = "response.created") -> tuple[str, dict]:
+    return name, {"type": "response.created", "response": RESPONSE, "sequence_number": n}
+
+
+def check_stream(body: bytes) -> None:
+    request = json.dumps({"input": "x", "stream": True}).encode()
+    check_response("POST", "/v1/responses", request, 200, SSE_HEADERS, body)
+
+
+def test_a_conforming_named_stream_passes() -> None:
+    delta = {"type": "response.output_text.delta", "item_id": "msg_1", "output_index": 0}
+    delta = {**delta, "content_index": 0, "delta": "a", "logprobs": [], "sequence_number": 1}
+    check_stream(sse.KEEPALIVE + named(created(), ("response.output_text.delta", delta)))
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        (sse.data_frame(created()[1]), "not 'event: ' then 'data: '"),
+        (named(created(name="response.completed")), "carries type 'response.created'"),
+        (named(created(), created(2)), "sequence_number 2, expected 1"),
+        (named(("response.created", {"type": "response.created"})), "'sequence_number'"),
+        (sse.DONE, "not 'event: ' then 'data: '"),
+    ],
+    ids=["no event line", "name and type differ", "sequence gap", "schema", "DONE"],
+)
+def test_named_stream_breaches_are_caught(body: bytes, expected: str) -> None:
+    with pytest.raises(ContractViolation) as err:
+        check_stream(body)
+    assert expected in str(err.value), str(err.value)

@@ -85,6 +85,52 @@ class _Open:
     pieces: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class _TextItem:
+    """How a text-bearing output item streams (Responses API "Streaming events")."""
+
+    part_type: str
+    slot: str
+    part_added: str
+    delta: str
+    text_done: str
+    part_done: str
+    #: The delta and text-done events carry ``logprobs`` (always empty here).
+    logprobs: bool = False
+
+    def extra(self) -> dict[str, Any]:
+        """Fields the delta and text-done events add."""
+        return {"logprobs": []} if self.logprobs else {}
+
+    def part(self, text: str) -> dict[str, Any]:
+        """The item's content (or summary) part holding ``text``."""
+        part: dict[str, Any] = {"type": self.part_type, "text": text}
+        if self.part_type == "output_text":
+            part["annotations"] = []
+        return part
+
+
+_TEXT_ITEMS = {
+    "message": _TextItem(
+        "output_text",
+        "content_index",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.content_part.done",
+        logprobs=True,
+    ),
+    "reasoning": _TextItem(
+        "summary_text",
+        "summary_index",
+        "response.reasoning_summary_part.added",
+        "response.reasoning_summary_text.delta",
+        "response.reasoning_summary_text.done",
+        "response.reasoning_summary_part.done",
+    ),
+}
+
+
 class ResponseBuilder:
     """Fold one turn's chat events into a Responses object, emitting stream events.
 
@@ -131,37 +177,10 @@ class ResponseBuilder:
     def feed(self, event: ChatEvent) -> list[Frame]:
         """The stream events one chat event causes (none for empty text)."""
         if isinstance(event, TextDelta):
-            if not event.text:
-                return []
-            frames = self._switch("message")
-            assert self._open is not None
-            self._open.pieces.append(event.text)
-            item = self.output[self._open.index]
-            return frames + [
-                self.frame(
-                    "response.output_text.delta",
-                    item_id=item["id"],
-                    output_index=self._open.index,
-                    content_index=0,
-                    delta=event.text,
-                    logprobs=[],
-                )
-            ]
+            return self._text("message", event.text) if event.text else []
         if isinstance(event, ReasoningDelta):
-            frames = self._switch("reasoning")
-            assert self._open is not None
-            self._open.pieces.append(event.text)
             self._reasoning.append(event.text)
-            item = self.output[self._open.index]
-            return frames + [
-                self.frame(
-                    "response.reasoning_summary_text.delta",
-                    item_id=item["id"],
-                    output_index=self._open.index,
-                    summary_index=0,
-                    delta=event.text,
-                )
-            ]
+            return self._text("reasoning", event.text)
         if isinstance(event, ToolCallStart):
             return self._start_call(event)
         if isinstance(event, ToolCallArguments):
@@ -208,68 +227,57 @@ class ResponseBuilder:
             self.frame("response.failed", response=self.snapshot()),
         ]
 
+    def _text(self, kind: str, text: str) -> list[Frame]:
+        """Append ``text`` to the open ``kind`` item (opening one if needed): its delta event."""
+        frames = self._switch(kind)
+        assert self._open is not None
+        self._open.pieces.append(text)
+        index, spec = self._open.index, _TEXT_ITEMS[kind]
+        return frames + [
+            self.frame(
+                spec.delta,
+                item_id=self.output[index]["id"],
+                output_index=index,
+                **{spec.slot: 0},
+                delta=text,
+                **spec.extra(),
+            )
+        ]
+
     def _switch(self, kind: str) -> list[Frame]:
         """Keep writing the open item if it is a ``kind`` item, else close it and open one."""
         if self._open is not None and self.output[self._open.index]["type"] == kind:
             return []
         frames = self._close("completed")
-        index = len(self.output)
+        index, spec = len(self.output), _TEXT_ITEMS[kind]
         if kind == "message":
-            item = {
-                "id": item_id("msg"),
-                "type": "message",
-                "status": "in_progress",
-                "role": "assistant",
-                "content": [],
-            }
+            item = {"id": item_id("msg"), "type": "message", "status": "in_progress"}
+            item.update(role="assistant", content=[])
         else:
             item = {"id": item_id("rs"), "type": "reasoning", "summary": []}
         self.output.append(item)
         self._open = _Open(index)
-        frames.append(
-            self.frame("response.output_item.added", output_index=index, item=copy.deepcopy(item))
-        )
-        if kind == "message":
-            part = {"type": "output_text", "text": "", "annotations": []}
-            frames.append(
-                self.frame(
-                    "response.content_part.added",
-                    item_id=item["id"],
-                    output_index=index,
-                    content_index=0,
-                    part=part,
-                )
-            )
-        else:
-            part = {"type": "summary_text", "text": ""}
-            frames.append(
-                self.frame(
-                    "response.reasoning_summary_part.added",
-                    item_id=item["id"],
-                    output_index=index,
-                    summary_index=0,
-                    part=part,
-                )
-            )
-        return frames
+        return frames + [
+            self.frame("response.output_item.added", output_index=index, item=copy.deepcopy(item)),
+            self.frame(
+                spec.part_added,
+                item_id=item["id"],
+                output_index=index,
+                **{spec.slot: 0},
+                part=spec.part(""),
+            ),
+        ]
 
     def _start_call(self, event: ToolCallStart) -> list[Frame]:
         frames = self._close("completed")
         index = len(self.output)
-        item = {
-            "id": item_id("fc"),
-            "type": "function_call",
-            "status": "in_progress",
-            "call_id": event.id,
-            "name": event.name,
-            "arguments": "",
-        }
+        item = {"id": item_id("fc"), "type": "function_call", "status": "in_progress"}
+        item.update(call_id=event.id, name=event.name, arguments="")
         self.output.append(item)
         self._open = self._calls[event.index] = _Open(index)
-        frames.append(
+        return frames + [
             self.frame("response.output_item.added", output_index=index, item=copy.deepcopy(item))
-        )
-        return frames
+        ]
 
     def _close(self, status: str) -> list[Frame]:
         """The ``*.done`` events of the open item; fills in its final fields."""
@@ -278,56 +286,21 @@ class ResponseBuilder:
         index, text = self._open.index, "".join(self._open.pieces)
         self._open = None
         item = self.output[index]
-        if item["type"] == "message":
-            part = {"type": "output_text", "text": text, "annotations": []}
-            item.update(status=status, content=[part])
-            frames = [
-                self.frame(
-                    "response.output_text.done",
-                    item_id=item["id"],
-                    output_index=index,
-                    content_index=0,
-                    text=text,
-                    logprobs=[],
-                ),
-                self.frame(
-                    "response.content_part.done",
-                    item_id=item["id"],
-                    output_index=index,
-                    content_index=0,
-                    part=copy.deepcopy(part),
-                ),
-            ]
-        elif item["type"] == "reasoning":
-            part = {"type": "summary_text", "text": text}
-            item["summary"] = [part]
-            frames = [
-                self.frame(
-                    "response.reasoning_summary_text.done",
-                    item_id=item["id"],
-                    output_index=index,
-                    summary_index=0,
-                    text=text,
-                ),
-                self.frame(
-                    "response.reasoning_summary_part.done",
-                    item_id=item["id"],
-                    output_index=index,
-                    summary_index=0,
-                    part=copy.deepcopy(part),
-                ),
-            ]
-        else:
+        ids = {"item_id": item["id"], "output_index": index}
+        if item["type"] == "function_call":
             item.update(status=status, arguments=text)
             self.tool_calls.append({"id": item["call_id"], "name": item["name"], "arguments": text})
+            done = "response.function_call_arguments.done"
+            frames = [self.frame(done, **ids, name=item["name"], arguments=text)]
+        else:
+            spec = _TEXT_ITEMS[item["type"]]
+            if item["type"] == "message":
+                item.update(status=status, content=[spec.part(text)])
+            else:
+                item["summary"] = [spec.part(text)]
             frames = [
-                self.frame(
-                    "response.function_call_arguments.done",
-                    item_id=item["id"],
-                    output_index=index,
-                    name=item["name"],
-                    arguments=text,
-                )
+                self.frame(spec.text_done, **ids, **{spec.slot: 0}, text=text, **spec.extra()),
+                self.frame(spec.part_done, **ids, **{spec.slot: 0}, part=spec.part(text)),
             ]
         return frames + [
             self.frame("response.output_item.done", output_index=index, item=copy.deepcopy(item))
