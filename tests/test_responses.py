@@ -101,6 +101,18 @@ def test_stream_events_follow_openai_and_deltas_join_to_the_text(sdk) -> None:
     assert events[2].item.id == events[-2].item.id == final.output[0].id
 
 
+def test_the_sdk_stream_helper_assembles_the_final_response(sdk) -> None:
+    with sdk.responses.stream(
+        **FIXED, input="hello", extra_body={"logit_bias": ONLY_EOS}
+    ) as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_response()
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+    assert "response.output_text.delta" not in kinds  # EOS first: an empty message
+    assert final.status == "completed" and final.output_text == ""
+    assert final.output[0].type == "message" and final.output[0].status == "completed"
+
+
 def test_stream_frames_are_named_events(client: httpx.Client) -> None:
     body = {"input": "hi", "stream": True, "max_output_tokens": 3, "logit_bias": NO_EOS}
     with client.stream("POST", "/v1/responses", json=body) as r:
@@ -171,8 +183,8 @@ def test_retrieve_and_delete_a_stored_response(sdk) -> None:
 
 
 def test_store_false_keeps_nothing(sdk) -> None:
-    r = create(sdk, input="hello", store=False)
-    assert r.store is False
+    r = create(sdk, input="hello", store=False, prompt_cache_key="agent-7")
+    assert r.store is False and r.prompt_cache_key == "agent-7"
     with pytest.raises(openai.NotFoundError):
         sdk.responses.retrieve(r.id)
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from mlxspec.engine import Finished
 from mlxspec.errors import ApiError
@@ -376,3 +378,40 @@ def test_stream_events_do_not_alias_the_response() -> None:
     added = next(p for n, p in frames if n == "response.output_item.added")
     assert added["item"]["status"] == "in_progress" and added["item"]["content"] == []
     assert builder.output[0]["status"] == "completed"
+
+
+PIECES = st.lists(st.text(min_size=1, max_size=4), max_size=4)
+
+
+@given(
+    reasoning=PIECES,
+    text=PIECES,
+    calls=st.lists(st.tuples(st.sampled_from(["f", "g"]), PIECES), max_size=3),
+    finish=st.sampled_from(["stop", "length", "tool_calls"]),
+)
+def test_any_chunking_streams_what_the_collected_turn_answers(
+    reasoning: list[str], text: list[str], calls: list, finish: str
+) -> None:
+    finished = Finished("length" if finish == "length" else "stop", 5, 7)
+    events: list = [ReasoningDelta(r) for r in reasoning] + [TextDelta(t) for t in text]
+    for i, (name, pieces) in enumerate(calls):
+        events.append(ToolCallStart(i, f"call_{i}", name))
+        events += [ToolCallArguments(i, p) for p in pieces]
+    streamed, frames = fold([*events, TurnEnd(finish, finished)])
+    turn = ChatTurn(
+        content="".join(text) or (None if calls else ""),
+        reasoning="".join(reasoning) or None,
+        tool_calls=[ToolCall(f"call_{i}", n, "".join(p)) for i, (n, p) in enumerate(calls)],
+        finish_reason=finish,
+        finished=finished,
+    )
+    collected, _ = fold(turn_as_events(turn))
+
+    def strip(output: list) -> list:
+        return [{k: v for k, v in item.items() if k != "id"} for item in output]
+
+    assert strip(streamed.output) == strip(collected.output)
+    assert streamed.response["status"] == collected.response["status"]
+    deltas = "".join(p["delta"] for n, p in frames if n == "response.output_text.delta")
+    assert deltas == "".join(text) == (streamed.output_text() or "")
+    assert [p["sequence_number"] for _, p in frames] == list(range(len(frames)))

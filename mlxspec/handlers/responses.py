@@ -149,6 +149,7 @@ def _skeleton(
         "tools": [t for t in body.get("tools") or () if t.get("type") == "function"],
         "store": body.get("store") is not False,
         "metadata": body.get("metadata") or {},
+        "prompt_cache_key": body.get("prompt_cache_key"),
         "text": {"format": {"type": "text"}},
         "truncation": "disabled",
     }
