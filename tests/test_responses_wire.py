@@ -31,6 +31,16 @@ WEATHER = {
 }
 
 
+def call(i: int, city: str) -> dict:
+    """A chat tool call of get_weather, as the translation writes it."""
+    arguments = json.dumps({"city": city})
+    return {
+        "id": f"call_{i}",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": arguments},
+    }
+
+
 def test_string_input_is_one_user_message() -> None:
     chat, conversation = to_chat_body({"input": "hi", "max_output_tokens": 5})
     assert chat == {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
@@ -103,11 +113,6 @@ def test_items_tools_and_fields_translate_to_the_chat_body() -> None:
         "metadata": {"k": "v"},
     }
     chat, _ = to_chat_body(body)
-    call = lambda i, city: {  # noqa: E731
-        "id": f"call_{i}",
-        "type": "function",
-        "function": {"name": "get_weather", "arguments": json.dumps({"city": city})},
-    }
     assert chat == {
         "messages": [
             {"role": "system", "content": "Be brief.\n\nUse metric units.\n\nAnswer in English."},
