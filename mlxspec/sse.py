@@ -101,7 +101,7 @@ def named_frame(event: str, payload: Any) -> bytes:
 
 
 async def named_events(
-    frames: AsyncIterator[tuple[str, Any]],
+    frames: AsyncIterator[tuple[str, Any] | bytes],
     on_error: Callable[[ApiError], Iterable[tuple[str, Any]]],
     on_close: Callable[[], None] | None = None,
 ) -> AsyncIterator[bytes]:
@@ -114,7 +114,8 @@ async def named_events(
     client disconnect.
 
     Args:
-        frames (AsyncIterator[tuple[str, Any]]): ``(event name, payload)`` pairs.
+        frames (AsyncIterator[tuple[str, Any] | bytes]): ``(event name,
+            payload)`` pairs, or bytes already framed (keep-alive comments).
         on_error (Callable): ``ApiError -> [(event name, payload), ...]``.
         on_close (Callable | None): cleanup, e.g. ``handle.cancel``. Default: ``None``.
 
@@ -123,8 +124,9 @@ async def named_events(
     """
     try:
         try:
-            async for event, payload in frames:
-                yield named_frame(event, payload)
+            async for frame in frames:
+                # bytes are already framed (e.g. a keep-alive comment)
+                yield frame if isinstance(frame, bytes) else named_frame(*frame)
         except ApiError as err:
             failure = err
         except Exception:

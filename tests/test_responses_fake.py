@@ -180,8 +180,9 @@ def test_named_frames_at_the_byte_level() -> None:
 def test_named_events_close_with_the_error_frames_and_always_clean_up() -> None:
     closed: list[bool] = []
 
-    async def frames() -> AsyncIterator[tuple[str, dict]]:
+    async def frames() -> AsyncIterator[tuple[str, dict] | bytes]:
         yield "a", {"type": "a"}
+        yield sse.KEEPALIVE
         raise ApiError("server_error", "boom")
 
     def on_error(err: ApiError) -> list[tuple[str, dict]]:
@@ -192,7 +193,8 @@ def test_named_events_close_with_the_error_frames_and_always_clean_up() -> None:
         return b"".join(out)
 
     assert asyncio.run(run()) == (
-        b'event: a\ndata: {"type":"a"}\n\nevent: error\ndata: {"type":"error","message":"boom"}\n\n'
+        b'event: a\ndata: {"type":"a"}\n\n: keep-alive\n\n'
+        b'event: error\ndata: {"type":"error","message":"boom"}\n\n'
     )
     assert closed == [True]
 

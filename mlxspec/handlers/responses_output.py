@@ -175,7 +175,8 @@ class ResponseBuilder:
         ]
 
     def feed(self, event: ChatEvent) -> list[Frame]:
-        """The stream events one chat event causes (none for empty text)."""
+        """The stream events one chat event causes (none for empty text or an
+        event kind this surface does not show)."""
         if isinstance(event, TextDelta):
             return self._text("message", event.text) if event.text else []
         if isinstance(event, ReasoningDelta):
@@ -194,7 +195,9 @@ class ResponseBuilder:
                     delta=event.fragment,
                 )
             ]
-        return self.finish(event)
+        if isinstance(event, TurnEnd):
+            return self.finish(event)
+        return []
 
     def finish(self, end: TurnEnd) -> list[Frame]:
         """Close the open item, complete the response, and its terminal event.
