@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -40,12 +41,13 @@ class FakeHandle:
 class FakeEngine:
     """The engine methods the chat path uses, answering a scripted event list.
 
-    ``chat_prompt`` encodes each message as one token per character of its
-    role and content, so prompt lengths are predictable.
+    ``chat_prompt`` records the messages and encodes each as one token per
+    character of its role and content; ``tokenizer`` is the tiny model's (the
+    chat path reads its template to pick parsers).
     """
 
-    def __init__(self, events: list) -> None:
-        self.events = events
+    def __init__(self, events: list, tokenizer: object) -> None:
+        self.events, self.tokenizer = events, tokenizer
         self.info = ModelInfo(id="fake", context_window=4096, created=0)
         self.defaults = GenerationDefaults()
         self.requests: list[GenerationRequest] = []
@@ -60,9 +62,16 @@ class FakeEngine:
         return FakeHandle(self.events)
 
 
-def app_client(events: list) -> tuple[FakeEngine, object, httpx.AsyncClient]:
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir: Path) -> object:
+    from mlx_lm.tokenizer_utils import load
+
+    return load(tiny_model_dir)
+
+
+def app_client(events: list, tokenizer: object) -> tuple[FakeEngine, object, httpx.AsyncClient]:
     """A fake engine, the app on it, and an in-process client of the app."""
-    engine = FakeEngine(events)
+    engine = FakeEngine(events, tokenizer)
     app = create_app(engine, validate_responses=True)
     client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://fake")
     return engine, app, client
@@ -72,9 +81,11 @@ FAILING = [Delta("Hel"), Delta("lo"), Failed("generation failed")]
 DONE = [Delta("Hello"), Finished("stop", prompt_tokens=9, completion_tokens=2)]
 
 
-def test_a_failure_mid_stream_sends_error_then_response_failed_and_stores_nothing() -> None:
+def test_a_failure_mid_stream_sends_error_then_response_failed_and_stores_nothing(
+    tokenizer: object,
+) -> None:
     async def run() -> tuple[list, int]:
-        _, _, client = app_client(FAILING)
+        _, _, client = app_client(FAILING, tokenizer)
         async with client:
             r = await client.post("/v1/responses", json={"input": "hi", "stream": True})
             events = split_named_event_stream(r.content)
@@ -108,9 +119,9 @@ def test_a_failure_mid_stream_sends_error_then_response_failed_and_stores_nothin
     assert missing == 404
 
 
-def test_a_failure_before_the_reply_is_a_500_and_stores_nothing() -> None:
+def test_a_failure_before_the_reply_is_a_500_and_stores_nothing(tokenizer: object) -> None:
     async def run() -> tuple[httpx.Response, dict]:
-        _, app, client = app_client(FAILING)
+        _, app, client = app_client(FAILING, tokenizer)
         async with client:
             r = await client.post("/v1/responses", json={"input": "hi"})
         return r, app.response_store.stats()  # type: ignore[attr-defined]
@@ -138,9 +149,11 @@ def test_a_failure_before_the_reply_is_a_500_and_stores_nothing() -> None:
         ({}, {}, None),
     ],
 )
-def test_cache_session_fields_reach_the_engine(body: dict, headers: dict, session) -> None:
+def test_cache_session_fields_reach_the_engine(
+    body: dict, headers: dict, session, tokenizer: object
+) -> None:
     async def run() -> FakeEngine:
-        engine, _, client = app_client(DONE)
+        engine, _, client = app_client(DONE, tokenizer)
         async with client:
             r = await client.post("/v1/responses", json={"input": "hi", **body}, headers=headers)
             assert r.status_code == 200, r.text
@@ -150,9 +163,9 @@ def test_cache_session_fields_reach_the_engine(body: dict, headers: dict, sessio
     assert engine.requests[0].session == session
 
 
-def test_the_stored_conversation_is_what_the_engine_sees_next() -> None:
+def test_the_stored_conversation_is_what_the_engine_sees_next(tokenizer: object) -> None:
     async def run() -> FakeEngine:
-        engine, _, client = app_client(DONE)
+        engine, _, client = app_client(DONE, tokenizer)
         async with client:
             body = {"input": "hi", "instructions": "Be brief."}
             first = (await client.post("/v1/responses", json=body)).json()
