@@ -283,7 +283,12 @@ def test_image_input_on_a_text_only_model_is_a_400(client: httpx.Client) -> None
     part = {"type": "input_image", "image_url": "data:image/png;base64,AA=="}
     r = client.post("/v1/responses", json={"input": [{"role": "user", "content": [part]}]})
     assert r.status_code == 400
-    assert "text-only" in r.json()["error"]["message"]
+    assert r.json()["error"] == {
+        "message": "model tiny-llama is text-only: 'image_url' content parts are not supported",
+        "type": "invalid_request_error",
+        "param": "input",
+        "code": None,
+    }
 
 
 def test_contract_non_stream_get_delete_and_404s(client: httpx.Client) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 from connexion.context import scope
 
 from mlxspec import sse
-from mlxspec.engine import Engine
+from mlxspec.engine import Engine, PromptError
 from mlxspec.errors import ApiError
 from mlxspec.response_store import Conversation, ResponseStore, StoredResponse
 
@@ -45,7 +45,8 @@ async def create_response(body: dict[str, Any]) -> Any:
 
     Raises:
         ApiError: 404 ``response_not_found`` for an unknown or expired
-            ``previous_response_id``; the chat path's 4xx and engine errors.
+            ``previous_response_id``; 400 naming ``input`` for a prompt the
+            template or the model cannot take; the chat path's engine errors.
     """
     engine, store = current_engine(), current_store()
     previous_id = body.get("previous_response_id")
@@ -56,7 +57,11 @@ async def create_response(body: dict[str, Any]) -> Any:
             raise not_found(previous_id, "previous_response_id")
         previous = stored.conversation
     chat, conversation = to_chat_body(body, previous)
-    turn = open_turn(engine, chat, prompt_param="input")
+    try:
+        turn = open_turn(engine, chat, prompt_param="input")
+    except PromptError as exc:
+        # its param indexes the translated chat messages, which the client never saw
+        raise ApiError("invalid_request", exc.message, param="input") from exc
     builder = ResponseBuilder(_skeleton(body, turn, conversation, engine), _token_counter(engine))
     keep = _keeper(store, conversation, builder, body.get("store") is not False)
     if body.get("stream"):
