@@ -152,7 +152,7 @@ def parse_config(argv: Sequence[str] | None = None) -> ServeConfig:
         max_queue=args.max_queue,
         max_context=args.max_context,
         memory_budget=args.memory_budget,
-        api_key=args.api_key,
+        api_key=args.api_key or None,  # an empty key would lock every client out
         allowed_origins=tuple(o for group in args.allowed_origins for o in group),
     )
 
@@ -228,8 +228,10 @@ def serve(config: ServeConfig) -> int:
         print(f"mlxspec: error: {exc}", file=sys.stderr)
         return EXIT_MODEL_ERROR
     url = f"http://{config.host}:{config.port}"
+    auth = ", API key required" if config.api_key else ""
     print(
-        f"mlxspec: serving {engine.info.id} (context {engine.info.context_window}) at {url}/v1",
+        f"mlxspec: serving {engine.info.id} (context {engine.info.context_window}{auth}) "
+        f"at {url}/v1",
         flush=True,
     )
     try:

@@ -125,11 +125,11 @@ class GenerationWatch:
             return
         now = time.monotonic()
         if self._last is None:
+            # Tokens that arrive with the first one have no measurable gap.
             m.ttft.observe(now - self._start)
-            tokens -= 1  # the first token's latency is the TTFT
-        if tokens > 0:
-            # Several tokens in one event share the gap since the last one.
-            gap = (now - (self._last if self._last is not None else self._start)) / tokens
+        else:
+            # Several tokens in one event share the gap since the last event.
+            gap = (now - self._last) / tokens
             for _ in range(tokens):
                 m.itl.observe(gap)
         self._last = now

@@ -386,3 +386,28 @@ def test_route_labels_follow_the_document() -> None:
     assert label("/openapi.json") == "/openapi.json"
     assert label("/v1/models/") == "unmatched"
     assert label("/wp-admin") == "unmatched"
+
+
+def test_generation_watch_splits_a_multi_token_gap() -> None:
+    import time
+
+    from mlxspec.engine import Delta, Finished
+    from mlxspec.metrics import GenerationWatch, Metrics
+
+    metrics = Metrics(engine=None)
+    watch = GenerationWatch(metrics, start=time.monotonic() - 2.0)
+    watch.observe(Delta("ab", (5, 6)))  # the first token (TTFT ~2 s) and one with it
+    watch.observe(Delta("", ()))  # a text-only flush carries no token
+    watch.observe(Delta("cd", (7, 8)))  # two tokens share one gap
+    watch.observe(Finished("length", prompt_tokens=7, completion_tokens=2, cached_tokens=3))
+    got = samples(metrics.render().decode())
+    assert got[("mlxspec_time_to_first_token_seconds_count", ())] == 1
+    assert got[("mlxspec_time_to_first_token_seconds_bucket", (("le", "1.0"),))] == 0
+    assert got[("mlxspec_time_to_first_token_seconds_bucket", (("le", "2.5"),))] == 1
+    assert got[("mlxspec_inter_token_latency_seconds_count", ())] == 2
+    assert got[("mlxspec_inter_token_latency_seconds_bucket", (("le", "0.5"),))] == 2
+    assert got[("mlxspec_prompt_tokens_total", ())] == 7
+    assert got[("mlxspec_generation_tokens_total", ())] == 2
+    assert got[("mlxspec_prompt_cache_hits_total", ())] == 1
+    assert got[("mlxspec_prompt_cache_tokens_total", ())] == 3
+    assert got[("mlxspec_queue_depth", ())] == 0  # an engine without admission state
