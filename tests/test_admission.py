@@ -41,6 +41,13 @@ def test_queue_full_at_max_queue_waiting() -> None:
     assert adm.rejected == {"queue_full": 1, "context_over_budget": 0}
 
 
+def test_max_queue_zero_refuses_only_requests_that_would_wait() -> None:
+    adm = Admission(AdmissionLimits(max_queue=0), slots=2, window=100)
+    adm.admit(10, in_flight=1)  # a slot is free
+    with pytest.raises(QueueFullError):
+        adm.admit(10, in_flight=2)
+
+
 def test_no_cap_means_the_window_only() -> None:
     adm = Admission(AdmissionLimits(), slots=1, window=100)
     assert (adm.enforced_context, adm.context_limit) == (None, 100)

@@ -411,3 +411,15 @@ def test_generation_watch_splits_a_multi_token_gap() -> None:
     assert got[("mlxspec_prompt_cache_hits_total", ())] == 1
     assert got[("mlxspec_prompt_cache_tokens_total", ())] == 3
     assert got[("mlxspec_queue_depth", ())] == 0  # an engine without admission state
+
+
+def test_machine_reads_proc_files(tmp_path: Path) -> None:
+    from mlxspec import machine
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nBogoMIPS\t: 50.00\nModel\t\t: Raspberry Pi 5 Model B\n")
+    assert machine.cpu_model(cpuinfo) == "Raspberry Pi 5 Model B"
+    assert machine.cpu_model(tmp_path / "missing") is None
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       16384 kB\nMemFree:  1 kB\nMemAvailable:    8192 kB\n")
+    assert machine.memory(meminfo) == (16384 * 1024, 8192 * 1024)

@@ -132,7 +132,7 @@ class Admission:
                 f"this server's context limit of {limit} tokens.",
                 param=param,
             )
-        if self.waiting(in_flight) >= self.limits.max_queue:
+        if self.waiting(in_flight + 1) > self.limits.max_queue:  # it would wait past the end
             self.rejected["queue_full"] += 1
             raise QueueFullError(
                 f"generation queue is full ({self.limits.max_queue} requests waiting); retry later"
