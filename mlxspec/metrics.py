@@ -156,8 +156,9 @@ class _EngineCollector:
         outcomes = CounterMetricFamily(
             "mlxspec_generations", "Ended generations by outcome.", labels=["outcome"]
         )
-        for outcome, count in sorted(getattr(engine, "counters", {}).items()):
-            outcomes.add_metric([outcome], count)
+        counters = getattr(engine, "counters", {})
+        for outcome in ("completed", "cancelled", "failed"):
+            outcomes.add_metric([outcome], counters.get(outcome, 0))
         yield outcomes
         rejected = CounterMetricFamily(
             "mlxspec_admission_rejected",

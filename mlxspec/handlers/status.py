@@ -36,7 +36,7 @@ async def get_stats() -> dict[str, Any]:
         "server": _server(engine),
         "admission": _admission(engine),
         "batch": _batch(engine),
-        "requests": {"submitted": engine.submitted, **engine.counters},
+        "requests": _requests(engine),
         "kv_quant": _kv_quant(engine.memory),
     }
     cache = getattr(engine, "prompt_cache", None)
@@ -46,6 +46,12 @@ async def get_stats() -> dict[str, Any]:
     if callable(getattr(store, "stats", None)):
         body["response_store"] = store.stats()
     return body
+
+
+def _requests(engine: Any) -> dict[str, int]:
+    counters = engine.counters
+    outcomes = {k: int(counters.get(k, 0)) for k in ("completed", "cancelled", "failed")}
+    return {"submitted": engine.submitted, **outcomes}
 
 
 def _server(engine: Any) -> dict[str, Any]:
