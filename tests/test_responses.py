@@ -189,13 +189,14 @@ def test_store_false_keeps_nothing(sdk) -> None:
         sdk.responses.retrieve(r.id)
 
 
-def test_stats_source_counts_stored_responses(tiny_app, sdk) -> None:
-    store = tiny_app.response_store
-    before = store.stats()
-    create(sdk, input="hello")
-    after = store.stats()
+def test_stats_report_the_store(client: httpx.Client) -> None:
+    before = client.get("/stats").json()["response_store"]
+    r = client.post("/v1/responses", json={"input": "hi", "max_output_tokens": 1})
+    after = client.get("/stats").json()["response_store"]
     assert after["entries"] == before["entries"] + 1 and after["bytes"] > before["bytes"]
     assert after["max_bytes"] == 32 * 1024 * 1024 and after["ttl_ms"] == 3_600_000
+    assert client.delete(f"/v1/responses/{r.json()['id']}").status_code == 200
+    assert client.get("/stats").json()["response_store"] == before
 
 
 def test_function_tools_and_tool_choice_are_accepted(sdk) -> None:

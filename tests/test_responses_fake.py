@@ -8,6 +8,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -69,10 +70,21 @@ def tokenizer(tiny_model_dir: Path) -> object:
     return load(tiny_model_dir)
 
 
-def app_client(events: list, tokenizer: object) -> tuple[FakeEngine, object, httpx.AsyncClient]:
-    """A fake engine, the app on it, and an in-process client of the app."""
+class StateSpy:
+    """ASGI wrapper that keeps the ``scope["state"]`` the app filled in (the
+    engine, the Responses store, ...)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app, self.state = app, {}
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        await self.app({**scope, "state": self.state}, receive, send)
+
+
+def app_client(events: list, tokenizer: object) -> tuple[FakeEngine, StateSpy, httpx.AsyncClient]:
+    """A fake engine, the app on it (spied), and an in-process client of the app."""
     engine = FakeEngine(events, tokenizer)
-    app = create_app(engine, validate_responses=True)
+    app = StateSpy(create_app(engine, validate_responses=True))
     client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://fake")
     return engine, app, client
 
@@ -124,7 +136,7 @@ def test_a_failure_before_the_reply_is_a_500_and_stores_nothing(tokenizer: objec
         _, app, client = app_client(FAILING, tokenizer)
         async with client:
             r = await client.post("/v1/responses", json={"input": "hi"})
-        return r, app.response_store.stats()  # type: ignore[attr-defined]
+        return r, app.state["response_store"].stats()
 
     r, stats = asyncio.run(run())
     assert r.status_code == 500
