@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 from .config import ServeConfig
 
 EXIT_MODEL_ERROR = 2
+
+#: On SIGINT/SIGTERM, how long in-flight requests may run before they are
+#: cancelled, seconds (the reference's shutdown default).
+DRAIN_TIMEOUT_S = 120
+
+log = logging.getLogger("mlxspec.cli")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -45,7 +55,48 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"]
     )
+    _add_cache_flags(serve)
     return parser
+
+
+def _add_cache_flags(serve: argparse.ArgumentParser) -> None:
+    """Prompt cache flags (sizes take a K/M/G/T suffix, powers of 1024)."""
+    defaults = ServeConfig()
+    serve.add_argument(
+        "--prompt-cache-bytes",
+        type=_byte_size,
+        default=defaults.prompt_cache_bytes,
+        help="RAM budget for reusing prompt-prefix KV caches across requests; 0 disables "
+        "(default 1G)",
+    )
+    serve.add_argument(
+        "--ssd-cache",
+        metavar="DIR",
+        default=None,
+        help="keep durable prompt-cache snapshots in DIR, restored after a restart",
+    )
+    serve.add_argument(
+        "--ssd-cache-bytes",
+        type=_byte_size,
+        default=defaults.ssd_cache_bytes,
+        help="disk budget of --ssd-cache; the oldest snapshots go first (default 16G)",
+    )
+
+
+_SIZE_SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def _byte_size(text: str) -> int:
+    """``"512M"`` -> 536870912; a bare integer is bytes."""
+    body = text.strip().upper().removesuffix("B").removesuffix("I")
+    unit = body[-1:] if body[-1:] in _SIZE_SUFFIXES else ""
+    try:
+        value = float(body[: len(body) - len(unit)])
+    except ValueError:
+        raise argparse.ArgumentTypeError("must be a size in bytes, e.g. 1073741824 or 1G") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be >= 0")
+    return int(value * _SIZE_SUFFIXES[unit])
 
 
 def _port(text: str) -> int:
@@ -75,6 +126,9 @@ def parse_config(argv: Sequence[str] | None = None) -> ServeConfig:
         top_k=args.top_k,
         log_level=args.log_level,
         batch=args.batch,
+        prompt_cache_bytes=args.prompt_cache_bytes,
+        ssd_cache=args.ssd_cache,
+        ssd_cache_bytes=args.ssd_cache_bytes,
     )
 
 
@@ -101,6 +155,9 @@ def load_engine(config: ServeConfig):  # noqa: ANN201 - returns mlxspec.engine.E
             source=resolved.source,
             overrides=overrides,
             max_batch=config.batch,
+            prompt_cache_bytes=config.prompt_cache_bytes,
+            ssd_cache=Path(config.ssd_cache) if config.ssd_cache else None,
+            ssd_cache_bytes=config.ssd_cache_bytes,
         )
     except Exception as exc:  # mlx-lm raises many types for unreadable folders
         raise ModelLoadError(f"cannot load model from {resolved.path}: {exc}") from exc
@@ -150,16 +207,68 @@ def serve(config: ServeConfig) -> int:
         flush=True,
     )
     try:
-        uvicorn.run(
-            create_app(engine, config),
-            host=config.host,
-            port=config.port,
-            log_level=config.log_level,
-            timeout_graceful_shutdown=5,
-        )
+        with _signals_end_serving():
+            uvicorn.run(
+                create_app(engine, config),
+                host=config.host,
+                port=config.port,
+                log_level=config.log_level,
+                timeout_graceful_shutdown=DRAIN_TIMEOUT_S,
+            )
     finally:
-        engine.close()
+        _stop_engine(engine)
     return 0
+
+
+class _ShutdownSignal(Exception):
+    """SIGINT or SIGTERM arrived; uvicorn has already drained the requests."""
+
+
+@contextlib.contextmanager
+def _signals_end_serving() -> Iterator[None]:
+    """Turn SIGINT/SIGTERM into a normal return.
+
+    uvicorn handles both while it serves (stop accepting, drain in-flight
+    requests), then re-raises the signal under the handlers it found; with the
+    default ones the process would die before the engine stops and the prompt
+    cache is flushed.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(_sig: int, _frame: object) -> None:
+        raise _ShutdownSignal
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    except _ShutdownSignal:
+        pass
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _stop_engine(engine) -> None:  # noqa: ANN001 - mlxspec.engine.Engine
+    """After uvicorn has drained the requests: stop the engine thread, then make
+    every pending SSD prompt-cache snapshot durable (reference: shutdown flushes
+    after active requests drain)."""
+    from .engine import FLUSH_TIMEOUT_S
+
+    engine.close()
+    if engine.prompt_cache.ssd is None:
+        return
+    report = engine.prompt_cache.flush(FLUSH_TIMEOUT_S)
+    level = logging.INFO if report["durable"] else logging.ERROR
+    log.log(
+        level,
+        "prompt cache flush: durable=%s entries=%d pending=%d failed=%d",
+        report["durable"],
+        report["entries"],
+        report["pendingSnapshots"],
+        report["failedSpills"],
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

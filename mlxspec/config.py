@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .engine.prompt_cache import DEFAULT_PROMPT_CACHE_BYTES
+from .engine.ssd_cache import DEFAULT_SSD_CACHE_BYTES
+
 
 @dataclass(frozen=True)
 class ServeConfig:
@@ -25,6 +28,11 @@ class ServeConfig:
             ``1`` runs requests one at a time. Default: ``8``.
         validate_responses (bool): check every JSON response against the
             OpenAPI document (for tests and CI). Default: ``False``.
+        prompt_cache_bytes (int): RAM budget of the prompt cache (prefix KV
+            reuse); ``0`` disables it. Default: 1 GiB.
+        ssd_cache (str | None): directory of the prompt cache's SSD tier;
+            ``None`` is RAM only. Default: ``None``.
+        ssd_cache_bytes (int): disk budget of the SSD tier. Default: 16 GiB.
     """
 
     model: str | None = None
@@ -37,3 +45,7 @@ class ServeConfig:
     log_level: str = "info"
     batch: int = 8
     validate_responses: bool = False
+    # Prompt cache.
+    prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES
+    ssd_cache: str | None = None
+    ssd_cache_bytes: int = DEFAULT_SSD_CACHE_BYTES

@@ -7,6 +7,7 @@ resolution (:mod:`.loader`).
 
 from .generator import Engine, RequestHandle
 from .sampling import GenerationDefaults
+from .ssd_cache import FLUSH_TIMEOUT_S
 from .types import (
     Cancelled,
     Constraint,
@@ -26,6 +27,7 @@ from .types import (
 )
 
 __all__ = [
+    "FLUSH_TIMEOUT_S",
     "Cancelled",
     "Constraint",
     "ContextLengthError",

@@ -31,6 +31,7 @@ from .prompt_cache import (
     cache_length,
     with_history,
 )
+from .ssd_cache import DEFAULT_SSD_CACHE_BYTES, SsdCache
 from .prompt import encode_text, normalize_messages, render_chat
 from .rows import Row
 from .sampling import (
@@ -150,6 +151,7 @@ class Engine:
         max_batch: int = 8,
         prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES,
         ssd_cache: Path | None = None,
+        ssd_cache_bytes: int = DEFAULT_SSD_CACHE_BYTES,
     ) -> Engine:
         """Load an MLX model folder with ``mlx_lm.load``.
 
@@ -163,6 +165,8 @@ class Engine:
             prompt_cache_bytes (int): prompt cache RAM budget; ``0`` disables
                 it. Default: :data:`~.prompt_cache.DEFAULT_PROMPT_CACHE_BYTES`.
             ssd_cache (Path | None): directory of the SSD tier. Default: ``None``.
+            ssd_cache_bytes (int): disk budget of the SSD tier.
+                Default: :data:`~.ssd_cache.DEFAULT_SSD_CACHE_BYTES`.
 
         Returns:
             Engine: not yet started; call :meth:`start`.
@@ -185,9 +189,7 @@ class Engine:
         )
         ssd = None
         if ssd_cache is not None and prompt_cache_bytes > 0:
-            from .ssd_cache import SsdCache
-
-            ssd = SsdCache(ssd_cache)
+            ssd = SsdCache(ssd_cache, ssd_cache_bytes)
         cache = PromptCache(prompt_cache_bytes, ssd)
         return cls(model, tokenizer, info, defaults, max_batch=max_batch, prompt_cache=cache)
 

@@ -31,6 +31,10 @@ log = logging.getLogger("mlxspec.engine.ssd_cache")
 #: Default disk budget for snapshots, bytes (``--ssd-cache-bytes``).
 DEFAULT_SSD_CACHE_BYTES = 16 << 30
 
+#: How long a flush (route or shutdown) waits for the writer, seconds: the
+#: reference's shutdown default.
+FLUSH_TIMEOUT_S = 120.0
+
 #: Most snapshots waiting for the writer; the oldest is dropped beyond this.
 MAX_PENDING = 64
 
