@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .batching import BatchLane
+from .prompt import encode_text, normalize_messages, render_chat
 from .prompt_cache import (
     DEFAULT_PROMPT_CACHE_BYTES,
     CacheNamespace,
@@ -31,8 +32,6 @@ from .prompt_cache import (
     cache_length,
     with_history,
 )
-from .ssd_cache import DEFAULT_SSD_CACHE_BYTES, SsdCache
-from .prompt import encode_text, normalize_messages, render_chat
 from .rows import Row
 from .sampling import (
     GenerationDefaults,
@@ -40,6 +39,7 @@ from .sampling import (
     build_sampler,
     read_generation_config,
 )
+from .ssd_cache import DEFAULT_SSD_CACHE_BYTES, SsdCache
 from .types import (
     Cancelled,
     ContextLengthError,

@@ -229,7 +229,6 @@ class PromptCache:
             cache (list): per-layer mlx-lm caches.
             session (str | None): the request's session label. Default: ``None``.
         """
-        import mlx.core as mx
 
         if not self.enabled or len(tokens) < 2 or cache_length(cache) != len(tokens):
             return
