@@ -111,11 +111,15 @@ def test_concurrent_shared_prefix_equals_one_at_a_time(tiny_model_dir) -> None:
     plain = make_engine(tiny_model_dir, 1, PromptCache(0))
     try:
         run(engine, request(engine, SHARED))  # seed the cache with the shared prefix
-        reqs = [request(engine, SHARED + tail, logits=NO_EOS) for tail in ("a", "bb", "c", "dd")]
+        tails = ("a", "bb", "c", "dd")
+        reqs = [request(engine, SHARED + tail, logits=NO_EOS) for tail in tails]
+        reqs.append(request(engine, "zzz unrelated", logits=NO_EOS))  # a miss joins the batch
         together = run_concurrently(engine, reqs)
         alone = [run(plain, r)[0] for r in reqs]
         assert [t for t, _ in together] == alone
-        assert all(f.cached_tokens > 0 and f.lane == "batched" for _, f in together)
+        assert all(f.cached_tokens > 0 for _, f in together[:4])
+        assert together[4][1].cached_tokens == 0
+        assert {f.lane for _, f in together} == {"batched"}
     finally:
         engine.close()
         plain.close()

@@ -30,6 +30,7 @@ from .prompt_cache import (
     CacheNamespace,
     PromptCache,
     cache_length,
+    penalty_window,
     with_history,
 )
 from .rows import Row
@@ -353,7 +354,7 @@ class Engine:
             max_tokens=self._budget(req),
             sampler=build_sampler(req.sampling, self._xtc_special),
             logits_processors=with_history(
-                build_logits_processors(req.logits), req.prompt[:cached], _penalty_window(req)
+                build_logits_processors(req.logits), req.prompt[:cached], penalty_window(req.logits)
             ),
             prompt_cache=cache,
             prefill_step_size=PREFILL_STEP,
@@ -392,18 +393,3 @@ class Engine:
             self.prompt_cache.store(self.cache_namespace, tokens[:held], cache, req.session)
         except Exception:  # the cache is an optimisation: never fail the request
             log.exception("prompt cache store failed")
-
-
-def _penalty_window(req: GenerationRequest) -> int:
-    """How far back the request's penalties look (0 when none is on)."""
-    lp = req.logits
-    sizes = [
-        size
-        for penalty, size in (
-            (lp.repetition_penalty, lp.repetition_context_size),
-            (lp.presence_penalty, lp.presence_context_size),
-            (lp.frequency_penalty, lp.frequency_context_size),
-        )
-        if penalty
-    ]
-    return max(sizes, default=0)

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from .ssd_cache import SsdCache
+from .types import LogitsParams
 
 #: Default RAM budget for kept KV caches, bytes (``--prompt-cache-bytes``).
 DEFAULT_PROMPT_CACHE_BYTES = 1 << 30
@@ -337,3 +338,18 @@ def with_history(processors: list[Any], history: Sequence[int], window: int) -> 
         )
 
     return [wrap(p) for p in processors]
+
+
+def penalty_window(params: LogitsParams) -> int:
+    """How many recent tokens the request's penalties look at (0 when none is on),
+    as mlx-lm's ``make_logits_processors`` slices its context."""
+    sizes = [
+        size
+        for penalty, size in (
+            (params.repetition_penalty, params.repetition_context_size),
+            (params.presence_penalty, params.presence_context_size),
+            (params.frequency_penalty, params.frequency_context_size),
+        )
+        if penalty
+    ]
+    return max(sizes, default=0)
