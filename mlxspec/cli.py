@@ -180,6 +180,21 @@ def _bind_problem(host: str, port: int) -> str | None:
     return None
 
 
+def _ssd_cache_problem(directory: str | None) -> str | None:
+    """Why ``--ssd-cache`` cannot be used (checked before the model load), or ``None``."""
+    import os
+
+    if directory is None:
+        return None
+    try:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return "not writable"
+    return None
+
+
 def serve(config: ServeConfig) -> int:
     """Load the model, then run uvicorn until interrupted. Returns an exit code."""
     import uvicorn
@@ -194,6 +209,11 @@ def serve(config: ServeConfig) -> int:
         print(
             f"mlxspec: error: cannot listen on {config.host}:{config.port}: {problem}",
             file=sys.stderr,
+        )
+        return EXIT_MODEL_ERROR
+    if (problem := _ssd_cache_problem(config.ssd_cache)) is not None:
+        print(
+            f"mlxspec: error: cannot use --ssd-cache {config.ssd_cache}: {problem}", file=sys.stderr
         )
         return EXIT_MODEL_ERROR
     try:

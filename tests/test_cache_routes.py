@@ -39,6 +39,22 @@ def test_completions_report_cached_tokens_on_a_repeated_prefix(client, tiny_engi
     assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= shared - 2
 
 
+def test_chat_second_turn_reuses_the_first(client, tiny_engine) -> None:
+    (x,) = tiny_engine.text_prompt("x")
+    body = {"max_tokens": 2, "logit_bias": {str(x): 100}, "prompt_cache_key": "chat-1"}
+    history = [{"role": "user", "content": PROMPT + "chat"}]
+    first = client.post("/v1/chat/completions", json={**body, "messages": history}).json()
+    assert first["choices"][0]["message"]["content"] == "xx"
+    history += [
+        {"role": "assistant", "content": "xx"},
+        {"role": "user", "content": "and then?"},
+    ]
+    second = client.post("/v1/chat/completions", json={**body, "messages": history}).json()
+    cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached >= first["usage"]["prompt_tokens"] + 2
+    assert cached < second["usage"]["prompt_tokens"]
+
+
 @pytest.mark.parametrize(
     ("extra", "headers"),
     [
@@ -158,3 +174,43 @@ def test_sigterm_drains_the_stream_then_flushes(tiny_model_dir, tmp_path) -> Non
     assert len(tokens) == last["usage"]["prompt_tokens"] + 150
     with proc.stdout:
         assert b"prompt cache flush: durable=True entries=1" in proc.stdout.read()
+
+
+def test_cache_flags() -> None:
+    from mlxspec.cli import parse_config
+    from mlxspec.config import ServeConfig
+
+    cfg = parse_config(
+        ["serve", "--prompt-cache-bytes", "512M", "--ssd-cache", "/x", "--ssd-cache-bytes", "2G"]
+    )
+    assert (cfg.prompt_cache_bytes, cfg.ssd_cache, cfg.ssd_cache_bytes) == (
+        512 << 20,
+        "/x",
+        2 << 30,
+    )
+    assert parse_config(["serve", "--prompt-cache-bytes", "0"]).prompt_cache_bytes == 0
+    assert parse_config(["serve", "--prompt-cache-bytes", "1024"]).prompt_cache_bytes == 1024
+    assert ServeConfig().prompt_cache_bytes == 1 << 30 and ServeConfig().ssd_cache is None
+
+
+@pytest.mark.parametrize("size", ["lots", "-1", "1X"])
+def test_bad_cache_size_exits_2(size: str) -> None:
+    from mlxspec.cli import parse_config
+
+    with pytest.raises(SystemExit) as err:
+        parse_config(["serve", "--prompt-cache-bytes", size])
+    assert err.value.code == 2
+
+
+def test_unusable_ssd_cache_dir_exits_2(tmp_path, capsys) -> None:
+    """Refused before the model load, with a one-line reason."""
+    from mlxspec.cli import serve
+    from mlxspec.config import ServeConfig
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    config = ServeConfig(port=free_port(), ssd_cache=str(blocker / "ssd"))
+    assert serve(config) == 2
+    assert capsys.readouterr().err == (
+        f"mlxspec: error: cannot use --ssd-cache {blocker / 'ssd'}: Not a directory\n"
+    )

@@ -191,6 +191,8 @@ class Engine:
         ssd = None
         if ssd_cache is not None and prompt_cache_bytes > 0:
             ssd = SsdCache(ssd_cache, ssd_cache_bytes)
+        elif ssd_cache is not None:
+            log.warning("the prompt cache is off (budget 0): --ssd-cache is not used")
         cache = PromptCache(prompt_cache_bytes, ssd)
         return cls(model, tokenizer, info, defaults, max_batch=max_batch, prompt_cache=cache)
 
