@@ -257,3 +257,15 @@ def test_flush_without_ssd_tier_is_durable_and_empty() -> None:
     report = PromptCache(1).flush(1)
     assert report == SsdCache.empty_flush_report()
     assert (report["durable"], report["entries"]) == (True, 0)
+
+
+def test_ssd_disk_budget_keeps_the_newest_snapshot(tiny_engine, tmp_path) -> None:
+    ssd = SsdCache(tmp_path / "ssd", max_bytes=1)  # room for less than one snapshot
+    cache = PromptCache(1 << 30, ssd)
+    run_into(tiny_engine, cache, "aaaa bbbb")
+    assert cache.flush(30)["entries"] == 1
+    run_into(tiny_engine, cache, "cccc dddd")
+    assert cache.flush(30)["entries"] == 1  # the newest always stays
+    (path,) = list(ssd.directory.iterdir())
+    assert read_snapshot_header(path)[1] == tuple(tiny_engine.text_prompt("cccc dddd"))
+    assert SsdCache(ssd.directory).stats()["entries"] == 1  # the index rebuilt from disk

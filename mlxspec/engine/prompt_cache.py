@@ -176,6 +176,8 @@ class PromptCache:
         self, namespace: CacheNamespace, prompt: Sequence[int], session: str | None
     ) -> tuple[Key | None, int]:
         """The entry covering the most of ``prompt`` and how many tokens it covers."""
+        from mlx_lm.models.cache import can_trim_prompt_cache
+
         if session is not None:
             key = self._sessions.get(session)
             if key is not None and key in self._entries and key[0] == namespace:
@@ -191,7 +193,10 @@ class PromptCache:
         if found.shorter is not None:
             best = ((namespace, tuple(found.shorter)), len(found.shorter))
         if found.longer is not None and found.common_prefix > best[1]:
-            best = ((namespace, tuple(found.longer)), found.common_prefix)
+            longer = (namespace, tuple(found.longer))
+            # a longer entry serves only trimmed back, which some caches cannot be
+            if can_trim_prompt_cache(self._entries[longer].cache):
+                best = (longer, found.common_prefix)
         return best
 
     def _private_copy(

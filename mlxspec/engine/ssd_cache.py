@@ -23,6 +23,7 @@ import struct
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -108,10 +109,16 @@ class SsdCache:
 
     # Engine thread.
     def enqueue(self, namespace: tuple, tokens: tuple[int, ...], cache: list[Any]) -> None:
-        """Schedule ``cache`` (holding ``tokens``, evaluated) for writing.
+        """Schedule a snapshot for the writer thread (engine thread).
 
         A pending snapshot that is a prefix of this one is superseded, and one
-        already on disk is not written again.
+        already on disk is not written again; beyond :data:`MAX_PENDING` the
+        oldest pending snapshot is dropped (``dropped_spills``).
+
+        Args:
+            namespace (tuple): the cache namespace.
+            tokens (tuple[int, ...]): the token ids ``cache`` holds.
+            cache (list): per-layer mlx-lm caches, already evaluated.
         """
         key = (tuple(namespace), tokens)
         with self._cond:
@@ -127,13 +134,19 @@ class SsdCache:
             self._cond.notify_all()
 
     def restore(
-        self, namespace: tuple, prompt: Any, better_than: int
+        self, namespace: tuple, prompt: Sequence[int], better_than: int
     ) -> tuple[tuple[int, ...], list[Any]] | None:
         """Load the snapshot sharing the longest prefix with ``prompt``, if it
-        beats ``better_than`` tokens; ``None`` otherwise or if it is unreadable.
+        beats ``better_than`` tokens (engine thread: loading creates MLX arrays).
+
+        Args:
+            namespace (tuple): the request's cache namespace.
+            prompt (Sequence[int]): the prompt token ids.
+            better_than (int): tokens the RAM tier already covers.
 
         Returns:
-            tuple: ``(tokens, cache)``.
+            tuple | None: ``(tokens, cache)``, or ``None`` when no snapshot
+            beats ``better_than`` or the file cannot be read.
         """
         from mlx_lm.models.cache import load_prompt_cache
 
@@ -222,11 +235,6 @@ class SsdCache:
             total -= size
 
     # Any thread.
-    def is_durable(self, namespace: tuple, tokens: tuple[int, ...]) -> bool:
-        """True when this exact snapshot is on disk."""
-        with self._cond:
-            return (tuple(namespace), tokens) in self._index
-
     def flush(self, timeout: float) -> dict[str, Any]:
         """Retry failed snapshots and wait up to ``timeout`` seconds for every
         pending one to be written.
