@@ -10,7 +10,6 @@ or the engine, is rendered through :mod:`mlxspec.errors`.
 
 from __future__ import annotations
 
-import copy
 import logging
 from typing import Any
 
@@ -24,7 +23,7 @@ from starlette.types import Receive, Scope, Send
 
 from .engine import ContextLengthError, EngineRequestError
 from .errors import ApiError, error_json, surface_for_path
-from .openapi import load_spec
+from .openapi import served_spec
 from .validation import RequestBodyValidator, ResponseBodyValidator, enable_openapi_31
 
 log = logging.getLogger("mlxspec.app")
@@ -137,8 +136,9 @@ def create_app(engine: Any, config: Any = None, *, validate_responses: bool = Fa
     """
     enable_openapi_31()
     app = connexion.AsyncApp("mlxspec")
+    logprobs_format = getattr(config, "logprobs_format", "mlx")
     app.add_api(
-        copy.deepcopy(load_spec()),
+        served_spec(logprobs_format),
         resolver=SnakeCaseResolver(),
         validator_map={
             "body": MediaTypeDict({"*/*json": RequestBodyValidator}),

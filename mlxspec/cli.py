@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
 from .config import ServeConfig
 
 EXIT_MODEL_ERROR = 2
+LOGPROBS_FORMATS = ("mlx", "openai")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -43,6 +45,13 @@ def _parser() -> argparse.ArgumentParser:
         help="most requests decoding at once (continuous batching); 1 = serial (default 8)",
     )
     serve.add_argument(
+        "--logprobs-format",
+        choices=LOGPROBS_FORMATS,
+        default=None,
+        help="logprobs shape: 'mlx' (mlx_lm.server's block, the default) or 'openai' "
+        "(OpenAI's token/bytes shape, also in stream chunks); env MLXSPEC_LOGPROBS_FORMAT",
+    )
+    serve.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"]
     )
     return parser
@@ -63,8 +72,15 @@ def _positive_int(text: str) -> int:
 
 
 def parse_config(argv: Sequence[str] | None = None) -> ServeConfig:
-    """Parse ``serve`` arguments into a :class:`ServeConfig` (argparse exits 2 on bad flags)."""
-    args = _parser().parse_args(argv)
+    """Parse ``serve`` arguments into a :class:`ServeConfig` (argparse exits 2 on bad flags).
+
+    ``--logprobs-format`` falls back to ``MLXSPEC_LOGPROBS_FORMAT``, then ``mlx``.
+    """
+    parser = _parser()
+    args = parser.parse_args(argv)
+    logprobs_format = args.logprobs_format or os.environ.get("MLXSPEC_LOGPROBS_FORMAT") or "mlx"
+    if logprobs_format not in LOGPROBS_FORMATS:
+        parser.error(f"MLXSPEC_LOGPROBS_FORMAT must be one of {', '.join(LOGPROBS_FORMATS)}")
     return ServeConfig(
         model=args.model,
         host=args.host,
@@ -75,6 +91,7 @@ def parse_config(argv: Sequence[str] | None = None) -> ServeConfig:
         top_k=args.top_k,
         log_level=args.log_level,
         batch=args.batch,
+        logprobs_format=logprobs_format,
     )
 
 

@@ -25,6 +25,9 @@ class ServeConfig:
             ``1`` runs requests one at a time. Default: ``8``.
         validate_responses (bool): check every JSON response against the
             OpenAPI document (for tests and CI). Default: ``False``.
+        logprobs_format (str): ``"mlx"`` for mlx_lm.server's logprobs block
+            (parity), ``"openai"`` for OpenAI's shapes (``token``/``bytes``,
+            ``top_logprobs`` up to 20, logprobs in stream chunks). Default: ``"mlx"``.
     """
 
     model: str | None = None
@@ -37,3 +40,4 @@ class ServeConfig:
     log_level: str = "info"
     batch: int = 8
     validate_responses: bool = False
+    logprobs_format: str = "mlx"

@@ -6,9 +6,13 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from mlxspec import sse
+from mlxspec.engine import Engine, Finished
 
-from .common import JSON, SYSTEM_FINGERPRINT, choice_logprobs, current_engine, new_id, now, usage
+from .choices import choice_count, choices_usage, gather_choices, merge, submit_rest
+from .common import JSON, SYSTEM_FINGERPRINT, current_engine, new_id, now
+from .logprobs import chat_chunk_logprobs, chat_logprobs, current_format
 from .turns import (
+    ChatTurn,
     ReasoningDelta,
     TextDelta,
     ToolCall,
@@ -23,38 +27,56 @@ from .turns import (
 
 
 async def create_chat_completion(body: dict[str, Any]) -> Any:
-    """Template the messages, generate, and answer as JSON or an SSE stream."""
+    """Template the messages, generate ``n`` choices, answer as JSON or an SSE stream."""
     engine = current_engine()
-    turn = open_turn(engine, body)
+    turns = open_turns(engine, body)
+    fmt = current_format()
     head = {
         "id": new_id("chatcmpl"),
         "created": now(),
         "model": engine.info.id,
         "system_fingerprint": SYSTEM_FINGERPRINT,
     }
+    handles = [t.handle for t in turns]
     if body.get("stream"):
-        frames = sse.openai_events(_chunks(turn, head), on_close=turn.handle.cancel)
+
+        def cancel_all() -> None:
+            for handle in handles:
+                handle.cancel()
+
+        frames = sse.openai_events(_chunks(turns, head, fmt), on_close=cancel_all)
         return sse.event_stream(frames)
-    result = await collect_turn(turn)
-    assert result.finished is not None
+    results = await gather_choices([collect_turn(t) for t in turns], handles)
+    choices = [_choice(i, t, r, fmt) for i, (t, r) in enumerate(zip(turns, results, strict=True))]
+    finished = [r.finished for r in results if r.finished is not None]
+    body_out = {
+        **head,
+        "object": "chat.completion",
+        "choices": choices,
+        "usage": choices_usage(finished),
+    }
+    return body_out, 200, JSON
+
+
+def open_turns(engine: Engine, body: dict[str, Any]) -> list[Turn]:
+    """Template once and submit the body's ``n`` choices (see :mod:`.choices`)."""
+    first = open_turn(engine, body)
+    rest = submit_rest(engine, first.request, choice_count(body), "messages")
+    return [first, *(Turn(request, handle, first.options) for request, handle in rest)]
+
+
+def _choice(index: int, turn: Turn, result: ChatTurn, fmt: str) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": result.content}
     if result.reasoning is not None:
         message["reasoning"] = result.reasoning
     if result.tool_calls:
         message["tool_calls"] = [_tool_call(call) for call in result.tool_calls]
-    choice: dict[str, Any] = {
-        "index": 0,
+    return {
+        "index": index,
         "message": message,
-        "logprobs": choice_logprobs(turn.request, result.logprobs),
+        "logprobs": chat_logprobs(turn.request, result.logprobs, fmt),
         "finish_reason": result.finish_reason,
     }
-    body_out = {
-        **head,
-        "object": "chat.completion",
-        "choices": [choice],
-        "usage": usage(result.finished),
-    }
-    return body_out, 200, JSON
 
 
 def _tool_call(call: ToolCall) -> dict[str, Any]:
@@ -65,27 +87,46 @@ def _tool_call(call: ToolCall) -> dict[str, Any]:
     }
 
 
-async def _chunks(turn: Turn, head: dict[str, Any]) -> AsyncIterator[dict]:
-    """``chat.completion.chunk`` payloads: role delta, content / reasoning /
-    tool-call deltas, final chunk with finish_reason and usage."""
+async def _chunks(turns: list[Turn], head: dict[str, Any], fmt: str) -> AsyncIterator[dict]:
+    """``chat.completion.chunk`` payloads of every choice, interleaved as they
+    come; the chunk that finishes the last choice carries ``usage`` (all choices)."""
+    finished: list[Finished | None] = [None] * len(turns)
+    streams = [_choice_chunks(turn, i, fmt) for i, turn in enumerate(turns)]
+    async for index, (choice, end) in merge(streams):
+        extra: dict[str, Any] = {}
+        if end is not None:
+            finished[index] = end
+            if all(f is not None for f in finished):
+                extra["usage"] = choices_usage([f for f in finished if f is not None])
+        yield {**head, "object": "chat.completion.chunk", "choices": [choice], **extra}
 
-    def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> dict:
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-        return {**head, "object": "chat.completion.chunk", "choices": [choice], **extra}
 
-    yield chunk({"role": "assistant", "content": ""})
+async def _choice_chunks(
+    turn: Turn, index: int, fmt: str
+) -> AsyncIterator[tuple[dict[str, Any], Finished | None]]:
+    """One choice's stream: ``(choice, Finished or None)`` pairs: role delta,
+    content / reasoning / tool-call deltas, then the finish_reason chunk.
+    In the ``openai`` logprobs format, deltas carry their tokens' logprobs."""
+
+    def choice(delta: dict[str, Any], finish: str | None = None, lps: Any = ()) -> dict:
+        logprobs = chat_chunk_logprobs(turn.request, lps, fmt)
+        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+
+    yield choice({"role": "assistant", "content": ""}), None
     async for event in turn_events(turn):
         if isinstance(event, TurnEnd):
-            yield chunk({}, event.finish_reason, usage=usage(event.finished))
+            yield choice({}, event.finish_reason), event.finished
         elif isinstance(event, TextDelta):
-            if event.text:
-                yield chunk({"content": event.text})
+            # Tokens whose text is held back (partial UTF-8, a possible stop
+            # string) still report their logprobs, under an empty content delta.
+            if event.text or chat_chunk_logprobs(turn.request, event.logprobs, fmt):
+                yield choice({"content": event.text}, lps=event.logprobs), None
         elif isinstance(event, ReasoningDelta):
-            yield chunk({"reasoning": event.text})
+            yield choice({"reasoning": event.text}, lps=event.logprobs), None
         elif isinstance(event, ToolCallStart):
             call = {"index": event.index, "id": event.id, "type": "function"}
             call["function"] = {"name": event.name, "arguments": ""}
-            yield chunk({"tool_calls": [call]})
+            yield choice({"tool_calls": [call]}), None
         elif isinstance(event, ToolCallArguments):
             fragment = {"index": event.index, "function": {"arguments": event.fragment}}
-            yield chunk({"tool_calls": [fragment]})
+            yield choice({"tool_calls": [fragment]}, lps=event.logprobs), None
