@@ -358,7 +358,10 @@ REJECTED = [
     ("logit_bias value string", CHAT, _chat(logit_bias={"42": "x"}), ["logit_bias", "42"]),
     ("stop number", CHAT, _chat(stop=5), ["stop"]),
     ("stop list of numbers", CHAT, _chat(stop=[5]), ["stop", 0]),
-    ("n 2", CHAT, _chat(n=2), ["n"]),
+    ("n 17", CHAT, _chat(n=17), ["n"]),
+    ("n 0", CHAT, _chat(n=0), ["n"]),
+    ("user without content", CHAT, {"messages": [{"role": "user"}]}, ["messages", 0]),
+    ("echo true", COMPLETION, {"prompt": "a", "echo": True}, ["echo"]),
     ("tool_choice unknown", CHAT, _chat(tool_choice="sometimes"), ["tool_choice"]),
     (
         "response_format unknown",
