@@ -110,6 +110,22 @@ def test_completion_top_logprobs_map_text_to_logprob() -> None:
     assert CompletionLogprobs(GenerationRequest(prompt=(1,)), "openai").whole([]) is None
 
 
+def test_format_flag_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mlxspec.cli import parse_config
+
+    monkeypatch.delenv("MLXSPEC_LOGPROBS_FORMAT", raising=False)
+    assert parse_config(["serve"]).logprobs_format == "mlx"
+    assert parse_config(["serve", "--logprobs-format", "openai"]).logprobs_format == "openai"
+    monkeypatch.setenv("MLXSPEC_LOGPROBS_FORMAT", "openai")
+    assert parse_config(["serve"]).logprobs_format == "openai"
+    assert parse_config(["serve", "--logprobs-format", "mlx"]).logprobs_format == "mlx"
+    for argv, env in ((["serve", "--logprobs-format", "vllm"], "mlx"), (["serve"], "json")):
+        monkeypatch.setenv("MLXSPEC_LOGPROBS_FORMAT", env)
+        with pytest.raises(SystemExit) as err:
+            parse_config(argv)
+        assert err.value.code == 2
+
+
 # --- the default: mlx_lm.server's block ----------------------------------------
 
 
