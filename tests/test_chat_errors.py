@@ -117,3 +117,20 @@ def test_tool_turn_without_content(client: httpx.Client) -> None:
 def test_assistant_turn_may_omit_content(client: httpx.Client) -> None:
     messages = [USER, {"role": "assistant"}, USER]
     assert client.post(CHAT, json={"messages": messages, "max_tokens": 1}).status_code == 200
+
+
+def test_prompt_build_failure(client: httpx.Client) -> None:
+    kwargs = {"chat_template": "{{ raise_exception('this template takes no user turns') }}"}
+    r = client.post(CHAT, json={"messages": [USER], "chat_template_kwargs": kwargs})
+    assert_error(r, "prompt build failed: this template takes no user turns", "messages")
+
+
+def test_prompt_over_the_context_window(client: httpx.Client, tiny_engine) -> None:
+    messages = [{"role": "user", "content": "hello " * 400}]
+    prompt = len(tiny_engine.chat_prompt(messages, None, None))
+    r = client.post(CHAT, json={"messages": messages})
+    message = (
+        f"This model's maximum context length is {tiny_engine.info.context_window} tokens, "
+        f"but the prompt has {prompt} tokens, leaving no room to generate."
+    )
+    assert_error(r, message, "messages", code="context_length_exceeded")

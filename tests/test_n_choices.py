@@ -4,6 +4,7 @@ and the completion fields that are refused rather than silently ignored."""
 from __future__ import annotations
 
 import json
+import time
 from collections import defaultdict
 
 import httpx
@@ -180,3 +181,26 @@ def test_neutral_values_of_unsupported_fields_are_accepted(client: httpx.Client)
     assert client.post(COMP, json=body).status_code == 200
     nulls = {"prompt": "hi", "max_tokens": 1, "best_of": None, "echo": None, "suffix": None}
     assert client.post(COMP, json=nulls).status_code == 200
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_disconnect_cancels_every_choice(tiny_server, tiny_engine, client, stream) -> None:
+    before = tiny_engine.counters["cancelled"]
+    body = {"messages": MESSAGES, "n": 3, "logit_bias": NO_EOS, "stream": stream}
+    if stream:
+        with (
+            httpx.Client(base_url=tiny_server.base, timeout=30) as c,
+            c.stream("POST", CHAT, json=body) as r,
+        ):
+            lines = r.iter_lines()
+            assert any(next(lines).startswith("data: ") for _ in range(4))
+    else:
+        with pytest.raises(httpx.ReadTimeout):  # runs to the context window unless cancelled
+            httpx.post(f"{tiny_server.base}{CHAT}", json=body, timeout=0.15)
+    deadline = time.monotonic() + 10
+    while tiny_engine.counters["cancelled"] < before + 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert tiny_engine.counters["cancelled"] == before + 3
+    assert (
+        client.post(CHAT, json={"messages": MESSAGES, "max_tokens": 2, "n": 2}).status_code == 200
+    )
