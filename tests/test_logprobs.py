@@ -220,7 +220,25 @@ def test_openai_limits(oclient: httpx.Client) -> None:
     assert len(ok.json()["choices"][0]["logprobs"]["content"][0]["top_logprobs"]) == 20
     r = oclient.post(CHAT, json={"messages": MESSAGES, "top_logprobs": 21})
     assert_error(r, "top_logprobs", "top_logprobs must be at most 20")
-    r = oclient.post(COMP, json={"prompt": "hi", "logprobs": 2})
+    r = oclient.post(CHAT, json={"messages": MESSAGES, "logprobs": 2})
+    assert_error(r, "logprobs", "logprobs must be of type bool")
+    r = oclient.post(COMP, json={"prompt": "hi", "logprobs": 6})
+    assert_error(r, "logprobs", "logprobs must be at most 5")
+    r = oclient.post(COMP, json={"prompt": "hi", "logprobs": "2"})
+    assert_error(r, "logprobs", "logprobs must be of type bool or int")
+
+
+def test_openai_legacy_integer_logprobs_on_completions(sdk: openai.OpenAI, client) -> None:
+    fixed = {"model": "any", "prompt": "hello", "max_tokens": 3, "logit_bias": NO_EOS}
+    lp = sdk.completions.create(logprobs=3, **fixed).choices[0].logprobs
+    assert [len(top) for top in lp.top_logprobs] == [3, 3, 3]
+    zero = sdk.completions.create(logprobs=0, **fixed).choices[0].logprobs
+    assert zero.tokens == lp.tokens and zero.top_logprobs is None
+    # An explicit top_logprobs wins over the legacy integer.
+    both = sdk.completions.create(logprobs=3, extra_body={"top_logprobs": 1}, **fixed)
+    assert [len(top) for top in both.choices[0].logprobs.top_logprobs] == [1, 1, 1]
+    # The mlx format keeps mlx-lm's boolean.
+    r = client.post(COMP, json={"prompt": "hi", "logprobs": 2})
     assert_error(r, "logprobs", "logprobs must be of type bool")
 
 

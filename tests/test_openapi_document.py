@@ -227,9 +227,10 @@ def test_extensions_are_marked() -> None:
         assert shared[field].get("x-mlxspec-extension") is True, field
     chat = schemas["CreateChatCompletionRequest"]["allOf"][1]["properties"]
     assert chat["chat_template_kwargs"]["x-mlxspec-extension"] is True
-    openai_fields = ["temperature", "top_p", "max_tokens", "stop", "seed", "logprobs", "n"]
+    openai_fields = ["temperature", "top_p", "max_tokens", "stop", "seed", "n"]
     for field in openai_fields:
         assert "x-mlxspec-extension" not in shared[field], field
+    assert "x-mlxspec-extension" not in chat["logprobs"]
 
 
 def test_stream_schemas_follow_the_conventions() -> None:
