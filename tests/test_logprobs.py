@@ -330,6 +330,21 @@ def test_openai_completion_legacy_shape_through_the_sdk(sdk: openai.OpenAI) -> N
     assert "".join(c.choices[0].text for c in chunks) == r.choices[0].text
 
 
+def test_eos_entry_only_in_the_mlx_block(client: httpx.Client, sdk: openai.OpenAI) -> None:
+    stop_now = {str(EOS): 100}  # the first token is EOS
+    body = {"prompt": "hi", "max_tokens": 3, "logprobs": True, "logit_bias": stop_now}
+    mlx = client.post(COMP, json=body).json()
+    assert [e["id"] for e in mlx["choices"][0]["logprobs"]["content"]] == [EOS]
+    assert mlx["usage"]["completion_tokens"] == 1
+    fixed = {"model": "any", "max_tokens": 3, "logprobs": True, "logit_bias": stop_now}
+    chat = sdk.chat.completions.create(messages=MESSAGES, **fixed)
+    assert chat.choices[0].finish_reason == "stop" and chat.choices[0].logprobs.content == []
+    legacy = sdk.completions.create(prompt="hi", **fixed).choices[0].logprobs
+    assert (legacy.tokens, legacy.text_offset) == ([], [])
+    chunks = list(sdk.chat.completions.create(messages=MESSAGES, stream=True, **fixed))
+    assert all(c.choices[0].logprobs is None for c in chunks if c.choices)
+
+
 def test_openai_format_not_requested_is_null(oclient: httpx.Client) -> None:
     r = oclient.post(COMP, json={"prompt": "hi", "max_tokens": 2, "stream": True})
     chunks = [json.loads(d) for d in sse_data(r)[:-1]]

@@ -9,6 +9,7 @@ text and emits :class:`~.types.Delta` / :class:`~.types.Finished`.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from .stops import StopMatcher
@@ -150,7 +151,7 @@ class Row:
             lps = (token_logprob(self._tokenizer, token, logprobs, k, self._detok),)
         if token in self._eos:
             if lps:
-                self.handle.emit(Delta("", (token,), lps))
+                self.handle.emit(Delta("", (token,), (replace(lps[0], eos=True),)))
             self._finish("stop", flush=True)
             return True
         self._detok.add_token(token)

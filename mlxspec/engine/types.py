@@ -145,12 +145,15 @@ class TokenLogprob:
             empty unless ``top_logprobs`` was requested.
         token_bytes (bytes): the bytes the generated token decodes to (possibly
             a partial UTF-8 sequence). Default: ``b""``.
+        eos (bool): the token ended the generation (an EOS token, counted in
+            ``completion_tokens`` but never part of the text). Default: ``False``.
     """
 
     id: int
     logprob: float
     top: tuple[TopLogprob, ...] = ()
     token_bytes: bytes = b""
+    eos: bool = False
 
 
 @dataclass(frozen=True)

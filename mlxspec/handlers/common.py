@@ -263,13 +263,6 @@ def usage(finished: Finished) -> dict[str, Any]:
     }
 
 
-def choice_logprobs(request: GenerationRequest, entries: list[TokenLogprob]) -> dict | None:
-    """A choice's ``logprobs``: mlx-lm's block when the request asked for it, else ``None``."""
-    if request.logprobs or request.top_logprobs:
-        return logprobs_block(entries, request.top_logprobs)
-    return None
-
-
 def logprobs_block(entries: list[TokenLogprob], top_logprobs: int) -> dict[str, Any]:
     """mlx_lm.server's logprobs block (``generate_response``).
 
