@@ -204,3 +204,42 @@ def test_disconnect_cancels_every_choice(tiny_server, tiny_engine, client, strea
     assert (
         client.post(CHAT, json={"messages": MESSAGES, "max_tokens": 2, "n": 2}).status_code == 200
     )
+
+
+def test_merge_interleaves_and_stops_every_stream_on_an_error() -> None:
+    import asyncio
+
+    from mlxspec.handlers.choices import merge
+
+    stopped: list[int] = []
+
+    async def numbers(index: int, count: int, fail: bool = False):
+        try:
+            for i in range(count):
+                await asyncio.sleep(0.001 * (index + 1))
+                yield i
+            if fail:
+                raise ValueError("boom")
+            await asyncio.sleep(10)  # a slow stream, still running when another fails
+        finally:
+            stopped.append(index)
+
+    async def run(streams) -> list:
+        return [item async for item in merge(streams)]
+
+    async def failing() -> list[int]:
+        with pytest.raises(ValueError, match="boom"):
+            await run([numbers(0, 3, fail=True), numbers(1, 2)])
+        await asyncio.sleep(0.05)  # far less than the slow stream's 10 s
+        return sorted(stopped)
+
+    assert asyncio.run(failing()) == [0, 1]
+
+    async def finite(index: int, count: int):
+        for i in range(count):
+            await asyncio.sleep(0)
+            yield f"{index}:{i}"
+
+    items = asyncio.run(run([finite(0, 3), finite(1, 2)]))
+    assert sorted(items) == [(0, "0:0"), (0, "0:1"), (0, "0:2"), (1, "1:0"), (1, "1:1")]
+    assert [i for i in items if i[0] == 0] == [(0, "0:0"), (0, "0:1"), (0, "0:2")]
