@@ -126,6 +126,40 @@ def test_format_flag_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         assert err.value.code == 2
 
 
+class FakeVocab:
+    """A tokenizer stand-in with a fixed vocabulary of raw pieces."""
+
+    def __init__(self, pieces: list[str]) -> None:
+        self.pieces = pieces
+
+    def __len__(self) -> int:
+        return len(self.pieces)
+
+    def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
+        return [self.pieces[i] for i in ids]
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(self.pieces[i] for i in ids).replace("|", "")
+
+
+def test_piece_bytes_per_tokenizer_family() -> None:
+    from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, SPMStreamingDetokenizer
+
+    from mlxspec.engine.rows import piece_bytes
+
+    spm = FakeVocab(["\u2581Hello", "<0xE4>", "world", "<s>"])
+    detok = SPMStreamingDetokenizer(spm)
+    got = [piece_bytes(detok, spm, i, p) for i, p in enumerate(spm.pieces)]
+    assert got == [b" Hello", b"\xe4", b"world", b"<s>"]
+    bpe = FakeVocab(["\u0120hello", "\u00c3", "<|im_end|>"])  # GPT-2 byte-level pieces
+    detok = BPEStreamingDetokenizer(bpe)
+    got = [piece_bytes(detok, bpe, i, p) for i, p in enumerate(bpe.pieces)]
+    assert got == [b" hello", b"\xc3", b"<|im_end|>"]
+    assert piece_bytes(detok, bpe, 9, None) == b""  # past the vocabulary
+    naive = FakeVocab(["a|b"])
+    assert piece_bytes(object(), naive, 0, "a|b") == b"ab"  # any other detokenizer: decode
+
+
 # --- the default: mlx_lm.server's block ----------------------------------------
 
 
