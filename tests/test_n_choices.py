@@ -243,3 +243,12 @@ def test_merge_interleaves_and_stops_every_stream_on_an_error() -> None:
     items = asyncio.run(run([finite(0, 3), finite(1, 2)]))
     assert sorted(items) == [(0, "0:0"), (0, "0:1"), (0, "0:2"), (1, "1:0"), (1, "1:1")]
     assert [i for i in items if i[0] == 0] == [(0, "0:0"), (0, "0:1"), (0, "0:2")]
+
+
+def test_fuzz_hooks_keep_n_small() -> None:
+    from mlxspec.conformance.hooks import cap_choices, cheap_generation_body
+
+    assert cap_choices({"n": 16, "prompt": "a"}) == {"n": 2, "prompt": "a"}
+    for body in ({"n": 2}, {"n": 0}, {"n": "9"}, {"n": None}, {}, [1]):
+        assert cap_choices(body) is body
+    assert cheap_generation_body({"prompt": "a", "n": 9})["n"] == 2
