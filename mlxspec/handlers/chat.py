@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 from mlxspec import sse
-from mlxspec.engine import Engine, Finished
+from mlxspec.engine import Engine
 
-from .choices import choice_count, choices_usage, gather_choices, merge, submit_rest
+from .choices import (
+    ChoiceStream,
+    cancel_all,
+    choice_count,
+    choices_usage,
+    gather_choices,
+    stream_chunks,
+    submit_choices,
+)
 from .common import JSON, SYSTEM_FINGERPRINT, current_engine, new_id, now
 from .logprobs import chat_chunk_logprobs, chat_logprobs, current_format
 from .turns import (
@@ -39,13 +46,11 @@ async def create_chat_completion(body: dict[str, Any]) -> Any:
     }
     handles = [t.handle for t in turns]
     if body.get("stream"):
-
-        def cancel_all() -> None:
-            for handle in handles:
-                handle.cancel()
-
-        frames = sse.openai_events(_chunks(turns, head, fmt), on_close=cancel_all)
-        return sse.event_stream(frames)
+        streams = [_choice_chunks(turn, i, fmt) for i, turn in enumerate(turns)]
+        chunks = stream_chunks(
+            streams, lambda choice: {**head, "object": "chat.completion.chunk", "choices": [choice]}
+        )
+        return sse.event_stream(sse.openai_events(chunks, on_close=cancel_all(handles)))
     results = await gather_choices([collect_turn(t) for t in turns], handles)
     choices = [_choice(i, t, r, fmt) for i, (t, r) in enumerate(zip(turns, results, strict=True))]
     finished = [r.finished for r in results if r.finished is not None]
@@ -61,8 +66,8 @@ async def create_chat_completion(body: dict[str, Any]) -> Any:
 def open_turns(engine: Engine, body: dict[str, Any]) -> list[Turn]:
     """Template once and submit the body's ``n`` choices (see :mod:`.choices`)."""
     first = open_turn(engine, body)
-    rest = submit_rest(engine, first.request, choice_count(body), "messages")
-    return [first, *(Turn(request, handle, first.options) for request, handle in rest)]
+    runs = submit_choices(engine, first.request, first.handle, choice_count(body), "messages")
+    return [Turn(request, handle, first.options) for request, handle in runs]
 
 
 def _choice(index: int, turn: Turn, result: ChatTurn, fmt: str) -> dict[str, Any]:
@@ -87,23 +92,7 @@ def _tool_call(call: ToolCall) -> dict[str, Any]:
     }
 
 
-async def _chunks(turns: list[Turn], head: dict[str, Any], fmt: str) -> AsyncIterator[dict]:
-    """``chat.completion.chunk`` payloads of every choice, interleaved as they
-    come; the chunk that finishes the last choice carries ``usage`` (all choices)."""
-    finished: list[Finished | None] = [None] * len(turns)
-    streams = [_choice_chunks(turn, i, fmt) for i, turn in enumerate(turns)]
-    async for index, (choice, end) in merge(streams):
-        extra: dict[str, Any] = {}
-        if end is not None:
-            finished[index] = end
-            if all(f is not None for f in finished):
-                extra["usage"] = choices_usage([f for f in finished if f is not None])
-        yield {**head, "object": "chat.completion.chunk", "choices": [choice], **extra}
-
-
-async def _choice_chunks(
-    turn: Turn, index: int, fmt: str
-) -> AsyncIterator[tuple[dict[str, Any], Finished | None]]:
+async def _choice_chunks(turn: Turn, index: int, fmt: str) -> ChoiceStream:
     """One choice's stream: ``(choice, Finished or None)`` pairs: role delta,
     content / reasoning / tool-call deltas, then the finish_reason chunk.
     In the ``openai`` logprobs format, deltas carry their tokens' logprobs."""

@@ -11,7 +11,7 @@ gives n identical choices, as it should.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -40,25 +40,30 @@ def choice_request(request: GenerationRequest, index: int) -> GenerationRequest:
     return replace(request, sampling=sampling)
 
 
-def submit_rest(
-    engine: Engine, first: GenerationRequest, n: int, prompt_param: str
+def submit_choices(
+    engine: Engine,
+    first: GenerationRequest,
+    first_handle: RequestHandle,
+    n: int,
+    prompt_param: str,
 ) -> list[tuple[GenerationRequest, RequestHandle]]:
-    """Submit choices 1..n-1 (choice 0 is already submitted).
+    """Submit choices 1..n-1 next to choice 0, which the caller already submitted.
 
     Args:
         engine (Engine): the serving engine.
         first (GenerationRequest): choice 0's request.
+        first_handle (RequestHandle): choice 0's handle.
         n (int): the number of choices.
         prompt_param (str): the request field named in prompt errors.
 
     Returns:
-        list: ``(request, handle)`` of choices 1..n-1, in order.
+        list: ``(request, handle)`` of every choice, in index order.
 
     Raises:
-        ContextLengthError: as ``Engine.submit``; handles already submitted
-            by this call are cancelled first.
+        ContextLengthError: as ``Engine.submit``; every handle submitted so
+            far, choice 0's included, is cancelled first.
     """
-    out: list[tuple[GenerationRequest, RequestHandle]] = []
+    out = [(first, first_handle)]
     try:
         for index in range(1, n):
             request = choice_request(first, index)
@@ -125,6 +130,45 @@ async def merge(streams: Sequence[AsyncIterator[T]]) -> AsyncIterator[tuple[int,
     finally:
         for task in tasks:
             task.cancel()
+
+
+def cancel_all(handles: Sequence[RequestHandle]) -> Callable[[], None]:
+    """A callback cancelling every choice's engine request (a stream's ``on_close``)."""
+
+    def cancel() -> None:
+        for handle in handles:
+            handle.cancel()
+
+    return cancel
+
+
+#: One choice's stream: ``(choice object, Finished or None)`` pairs; the
+#: ``Finished`` rides the pair holding that choice's finish_reason.
+ChoiceStream = AsyncIterator[tuple[dict[str, Any], Finished | None]]
+
+
+async def stream_chunks(
+    streams: Sequence[ChoiceStream], chunk: Callable[[dict[str, Any]], dict[str, Any]]
+) -> AsyncIterator[dict[str, Any]]:
+    """The chunks of a streamed response with ``n`` choices.
+
+    Args:
+        streams (Sequence[ChoiceStream]): one per choice, in index order.
+        chunk (Callable): wraps one choice object into a chunk (``id``, ``object``, ...).
+
+    Yields:
+        dict: one chunk per choice object, interleaved as they arrive; the chunk
+        that finishes the last choice also carries ``usage`` over all choices.
+    """
+    finished: list[Finished | None] = [None] * len(streams)
+    async for index, (choice, end) in merge(streams):
+        out = chunk(choice)
+        if end is not None:
+            finished[index] = end
+            done = [f for f in finished if f is not None]
+            if len(done) == len(finished):
+                out["usage"] = choices_usage(done)
+        yield out
 
 
 def choices_usage(finished: Sequence[Finished]) -> dict[str, Any]:

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 from mlxspec import sse
 from mlxspec.engine import Finished, GenerationRequest, RequestHandle
 
-from .choices import choice_count, choices_usage, gather_choices, merge, submit_rest
+from .choices import (
+    ChoiceStream,
+    cancel_all,
+    choice_count,
+    choices_usage,
+    gather_choices,
+    stream_chunks,
+    submit_choices,
+)
 from .common import (
     JSON,
     SYSTEM_FINGERPRINT,
@@ -27,8 +34,8 @@ async def create_completion(body: dict[str, Any]) -> Any:
     engine = current_engine()
     prompt = engine.text_prompt(body["prompt"])
     first = to_generation_request(body, prompt, engine.defaults, engine.info)
-    runs = [(first, engine.submit(first, prompt_param="prompt"))]
-    runs += submit_rest(engine, first, choice_count(body), "prompt")
+    handle = engine.submit(first, prompt_param="prompt")
+    runs = submit_choices(engine, first, handle, choice_count(body), "prompt")
     handles = [handle for _, handle in runs]
     fmt = current_format()
     head = {
@@ -39,13 +46,9 @@ async def create_completion(body: dict[str, Any]) -> Any:
         "system_fingerprint": SYSTEM_FINGERPRINT,
     }
     if body.get("stream"):
-
-        def cancel_all() -> None:
-            for handle in handles:
-                handle.cancel()
-
-        frames = sse.openai_events(_chunks(runs, head, fmt), on_close=cancel_all)
-        return sse.event_stream(frames)
+        streams = [_choice_chunks(req, handle, i, fmt) for i, (req, handle) in enumerate(runs)]
+        chunks = stream_chunks(streams, lambda choice: {**head, "choices": [choice]})
+        return sse.event_stream(sse.openai_events(chunks, on_close=cancel_all(handles)))
     results = await gather_choices([collect(h) for h in handles], handles)
     choices = []
     for index, ((request, _), result) in enumerate(zip(runs, results, strict=True)):
@@ -62,25 +65,9 @@ async def create_completion(body: dict[str, Any]) -> Any:
     return {**head, "choices": choices, "usage": choices_usage(finished)}, 200, JSON
 
 
-async def _chunks(
-    runs: list[tuple[GenerationRequest, RequestHandle]], head: dict[str, Any], fmt: str
-) -> AsyncIterator[dict]:
-    """``text_completion`` chunks of every choice, interleaved as they come;
-    the chunk that finishes the last choice carries ``usage`` (all choices)."""
-    finished: list[Finished | None] = [None] * len(runs)
-    streams = [_choice_chunks(request, handle, i, fmt) for i, (request, handle) in enumerate(runs)]
-    async for index, (choice, end) in merge(streams):
-        extra: dict[str, Any] = {}
-        if end is not None:
-            finished[index] = end
-            if all(f is not None for f in finished):
-                extra["usage"] = choices_usage([f for f in finished if f is not None])
-        yield {**head, "choices": [choice], **extra}
-
-
 async def _choice_chunks(
     request: GenerationRequest, handle: RequestHandle, index: int, fmt: str
-) -> AsyncIterator[tuple[dict[str, Any], Finished | None]]:
+) -> ChoiceStream:
     """One choice's ``(choice, Finished or None)`` pairs: text deltas (with
     their tokens' logprobs in the ``openai`` format), then the finish_reason."""
     logprobs = CompletionLogprobs(request, fmt)
