@@ -16,6 +16,7 @@ from pathlib import Path
 from .config import ServeConfig
 
 EXIT_MODEL_ERROR = 2
+LOGPROBS_FORMATS = ("mlx", "openai")
 
 #: On SIGINT/SIGTERM, how long in-flight requests may run before they are
 #: cancelled, seconds (the reference's shutdown default).
@@ -56,6 +57,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     _admission_flags(serve)
     _operations_flags(serve)
+    serve.add_argument(
+        "--logprobs-format",
+        choices=LOGPROBS_FORMATS,
+        default=None,
+        help="logprobs shape: 'mlx' (mlx_lm.server's block, the default) or 'openai' "
+        "(OpenAI's token/bytes shape, also in stream chunks); env MLXSPEC_LOGPROBS_FORMAT",
+    )
     serve.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"]
     )
@@ -175,8 +183,15 @@ def _origins(text: str) -> list[str]:
 
 
 def parse_config(argv: Sequence[str] | None = None) -> ServeConfig:
-    """Parse ``serve`` arguments into a :class:`ServeConfig` (argparse exits 2 on bad flags)."""
-    args = _parser().parse_args(argv)
+    """Parse ``serve`` arguments into a :class:`ServeConfig` (argparse exits 2 on bad flags).
+
+    ``--logprobs-format`` falls back to ``MLXSPEC_LOGPROBS_FORMAT``, then ``mlx``.
+    """
+    parser = _parser()
+    args = parser.parse_args(argv)
+    logprobs_format = args.logprobs_format or os.environ.get("MLXSPEC_LOGPROBS_FORMAT") or "mlx"
+    if logprobs_format not in LOGPROBS_FORMATS:
+        parser.error(f"MLXSPEC_LOGPROBS_FORMAT must be one of {', '.join(LOGPROBS_FORMATS)}")
     return ServeConfig(
         model=args.model,
         host=args.host,
@@ -195,6 +210,7 @@ def parse_config(argv: Sequence[str] | None = None) -> ServeConfig:
         prompt_cache_bytes=args.prompt_cache_bytes,
         ssd_cache=args.ssd_cache,
         ssd_cache_bytes=args.ssd_cache_bytes,
+        logprobs_format=logprobs_format,
     )
 
 

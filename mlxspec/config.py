@@ -44,6 +44,9 @@ class ServeConfig:
         ssd_cache (str | None): directory of the prompt cache's SSD tier;
             ``None`` is RAM only. Default: ``None``.
         ssd_cache_bytes (int): disk budget of the SSD tier. Default: 16 GiB.
+        logprobs_format (str): ``"mlx"`` for mlx_lm.server's logprobs block
+            (parity), ``"openai"`` for OpenAI's shapes (``token``/``bytes``,
+            ``top_logprobs`` up to 20, logprobs in stream chunks). Default: ``"mlx"``.
     """
 
     model: str | None = None
@@ -65,3 +68,4 @@ class ServeConfig:
     prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES
     ssd_cache: str | None = None
     ssd_cache_bytes: int = DEFAULT_SSD_CACHE_BYTES
+    logprobs_format: str = "mlx"

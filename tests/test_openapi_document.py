@@ -253,9 +253,10 @@ def test_extensions_are_marked() -> None:
         assert shared[field].get("x-mlxspec-extension") is True, field
     chat = schemas["CreateChatCompletionRequest"]["allOf"][1]["properties"]
     assert chat["chat_template_kwargs"]["x-mlxspec-extension"] is True
-    openai_fields = ["temperature", "top_p", "max_tokens", "stop", "seed", "logprobs", "n"]
+    openai_fields = ["temperature", "top_p", "max_tokens", "stop", "seed", "n"]
     for field in openai_fields:
         assert "x-mlxspec-extension" not in shared[field], field
+    assert "x-mlxspec-extension" not in chat["logprobs"]
 
 
 def test_stream_schemas_follow_the_conventions() -> None:
@@ -384,7 +385,10 @@ REJECTED = [
     ("logit_bias value string", CHAT, _chat(logit_bias={"42": "x"}), ["logit_bias", "42"]),
     ("stop number", CHAT, _chat(stop=5), ["stop"]),
     ("stop list of numbers", CHAT, _chat(stop=[5]), ["stop", 0]),
-    ("n 2", CHAT, _chat(n=2), ["n"]),
+    ("n 17", CHAT, _chat(n=17), ["n"]),
+    ("n 0", CHAT, _chat(n=0), ["n"]),
+    ("user without content", CHAT, {"messages": [{"role": "user"}]}, ["messages", 0]),
+    ("echo true", COMPLETION, {"prompt": "a", "echo": True}, ["echo"]),
     ("tool_choice unknown", CHAT, _chat(tool_choice="sometimes"), ["tool_choice"]),
     (
         "response_format unknown",
