@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import Receive, Scope, Send
 
 from .engine import ContextLengthError, EngineRequestError
-from .errors import ApiError, error_json, surface_for_path
+from .errors import ApiError, error_json, error_status, surface_for_path
 from .openapi import load_spec
 from .validation import RequestBodyValidator, ResponseBodyValidator, enable_openapi_31
 
@@ -55,7 +55,7 @@ def _render(err: ApiError, req: ConnexionRequest | None = None) -> ConnexionResp
     """``err`` as an HTTP response in the envelope of the request's surface."""
     surface = surface_for_path(req.url.path) if req is not None else "openai"
     return ConnexionResponse(
-        status_code=err.status,
+        status_code=error_status(err, surface),
         mimetype="application/json",
         headers=err.headers,
         body=error_json(err, surface),
