@@ -22,6 +22,8 @@ from typing import Any
 
 from .types import ContextLengthError, PromptError
 
+#: Texts embedded per engine-thread job; generation steps interleave between jobs.
+CHUNK = 16
 #: Files sentence-transformers writes next to a model it can load.
 _SENTENCE_TRANSFORMERS_FILES = ("config_sentence_transformers.json", "modules.json")
 
@@ -114,7 +116,11 @@ async def embed_texts(engine: Any, texts: Sequence[str], instruction: str | None
                 param=param,
             )
         prompts.append(tokens)
-    vectors = await engine.run_exclusive(partial(embed, engine.model, prompts))
+    vectors: list[list[float]] = []
+    for start in range(0, len(prompts), CHUNK):  # decode steps may run between chunks
+        vectors += await engine.run_exclusive(
+            partial(embed, engine.model, prompts[start : start + CHUNK])
+        )
     return Embeddings(tuple(tuple(v) for v in vectors), sum(len(p) for p in prompts))
 
 
