@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
+import time
 from functools import partial
 
 import httpx
@@ -284,6 +285,27 @@ def test_systemone_answers_keyed_by_name(client: httpx.Client) -> None:
     assert abs(sum(team["probabilities"].values()) - 1) < 1e-5
     assert team["choice"] == max(team["probabilities"], key=team["probabilities"].get)
     assert set(data["usage"]) == {"input_tokens", "output_tokens"}
+
+
+def test_client_leaving_a_queued_decision_skips_its_scoring(
+    client: httpx.Client, tiny_engine, monkeypatch
+) -> None:
+    calls: list[int] = []
+    real = scoring.loglikelihoods
+    monkeypatch.setattr(scoring, "loglikelihoods", lambda *a, **k: calls.append(1) or real(*a, **k))
+    gate = threading.Event()
+    blocker = threading.Thread(target=lambda: asyncio.run(tiny_engine.run_exclusive(gate.wait)))
+    blocker.start()  # the engine thread is now busy until the gate opens
+    try:
+        body = {"model": "m", "input": "x", "questions": [QUESTION]}
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{client.base_url}/v1/decisions", json=body, timeout=1.0)
+        time.sleep(0.5)  # the server notices the disconnect and cancels the queued job
+    finally:
+        gate.set()
+        blocker.join(10)
+    asyncio.run(tiny_engine.run_exclusive(lambda: None))  # everything queued before has run
+    assert calls == []
 
 
 OPENAI_ERRORS = [
