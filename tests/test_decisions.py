@@ -172,6 +172,35 @@ def test_systemone_state_json_and_asset_references() -> None:
     )
 
 
+def test_fuzz_hook_bounds_forward_requests_and_keeps_them_valid() -> None:
+    from mlxspec.conformance.hooks import cheap_forward_body
+
+    long = "z" * 500
+    many = [{"value": f"v{i}"} for i in range(50)]
+    body = {"model": "m", "input": long, "questions": [{**CHOICE, "choices": many}] * 9}
+    assert cheap_forward_body(body) == {
+        "model": "m",
+        "input": "z" * 64,
+        "questions": [{**CHOICE, "choices": many[:4]}] * 2,
+    }
+    asset = {"format": "png", "data_base64": "QUJD" * 40}
+    systemone = {
+        "state": long,
+        "assets": {f"a{i}": asset for i in range(6)},
+        "questions": {
+            f"q{i}": {"type": "choice", "criteria": dict.fromkeys("abcdef", long)} for i in range(3)
+        },
+    }
+    cheap = cheap_forward_body(systemone)
+    assert list(cheap["assets"]) == ["a0", "a1", "a2", "a3"]
+    assert cheap["assets"]["a0"] == asset  # base64 is never cut
+    assert list(cheap["questions"]) == ["q0", "q1"]
+    assert cheap["questions"]["q0"] == {
+        "type": "choice",
+        "criteria": dict.fromkeys("abcd", "z" * 64),
+    }
+
+
 # --- engine: log-likelihoods --------------------------------------------------
 
 
