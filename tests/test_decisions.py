@@ -245,6 +245,7 @@ def test_run_exclusive_result_error_and_cancel(tiny_engine) -> None:
         skipped = asyncio.ensure_future(tiny_engine.run_exclusive(lambda: ran.append(1)))
         await asyncio.sleep(0.05)
         skipped.cancel()  # still queued behind the blocker: it must never run
+        await asyncio.sleep(0.05)  # the loop passes the cancellation on to the job
         gate.set()
         assert await blocker is True
         assert await tiny_engine.run_exclusive(lambda: "after") == "after"

@@ -6,6 +6,7 @@ resolution (:mod:`.loader`), and the non-generative forward paths: decision
 scoring (:func:`score_answers`) and embeddings (:func:`embed_texts`).
 """
 
+from .admission import AdmissionLimits, BudgetTooSmallError, ContextBudgetError, QueueFullError
 from .embedding import Embeddings, embed_texts
 from .generator import Engine, RequestHandle
 from .sampling import GenerationDefaults
@@ -29,6 +30,10 @@ from .types import (
 )
 
 __all__ = [
+    "AdmissionLimits",
+    "BudgetTooSmallError",
+    "ContextBudgetError",
+    "QueueFullError",
     "Cancelled",
     "Constraint",
     "ContextLengthError",
