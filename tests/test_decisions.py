@@ -18,7 +18,7 @@ import httpx
 import mlx.core as mx
 import pytest
 
-from mlxspec.engine import scoring
+from mlxspec.engine import PromptError, scoring
 from mlxspec.engine.scoring import answer_ending, loglikelihoods, softmax
 from mlxspec.errors import ApiError
 from mlxspec.handlers.decision_wire import (
@@ -206,6 +206,37 @@ def test_fuzz_hook_bounds_forward_requests_and_keeps_them_valid() -> None:
 
 def test_answer_ending_is_chatml_end_of_turn(tiny_engine) -> None:
     assert answer_ending(tiny_engine.tokenizer) == "<|im_end|>"
+
+
+class FakeTokenizer:
+    """Just what ``answer_ending`` reads: a Jinja chat template and EOS ids."""
+
+    def __init__(self, template: str | None, eos: dict[int, str]) -> None:
+        self.chat_template, self._eos = template, eos
+        self.eos_token_ids, self.eos_token_id = set(eos), min(eos) if eos else None
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(self._eos[i] for i in ids)
+
+    def apply_chat_template(self, messages, add_generation_prompt, tokenize, **kwargs) -> str:
+        import jinja2
+
+        return jinja2.Template(self.chat_template).render(messages=messages, **kwargs)
+
+
+GLM_STYLE = "{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}{% endfor %}"
+DROPS_ANSWERS = (
+    "{% for m in messages %}{% if m.role == 'user' %}{{ m.content }}{% endif %}{% endfor %}"
+)
+
+
+def test_answer_ending_fallbacks() -> None:
+    # The answer is closed only by the next turn's header, which is an EOS token.
+    assert answer_ending(FakeTokenizer(GLM_STYLE, {5: "<|user|>"})) == "<|user|>"
+    # No template: the EOS token's text.
+    assert answer_ending(FakeTokenizer(None, {7: "</s>"})) == "</s>"
+    with pytest.raises(PromptError, match="keeps assistant answers"):
+        answer_ending(FakeTokenizer(DROPS_ANSWERS, {7: "</s>"}))
 
 
 @pytest.mark.parametrize("shared_prefix", [True, False])
