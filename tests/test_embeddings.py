@@ -81,6 +81,13 @@ def test_vectors_match_direct_forward(emb_client: httpx.Client, reference) -> No
     assert body["usage"] == {"prompt_tokens": tokens, "total_tokens": tokens}
 
 
+def test_models_row_says_embeddings(emb_client: httpx.Client, client: httpx.Client) -> None:
+    embedding = emb_client.get("/v1/models").json()["data"][0]["capabilities"]
+    chat = client.get("/v1/models").json()["data"][0]["capabilities"]
+    assert (embedding["embeddings"], chat["embeddings"]) == (True, False)
+    assert embedding["decisions"] is chat["decisions"] is True
+
+
 def test_instruction_uses_qwen3_query_format(emb_client: httpx.Client, reference) -> None:
     assert query_text("cats", "Find pets") == "Instruct: Find pets\nQuery:cats"
     r = emb_client.post("/v1/embeddings", json={"input": "cats", "instruction": "Find pets"})
