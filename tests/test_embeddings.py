@@ -141,6 +141,20 @@ def test_bad_input_is_400(emb_client: httpx.Client, body, param) -> None:
     }
 
 
+def test_input_longer_than_the_context_is_400(emb_client: httpx.Client) -> None:
+    r = emb_client.post("/v1/embeddings", json={"input": ["ok", "a" * 300]})
+    assert r.status_code == 400, r.text
+    assert r.json() == {
+        "error": {
+            "message": "This model's maximum context length is 128 tokens, "
+            "but the input has 300 tokens.",
+            "type": "invalid_request_error",
+            "param": "input[1]",
+            "code": "context_length_exceeded",
+        }
+    }
+
+
 def test_bad_encoding_format_is_400(emb_client: httpx.Client) -> None:
     r = emb_client.post("/v1/embeddings", json={"input": "x", "encoding_format": "int8"})
     assert r.status_code == 400, r.text

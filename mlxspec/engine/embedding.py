@@ -101,7 +101,8 @@ async def embed_texts(engine: Any, texts: Sequence[str], instruction: str | None
 
     Raises:
         PromptError: a text encodes to no tokens (``param`` is ``input[i]``).
-        ContextLengthError: a text exceeds the context window.
+        ContextLengthError: a text exceeds the context window (or the
+            operator's cap).
     """
     prompts = []
     for i, text in enumerate(texts):
@@ -109,9 +110,9 @@ async def embed_texts(engine: Any, texts: Sequence[str], instruction: str | None
         param = f"input[{i}]" if len(texts) > 1 else "input"
         if not tokens:
             raise PromptError("the input is empty after tokenization", param=param)
-        if len(tokens) > engine.info.context_window:
+        if len(tokens) > (limit := engine.admission.context_limit):
             raise ContextLengthError(
-                f"This model's maximum context length is {engine.info.context_window} "
+                f"This model's maximum context length is {limit} "
                 f"tokens, but the input has {len(tokens)} tokens.",
                 param=param,
             )

@@ -158,13 +158,14 @@ async def score_answers(engine: Any, messages: list[dict], answers: Sequence[str
 
     Raises:
         PromptError: the template failed, or a media part on a text-only model.
-        ContextLengthError: prompt + an answer exceeds the context window.
+        ContextLengthError: prompt + an answer exceeds the context window (or
+            the operator's ``--max-context`` / memory-budget cap).
     """
     prompt = engine.chat_prompt(messages, template_kwargs={"enable_thinking": False})
     ending = answer_ending(engine.tokenizer)
     tokenizer = engine.tokenizer
     candidates = [list(tokenizer.encode(a + ending, add_special_tokens=False)) for a in answers]
-    limit = engine.info.context_window
+    limit = engine.admission.context_limit  # the model's window or the operator's cap
     longest = len(prompt) + max(len(c) for c in candidates) - 1
     if longest > limit:
         raise ContextLengthError(
