@@ -11,6 +11,7 @@ from .embedding import Embeddings, embed_texts
 from .generator import Engine, RequestHandle
 from .sampling import GenerationDefaults
 from .scoring import ScoredAnswers, score_answers
+from .ssd_cache import FLUSH_TIMEOUT_S
 from .types import (
     Cancelled,
     Constraint,
@@ -34,6 +35,7 @@ __all__ = [
     "BudgetTooSmallError",
     "ContextBudgetError",
     "QueueFullError",
+    "FLUSH_TIMEOUT_S",
     "Cancelled",
     "Constraint",
     "ContextLengthError",

@@ -9,6 +9,7 @@ text and emits :class:`~.types.Delta` / :class:`~.types.Finished`.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .stops import StopMatcher
@@ -67,13 +68,21 @@ class Row:
         tokenizer: an mlx-lm ``TokenizerWrapper``.
         eos (set[int]): end-of-sequence token ids.
         lane (str): ``"serial"`` or ``"batched"``, reported in ``Finished``.
+        cached (int): prompt tokens served from the prompt cache, reported in
+            ``Finished``. Default: ``0``.
     """
 
     def __init__(
-        self, handle: RequestHandle, tokenizer: Any, eos: set[int], lane: str = "serial"
+        self,
+        handle: RequestHandle,
+        tokenizer: Any,
+        eos: set[int],
+        lane: str = "serial",
+        cached: int = 0,
     ) -> None:
         self.handle = handle
         self.lane = lane
+        self.cached = cached
         self.request: GenerationRequest = handle.request
         self._tokenizer = tokenizer
         self._eos = eos
@@ -82,6 +91,9 @@ class Row:
         self._want_logprobs = self.request.logprobs or self.request.top_logprobs > 0
         self.count = 0
         self.done = False
+        #: Called once just before ``Finished`` is emitted (the lanes keep the
+        #: KV cache here, so a client that got its answer finds it kept).
+        self.before_finish: Callable[[], None] | None = None
 
     def push(self, token: int, logprobs: Any) -> bool:
         """Consume one generated token.
@@ -128,4 +140,8 @@ class Row:
             if self._stops.stopped:
                 reason = "stop"
         prompt = len(self.request.prompt)
-        self.handle.emit(Finished(reason, prompt, self.count, lane=self.lane))  # type: ignore[arg-type]
+        if self.before_finish is not None:
+            self.before_finish()
+        self.handle.emit(
+            Finished(reason, prompt, self.count, cached_tokens=self.cached, lane=self.lane)  # type: ignore[arg-type]
+        )

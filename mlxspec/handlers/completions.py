@@ -17,6 +17,8 @@ from .common import (
     new_id,
     now,
     outputs,
+    request_headers,
+    session_key,
     to_generation_request,
     usage,
 )
@@ -26,7 +28,8 @@ async def create_completion(body: dict[str, Any]) -> Any:
     """Tokenize ``prompt`` as mlx-lm does, generate, answer as JSON or SSE."""
     engine = current_engine()
     prompt = engine.text_prompt(body["prompt"])
-    request = to_generation_request(body, prompt, engine.defaults, engine.info)
+    session = session_key(body, request_headers())
+    request = to_generation_request(body, prompt, engine.defaults, engine.info, session)
     handle = engine.submit(request, prompt_param="prompt")
     head = {
         "id": new_id("cmpl"),
