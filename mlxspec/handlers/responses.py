@@ -146,7 +146,7 @@ def _skeleton(
         "incomplete_details": None,
         "instructions": conversation.instructions,
         "max_output_tokens": turn.request.max_tokens,
-        "parallel_tool_calls": turn.options.parallel_tool_calls,
+        "parallel_tool_calls": body.get("parallel_tool_calls") is not False,
         "previous_response_id": body.get("previous_response_id"),
         "temperature": sampling.temperature,
         "top_p": sampling.top_p,
