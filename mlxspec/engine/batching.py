@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from .grammar import GrammarCache
 from .rows import Row
 from .sampling import build_logits_processors, build_sampler
 from .types import Failed
@@ -33,6 +34,8 @@ class BatchLane:
         prefill_step (int): prompt tokens per prefill chunk; each ``step``
             processes at most one chunk, so cancellation is seen between chunks.
             Default: ``2048`` (mlx-lm's).
+        grammars (GrammarCache | None): compiles requests' constraints into
+            per-row processors; ``None`` ignores constraints. Default: ``None``.
     """
 
     def __init__(
@@ -44,6 +47,7 @@ class BatchLane:
         max_batch: int,
         on_done: Callable[[str], None],
         prefill_step: int = 2048,
+        grammars: GrammarCache | None = None,
     ) -> None:
         from mlx_lm.generate import BatchGenerator
 
@@ -51,6 +55,7 @@ class BatchLane:
         self._eos = eos
         self._xtc_special = xtc_special
         self._on_done = on_done
+        self._grammars = grammars
         self._gen = BatchGenerator(
             model,
             stop_tokens=[[t] for t in sorted(eos)],
@@ -66,13 +71,16 @@ class BatchLane:
     def add(self, handle: RequestHandle, max_tokens: int) -> None:
         """Queue ``handle``'s request into the batch with a budget of ``max_tokens`` (>= 1)."""
         req = handle.request
+        grammar = None if self._grammars is None else self._grammars.for_request(req.constraint)
+        # The grammar mask goes last: after penalties and logit_bias.
+        processors = build_logits_processors(req.logits) + ([grammar] if grammar else [])
         (uid,) = self._gen.insert(
             [list(req.prompt)],
             max_tokens=[max_tokens],
             samplers=[build_sampler(req.sampling, self._xtc_special)],
-            logits_processors=[build_logits_processors(req.logits)],
+            logits_processors=[processors],
         )
-        self._rows[uid] = Row(handle, self._tokenizer, self._eos, lane="batched")
+        self._rows[uid] = Row(handle, self._tokenizer, self._eos, lane="batched", grammar=grammar)
 
     def step(self) -> None:
         """Drop cancelled requests, then run one prefill/decode step and route its tokens."""

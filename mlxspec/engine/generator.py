@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .batching import BatchLane
+from .grammar import GrammarCache
 from .prompt import encode_text, normalize_messages, render_chat
 from .rows import Row
 from .sampling import (
@@ -32,6 +33,7 @@ from .sampling import (
 )
 from .types import (
     Cancelled,
+    Constraint,
     ContextLengthError,
     Event,
     Failed,
@@ -101,6 +103,8 @@ class Engine:
         defaults (GenerationDefaults): sampling defaults for omitted fields.
         max_batch (int): most requests decoding at once; ``1`` is serial.
             Default: ``8``.
+        grammar (bool): enforce constraints (structured output); ``False``
+            (``MLXSPEC_GRAMMAR=0``) reports every one as not enforced. Default: ``True``.
     """
 
     def __init__(
@@ -110,6 +114,7 @@ class Engine:
         info: ModelInfo,
         defaults: GenerationDefaults,
         max_batch: int = 8,
+        grammar: bool = True,
     ) -> None:
         self.model = model
         self.max_batch = max_batch
@@ -120,6 +125,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._eos = set(tokenizer.eos_token_ids)
         self._xtc_special = list(tokenizer.encode("\n")) + sorted(self._eos)
+        self.grammars = GrammarCache(tokenizer, info.vocab_size, self._eos, enabled=grammar)
         #: Requests by outcome, updated on the engine thread (read for /stats and tests).
         self.counters = {"completed": 0, "cancelled": 0, "failed": 0}
 
@@ -132,6 +138,7 @@ class Engine:
         source: str = "local",
         overrides: GenerationDefaults | None = None,
         max_batch: int = 8,
+        grammar: bool = True,
     ) -> Engine:
         """Load an MLX model folder with ``mlx_lm.load``.
 
@@ -142,6 +149,7 @@ class Engine:
             overrides (GenerationDefaults | None): server CLI sampling flags,
                 which win over ``generation_config.json``. Default: ``None``.
             max_batch (int): concurrency cap; ``1`` is serial. Default: ``8``.
+            grammar (bool): enforce constraints. Default: ``True``.
 
         Returns:
             Engine: not yet started; call :meth:`start`.
@@ -162,7 +170,7 @@ class Engine:
         defaults = read_generation_config(Path(path)).merged(
             **(overrides or GenerationDefaults()).__dict__
         )
-        return cls(model, tokenizer, info, defaults, max_batch=max_batch)
+        return cls(model, tokenizer, info, defaults, max_batch=max_batch, grammar=grammar)
 
     def start(self) -> None:
         """Start the engine thread (idempotent)."""
@@ -203,6 +211,17 @@ class Engine:
                 f"has {prompt_tokens} tokens, leaving no room to generate.",
                 param=param,
             )
+
+    def grammar_problem(self, constraint: Constraint) -> str | None:
+        """Compile ``constraint`` into the grammar cache ahead of :meth:`submit`.
+
+        Thread-safe; a first compile can take a while, so call it off the event loop.
+
+        Returns:
+            str | None: ``None`` if the constraint will be enforced, else why not
+            (the handler's degrade path puts it in the ``Warning`` header).
+        """
+        return self.grammars.problem(constraint)
 
     def submit(self, request: GenerationRequest, prompt_param: str = "messages") -> RequestHandle:
         """Queue ``request``; iterate the returned handle for its events.
@@ -278,6 +297,7 @@ class Engine:
             self.max_batch,
             on_done=self._count,
             prefill_step=PREFILL_STEP,
+            grammars=self.grammars,
         )
 
     def _count(self, outcome: str) -> None:
@@ -306,7 +326,9 @@ class Engine:
         req = handle.request
         if req.sampling.seed is not None:
             mx.random.seed(req.sampling.seed)
-        row = Row(handle, self.tokenizer, self._eos, lane="serial")
+        grammar = self.grammars.for_request(req.constraint)
+        row = Row(handle, self.tokenizer, self._eos, lane="serial", grammar=grammar)
+        processors = build_logits_processors(req.logits) + ([grammar] if grammar else [])
 
         def progress(_done: int, _total: int) -> None:
             if handle.cancelled:
@@ -317,7 +339,7 @@ class Engine:
             self.model,
             max_tokens=self._budget(req),
             sampler=build_sampler(req.sampling, self._xtc_special),
-            logits_processors=build_logits_processors(req.logits),
+            logits_processors=processors,
             prefill_step_size=PREFILL_STEP,
             prompt_progress_callback=progress,
         )

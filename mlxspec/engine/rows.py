@@ -16,6 +16,7 @@ from .types import Delta, Finished, GenerationRequest, TokenLogprob, TopLogprob
 
 if TYPE_CHECKING:
     from .generator import RequestHandle
+    from .grammar import GrammarProcessor
 
 
 #: Reported for a log-probability that is not finite (OpenAI's value for an
@@ -67,10 +68,17 @@ class Row:
         tokenizer: an mlx-lm ``TokenizerWrapper``.
         eos (set[int]): end-of-sequence token ids.
         lane (str): ``"serial"`` or ``"batched"``, reported in ``Finished``.
+        grammar (GrammarProcessor | None): the request's grammar, which also
+            ends it (``"stop"``) once only a stop token may follow. Default: ``None``.
     """
 
     def __init__(
-        self, handle: RequestHandle, tokenizer: Any, eos: set[int], lane: str = "serial"
+        self,
+        handle: RequestHandle,
+        tokenizer: Any,
+        eos: set[int],
+        lane: str = "serial",
+        grammar: GrammarProcessor | None = None,
     ) -> None:
         self.handle = handle
         self.lane = lane
@@ -80,6 +88,7 @@ class Row:
         self._detok = tokenizer.detokenizer
         self._stops = StopMatcher(self.request.stop)
         self._want_logprobs = self.request.logprobs or self.request.top_logprobs > 0
+        self._grammar = grammar
         self.count = 0
         self.done = False
 
@@ -91,8 +100,8 @@ class Row:
             logprobs (mx.array): shape ``(vocab,)``, the step's log-probabilities.
 
         Returns:
-            bool: True when the request ended here (EOS or a stop string); the
-            ``Finished`` event has then been emitted.
+            bool: True when the request ended here (EOS, a stop string or a
+            complete grammar); the ``Finished`` event has then been emitted.
         """
         self.count += 1
         lps = ()
@@ -110,6 +119,13 @@ class Row:
         if self._stops.stopped:
             self._finish("stop", flush=False)
             return True
+        if self._grammar is not None:
+            # Normally accepted already: the lanes run the processor for the next
+            # step before handing this token out.
+            self._grammar.advance(self.count - 1, token)
+            if self._grammar.done:
+                self._finish("stop", flush=True)
+                return True
         return False
 
     def finish_length(self) -> None:
