@@ -47,6 +47,7 @@ SCHEMA = {
 JSON_SCHEMA = Constraint("json_schema", json.dumps(SCHEMA), any_whitespace=False)
 REGEX = Constraint("regex", "[a-z]{3}-[0-9]{2}")
 CHOICE = Constraint("choice", json.dumps(["yes", "no", "maybe"]))
+BAD_EBNF_REASON = 'EBNF parser error at line 1, column 10: Rule "foo" is not defined'
 
 
 def check_output(constraint: Constraint, text: str) -> None:
@@ -137,7 +138,7 @@ def test_compile_failure_has_a_clean_reason_and_is_cached(cache: GrammarCache) -
     for _ in range(2):
         with pytest.raises(GrammarError) as info:
             cache.compile(bad)
-        assert info.value.reason == 'EBNF parser error at line 1, column 10: Rule "foo" is not defined'
+        assert info.value.reason == BAD_EBNF_REASON
     assert (cache.hits, cache.misses) == (1, 1)
     assert cache.problem(bad) == info.value.reason
     assert cache.problem(REGEX) is None
@@ -329,4 +330,3 @@ def test_engine_grammar_problem(tiny_engine) -> None:
     assert tiny_engine.grammar_problem(Constraint("regex", "(")) == (
         "Regex parsing error at position 2: The parenthesis is not closed."
     )
-
