@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -63,7 +64,8 @@ def _positive_int(text: str) -> int:
 
 
 def parse_config(argv: Sequence[str] | None = None) -> ServeConfig:
-    """Parse ``serve`` arguments into a :class:`ServeConfig` (argparse exits 2 on bad flags)."""
+    """Parse ``serve`` arguments and ``MLXSPEC_GRAMMAR`` into a :class:`ServeConfig`
+    (argparse exits 2 on bad flags)."""
     args = _parser().parse_args(argv)
     return ServeConfig(
         model=args.model,
@@ -75,6 +77,7 @@ def parse_config(argv: Sequence[str] | None = None) -> ServeConfig:
         top_k=args.top_k,
         log_level=args.log_level,
         batch=args.batch,
+        grammar=os.environ.get("MLXSPEC_GRAMMAR", "1") != "0",
     )
 
 
@@ -101,6 +104,7 @@ def load_engine(config: ServeConfig):  # noqa: ANN201 - returns mlxspec.engine.E
             source=resolved.source,
             overrides=overrides,
             max_batch=config.batch,
+            grammar=config.grammar,
         )
     except Exception as exc:  # mlx-lm raises many types for unreadable folders
         raise ModelLoadError(f"cannot load model from {resolved.path}: {exc}") from exc

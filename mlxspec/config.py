@@ -25,6 +25,9 @@ class ServeConfig:
             ``1`` runs requests one at a time. Default: ``8``.
         validate_responses (bool): check every JSON response against the
             OpenAPI document (for tests and CI). Default: ``False``.
+        grammar (bool): enforce structured output with xgrammar; ``False``
+            (environment ``MLXSPEC_GRAMMAR=0``) answers every constraint with the
+            degrade path. Default: ``True``.
     """
 
     model: str | None = None
@@ -37,3 +40,4 @@ class ServeConfig:
     log_level: str = "info"
     batch: int = 8
     validate_responses: bool = False
+    grammar: bool = True

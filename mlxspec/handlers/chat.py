@@ -8,6 +8,7 @@ from typing import Any
 from mlxspec import sse
 
 from .common import JSON, SYSTEM_FINGERPRINT, choice_logprobs, current_engine, new_id, now, usage
+from .structured import structured_output
 from .turns import (
     ReasoningDelta,
     TextDelta,
@@ -25,6 +26,7 @@ from .turns import (
 async def create_chat_completion(body: dict[str, Any]) -> Any:
     """Template the messages, generate, and answer as JSON or an SSE stream."""
     engine = current_engine()
+    body, warning = await structured_output(engine, body, chat=True)
     turn = open_turn(engine, body)
     head = {
         "id": new_id("chatcmpl"),
@@ -34,7 +36,9 @@ async def create_chat_completion(body: dict[str, Any]) -> Any:
     }
     if body.get("stream"):
         frames = sse.openai_events(_chunks(turn, head), on_close=turn.handle.cancel)
-        return sse.event_stream(frames)
+        response = sse.event_stream(frames)
+        response.headers.update(warning)
+        return response
     result = await collect_turn(turn)
     assert result.finished is not None
     message: dict[str, Any] = {"role": "assistant", "content": result.content}
@@ -54,7 +58,7 @@ async def create_chat_completion(body: dict[str, Any]) -> Any:
         "choices": [choice],
         "usage": usage(result.finished),
     }
-    return body_out, 200, JSON
+    return body_out, 200, {**JSON, **warning}
 
 
 def _tool_call(call: ToolCall) -> dict[str, Any]:

@@ -20,11 +20,13 @@ from .common import (
     to_generation_request,
     usage,
 )
+from .structured import structured_output
 
 
 async def create_completion(body: dict[str, Any]) -> Any:
     """Tokenize ``prompt`` as mlx-lm does, generate, answer as JSON or SSE."""
     engine = current_engine()
+    body, warning = await structured_output(engine, body, chat=False)
     prompt = engine.text_prompt(body["prompt"])
     request = to_generation_request(body, prompt, engine.defaults, engine.info)
     handle = engine.submit(request, prompt_param="prompt")
@@ -37,7 +39,9 @@ async def create_completion(body: dict[str, Any]) -> Any:
     }
     if body.get("stream"):
         frames = sse.openai_events(_chunks(handle, head), on_close=handle.cancel)
-        return sse.event_stream(frames)
+        response = sse.event_stream(frames)
+        response.headers.update(warning)
+        return response
     result = await collect(handle)
     assert result.finished is not None
     choice: dict[str, Any] = {
@@ -46,7 +50,7 @@ async def create_completion(body: dict[str, Any]) -> Any:
         "logprobs": choice_logprobs(request, result.logprobs),
         "finish_reason": result.finished.finish_reason,
     }
-    return {**head, "choices": [choice], "usage": usage(result.finished)}, 200, JSON
+    return {**head, "choices": [choice], "usage": usage(result.finished)}, 200, {**JSON, **warning}
 
 
 async def _chunks(handle: RequestHandle, head: dict[str, Any]) -> AsyncIterator[dict]:
