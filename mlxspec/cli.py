@@ -3,14 +3,26 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
+import re
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 from .config import ServeConfig
 
 EXIT_MODEL_ERROR = 2
+LOGPROBS_FORMATS = ("mlx", "openai")
+
+#: On SIGINT/SIGTERM, how long in-flight requests may run before they are
+#: cancelled, seconds (the reference's shutdown default).
+DRAIN_TIMEOUT_S = 120
+
+log = logging.getLogger("mlxspec.cli")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -43,10 +55,87 @@ def _parser() -> argparse.ArgumentParser:
         default=8,
         help="most requests decoding at once (continuous batching); 1 = serial (default 8)",
     )
+    _admission_flags(serve)
+    _operations_flags(serve)
+    serve.add_argument(
+        "--logprobs-format",
+        choices=LOGPROBS_FORMATS,
+        default=None,
+        help="logprobs shape: 'mlx' (mlx_lm.server's block, the default) or 'openai' "
+        "(OpenAI's token/bytes shape, also in stream chunks); env MLXSPEC_LOGPROBS_FORMAT",
+    )
     serve.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"]
     )
+    _add_cache_flags(serve)
     return parser
+
+
+def _admission_flags(serve: argparse.ArgumentParser) -> None:
+    serve.add_argument(
+        "--max-queue",
+        type=_non_negative_int,
+        default=64,
+        help="most requests waiting for a decode slot; the next gets 429 queue_full (default 64)",
+    )
+    serve.add_argument(
+        "--max-context",
+        type=_positive_int,
+        default=None,
+        help="cap on prompt + completion tokens per request (default: the model's window)",
+    )
+    serve.add_argument(
+        "--memory-budget",
+        type=parse_bytes,
+        default=None,
+        help="memory the model may use, weights + KV cache, e.g. 8GiB or 500M "
+        "(binary units; default: no budget)",
+    )
+
+
+def _operations_flags(serve: argparse.ArgumentParser) -> None:
+    serve.add_argument(
+        "--api-key",
+        default=os.environ.get("MLXSPEC_API_KEY") or None,
+        help="require 'Authorization: Bearer KEY' or 'x-api-key: KEY' on every route but "
+        "/health and /openapi.json (default: $MLXSPEC_API_KEY, else open)",
+    )
+    serve.add_argument(
+        "--allowed-origins",
+        action="append",
+        type=_origins,
+        default=[],
+        help="comma-separated CORS origins, or '*' (repeatable; default: CORS off)",
+    )
+
+
+def _add_cache_flags(serve: argparse.ArgumentParser) -> None:
+    """Prompt cache flags (sizes as :func:`parse_bytes` reads them; 0 turns a cache off)."""
+    defaults = ServeConfig()
+    serve.add_argument(
+        "--prompt-cache-bytes",
+        type=_byte_size,
+        default=defaults.prompt_cache_bytes,
+        help="RAM budget for reusing prompt-prefix KV caches across requests; 0 disables "
+        "(default 1G)",
+    )
+    serve.add_argument(
+        "--ssd-cache",
+        metavar="DIR",
+        default=None,
+        help="keep durable prompt-cache snapshots in DIR, restored after a restart",
+    )
+    serve.add_argument(
+        "--ssd-cache-bytes",
+        type=_byte_size,
+        default=defaults.ssd_cache_bytes,
+        help="disk budget of --ssd-cache; the oldest snapshots go first (default 16G)",
+    )
+
+
+def _byte_size(text: str) -> int:
+    """A cache budget: :func:`parse_bytes`, or ``0`` (off)."""
+    return 0 if text.strip() == "0" else parse_bytes(text)
 
 
 def _port(text: str) -> int:
@@ -63,10 +152,48 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be >= 0")
+    return value
+
+
+_SIZE = re.compile(r"(?i)\s*(\d+(?:\.\d+)?)\s*(?:([kmgt])(?:i?b)?|b)?\s*")
+_UNITS = {None: 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+
+
+def parse_bytes(text: str) -> int:
+    """A byte size: a number of bytes, or with a binary unit (``8G``, ``8GB``,
+    ``8GiB`` are all 8 x 2**30; ``512m``, ``1.5 GiB``).
+
+    Raises:
+        argparse.ArgumentTypeError: not a size, or zero.
+    """
+    match = _SIZE.fullmatch(text)
+    if match is None:
+        raise argparse.ArgumentTypeError("must be a size such as 8GiB, 512M or 1073741824")
+    number, unit = match.groups()
+    value = int(float(number) * _UNITS[unit.lower() if unit else None])
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1 byte")
+    return value
+
+
+def _origins(text: str) -> list[str]:
+    return [origin.strip() for origin in text.split(",") if origin.strip()]
+
+
 def parse_config(argv: Sequence[str] | None = None) -> ServeConfig:
-    """Parse ``serve`` arguments and ``MLXSPEC_GRAMMAR`` into a :class:`ServeConfig`
-    (argparse exits 2 on bad flags)."""
-    args = _parser().parse_args(argv)
+    """Parse ``serve`` arguments into a :class:`ServeConfig` (argparse exits 2 on bad flags).
+
+    ``--logprobs-format`` falls back to ``MLXSPEC_LOGPROBS_FORMAT``, then ``mlx``.
+    """
+    parser = _parser()
+    args = parser.parse_args(argv)
+    logprobs_format = args.logprobs_format or os.environ.get("MLXSPEC_LOGPROBS_FORMAT") or "mlx"
+    if logprobs_format not in LOGPROBS_FORMATS:
+        parser.error(f"MLXSPEC_LOGPROBS_FORMAT must be one of {', '.join(LOGPROBS_FORMATS)}")
     return ServeConfig(
         model=args.model,
         host=args.host,
@@ -77,6 +204,15 @@ def parse_config(argv: Sequence[str] | None = None) -> ServeConfig:
         top_k=args.top_k,
         log_level=args.log_level,
         batch=args.batch,
+        max_queue=args.max_queue,
+        max_context=args.max_context,
+        memory_budget=args.memory_budget,
+        api_key=args.api_key or None,  # an empty key would lock every client out
+        allowed_origins=tuple(o for group in args.allowed_origins for o in group),
+        prompt_cache_bytes=args.prompt_cache_bytes,
+        ssd_cache=args.ssd_cache,
+        ssd_cache_bytes=args.ssd_cache_bytes,
+        logprobs_format=logprobs_format,
         grammar=os.environ.get("MLXSPEC_GRAMMAR", "1") != "0",
     )
 
@@ -85,9 +221,10 @@ def load_engine(config: ServeConfig):  # noqa: ANN201 - returns mlxspec.engine.E
     """Resolve and load the configured model and start its engine thread.
 
     Raises:
-        ModelLoadError: the model is missing, unreadable or unsupported.
+        ModelLoadError: the model is missing, unreadable or unsupported, or the
+            admission limits leave no room for a request.
     """
-    from .engine import Engine, GenerationDefaults
+    from .engine import AdmissionLimits, BudgetTooSmallError, Engine, GenerationDefaults
     from .engine.loader import ModelLoadError, resolve_model
 
     resolved = resolve_model(config.model)
@@ -104,8 +241,14 @@ def load_engine(config: ServeConfig):  # noqa: ANN201 - returns mlxspec.engine.E
             source=resolved.source,
             overrides=overrides,
             max_batch=config.batch,
+            limits=AdmissionLimits(config.max_queue, config.max_context, config.memory_budget),
+            prompt_cache_bytes=config.prompt_cache_bytes,
+            ssd_cache=Path(config.ssd_cache) if config.ssd_cache else None,
+            ssd_cache_bytes=config.ssd_cache_bytes,
             grammar=config.grammar,
         )
+    except BudgetTooSmallError as exc:
+        raise ModelLoadError(str(exc)) from exc
     except Exception as exc:  # mlx-lm raises many types for unreadable folders
         raise ModelLoadError(f"cannot load model from {resolved.path}: {exc}") from exc
     engine.start()
@@ -127,6 +270,21 @@ def _bind_problem(host: str, port: int) -> str | None:
     return None
 
 
+def _ssd_cache_problem(directory: str | None) -> str | None:
+    """Why ``--ssd-cache`` cannot be used (checked before the model load), or ``None``."""
+    import os
+
+    if directory is None:
+        return None
+    try:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return "not writable"
+    return None
+
+
 def serve(config: ServeConfig) -> int:
     """Load the model, then run uvicorn until interrupted. Returns an exit code."""
     import uvicorn
@@ -143,27 +301,86 @@ def serve(config: ServeConfig) -> int:
             file=sys.stderr,
         )
         return EXIT_MODEL_ERROR
+    if (problem := _ssd_cache_problem(config.ssd_cache)) is not None:
+        print(
+            f"mlxspec: error: cannot use --ssd-cache {config.ssd_cache}: {problem}", file=sys.stderr
+        )
+        return EXIT_MODEL_ERROR
     try:
         engine = load_engine(config)
     except ModelLoadError as exc:
         print(f"mlxspec: error: {exc}", file=sys.stderr)
         return EXIT_MODEL_ERROR
     url = f"http://{config.host}:{config.port}"
+    auth = ", API key required" if config.api_key else ""
     print(
-        f"mlxspec: serving {engine.info.id} (context {engine.info.context_window}) at {url}/v1",
+        f"mlxspec: serving {engine.info.id} (context {engine.info.context_window}{auth}) "
+        f"at {url}/v1",
         flush=True,
     )
     try:
-        uvicorn.run(
-            create_app(engine, config),
-            host=config.host,
-            port=config.port,
-            log_level=config.log_level,
-            timeout_graceful_shutdown=5,
-        )
+        with _signals_end_serving():
+            uvicorn.run(
+                create_app(engine, config),
+                host=config.host,
+                port=config.port,
+                log_level=config.log_level,
+                timeout_graceful_shutdown=DRAIN_TIMEOUT_S,
+            )
     finally:
-        engine.close()
+        _stop_engine(engine)
     return 0
+
+
+class _ShutdownSignal(Exception):
+    """SIGINT or SIGTERM arrived; uvicorn has already drained the requests."""
+
+
+@contextlib.contextmanager
+def _signals_end_serving() -> Iterator[None]:
+    """Turn SIGINT/SIGTERM into a normal return.
+
+    uvicorn handles both while it serves (stop accepting, drain in-flight
+    requests), then re-raises the signal under the handlers it found; with the
+    default ones the process would die before the engine stops and the prompt
+    cache is flushed.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(_sig: int, _frame: object) -> None:
+        raise _ShutdownSignal
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    except _ShutdownSignal:
+        pass
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _stop_engine(engine) -> None:  # noqa: ANN001 - mlxspec.engine.Engine
+    """After uvicorn has drained the requests: stop the engine thread, then make
+    every pending SSD prompt-cache snapshot durable (reference: shutdown flushes
+    after active requests drain)."""
+    from .engine import FLUSH_TIMEOUT_S
+
+    engine.close()
+    if engine.prompt_cache.ssd is None:
+        return
+    report = engine.prompt_cache.flush(FLUSH_TIMEOUT_S)
+    level = logging.INFO if report["durable"] else logging.ERROR
+    log.log(
+        level,
+        "prompt cache flush: durable=%s entries=%d pending=%d failed=%d",
+        report["durable"],
+        report["entries"],
+        report["pendingSnapshots"],
+        report["failedSpills"],
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from .engine.prompt_cache import DEFAULT_PROMPT_CACHE_BYTES
+from .engine.ssd_cache import DEFAULT_SSD_CACHE_BYTES
 
 
 @dataclass(frozen=True)
@@ -25,6 +28,25 @@ class ServeConfig:
             ``1`` runs requests one at a time. Default: ``8``.
         validate_responses (bool): check every JSON response against the
             OpenAPI document (for tests and CI). Default: ``False``.
+        max_queue (int): most requests waiting for a decode slot; the next
+            gets 429 ``queue_full``. Default: ``64``.
+        max_context (int | None): operator cap on prompt + completion tokens
+            per request. Default: ``None``.
+        memory_budget (int | None): bytes the model may use (weights + KV
+            cache); caps each request's context. Default: ``None``.
+        api_key (str | None): when set, every route but ``/health`` and the
+            document needs ``Authorization: Bearer`` or ``x-api-key`` with it.
+            Kept out of ``repr``. Default: ``None``.
+        allowed_origins (tuple[str, ...]): CORS origins (``"*"`` for any);
+            empty turns CORS off. Default: ``()``.
+        prompt_cache_bytes (int): RAM budget of the prompt cache (prefix KV
+            reuse); ``0`` disables it. Default: 1 GiB.
+        ssd_cache (str | None): directory of the prompt cache's SSD tier;
+            ``None`` is RAM only. Default: ``None``.
+        ssd_cache_bytes (int): disk budget of the SSD tier. Default: 16 GiB.
+        logprobs_format (str): ``"mlx"`` for mlx_lm.server's logprobs block
+            (parity), ``"openai"`` for OpenAI's shapes (``token``/``bytes``,
+            ``top_logprobs`` up to 20, logprobs in stream chunks). Default: ``"mlx"``.
         grammar (bool): enforce structured output with xgrammar; ``False``
             (environment ``MLXSPEC_GRAMMAR=0``) answers every constraint with the
             degrade path. Default: ``True``.
@@ -40,4 +62,14 @@ class ServeConfig:
     log_level: str = "info"
     batch: int = 8
     validate_responses: bool = False
+    max_queue: int = 64
+    max_context: int | None = None
+    memory_budget: int | None = None
+    api_key: str | None = field(default=None, repr=False)
+    allowed_origins: tuple[str, ...] = ()
+    # Prompt cache.
+    prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES
+    ssd_cache: str | None = None
+    ssd_cache_bytes: int = DEFAULT_SSD_CACHE_BYTES
+    logprobs_format: str = "mlx"
     grammar: bool = True

@@ -26,13 +26,13 @@ MAX_WARNING = 400
 
 
 async def structured_output(
-    engine: Engine, body: Mapping[str, Any], *, chat: bool
-) -> tuple[Mapping[str, Any], dict[str, str]]:
+    engine: Engine, body: dict[str, Any], *, chat: bool
+) -> tuple[dict[str, Any], dict[str, str]]:
     """Check a body's constraint compiles; if not, switch to the degrade path.
 
     Args:
         engine (Engine): the serving engine (its grammar cache compiles).
-        body (Mapping): a validated chat or completion body.
+        body (dict): a validated chat or completion body.
         chat (bool): ``True`` for chat bodies (describe the constraint in a
             system instruction), ``False`` for text completions (header only).
 
