@@ -291,6 +291,33 @@ def test_completion_grammar_stream_is_enforced(client) -> None:
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
 
 
+def test_every_choice_is_enforced(client) -> None:
+    body = {
+        "messages": USER,
+        "guided_choice": ["red", "green", "blue"],
+        "n": 3,
+        "temperature": 1.0,
+        "max_tokens": 10,
+    }
+    choices = client.post(CHAT, json=body).json()["choices"]
+    assert [c["index"] for c in choices] == [0, 1, 2]
+    for choice in choices:
+        assert choice["message"]["content"] in ("red", "green", "blue")
+        assert choice["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize("seed", [None, 7], ids=["batched", "serial"])
+def test_grammar_is_enforced_after_a_prompt_cache_hit(client, seed) -> None:
+    prompt = f"a prompt worth caching, seed {seed}"
+    body = {"prompt": prompt, "guided_regex": "[0-9]{3}", "max_tokens": 10, "seed": seed}
+    first, second = (client.post(COMP, json=body).json() for _ in range(2))
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    assert second["usage"]["lane"] == ("serial" if seed else "batched")
+    for reply in (first, second):
+        assert re.fullmatch("[0-9]{3}", reply["choices"][0]["text"])
+        assert reply["choices"][0]["finish_reason"] == "stop"
+
+
 # ------------------------------------------------ degrade path (tiny model)
 def test_chat_bad_grammar_degrades_with_warning_and_instruction(client, tiny_engine) -> None:
     body = {"messages": USER, "guided_grammar": BAD_EBNF, "max_tokens": 3}
