@@ -29,6 +29,7 @@ from mlxspec.engine.grammar import (
     GrammarError,
     choice_ebnf,
 )
+from mlxspec.engine.grammar_sandbox import CompileSandbox
 from mlxspec.engine.rows import LOGPROB_FLOOR
 
 #: Bounded JSON (enums, small integers, booleans, a $ref) so a random model
@@ -142,6 +143,29 @@ def test_compile_failure_has_a_clean_reason_and_is_cached(cache: GrammarCache) -
     assert (cache.hits, cache.misses) == (1, 1)
     assert cache.problem(bad) == info.value.reason
     assert cache.problem(REGEX) is None
+
+
+def test_grammar_that_crashes_xgrammar_is_refused_not_fatal(cache: GrammarCache) -> None:
+    # Segfaults xgrammar 0.2.9's compiler; the sandbox child dies instead of us.
+    crasher = Constraint("ebnf", "root ::= root{2,}")
+    assert cache.problem(crasher) == "the grammar compiler crashed on this grammar"
+    assert cache.problem(REGEX) is None  # a fresh child serves the next compile
+
+
+def test_sandbox_timeout_kills_and_restarts_the_child(tiny_engine) -> None:
+    import xgrammar as xgr
+
+    info = xgr.TokenizerInfo.from_huggingface(tiny_engine.tokenizer._tokenizer)
+    sandbox = CompileSandbox(info.serialize_json(), timeout=0.0)
+    try:
+        assert sandbox.check("regex", "[a-z]+", True) == "grammar compilation took longer than 0 s"
+        sandbox.timeout = 60.0
+        assert sandbox.check("regex", "[a-z]+", True) is None
+        assert sandbox.check("regex", "(", True) == (
+            "Regex parsing error at position 2: The parenthesis is not closed."
+        )
+    finally:
+        sandbox.close()
 
 
 @pytest.mark.parametrize("spec", ["[]", '["a", 1]', "{}", "not json"])

@@ -341,6 +341,16 @@ def test_chat_stream_bad_regex_degrades_with_warning(client, tiny_engine) -> Non
     assert sse_payloads(r)[-1]["usage"]["prompt_tokens"] == len(prompt)
 
 
+def test_grammar_that_crashes_the_compiler_degrades(client) -> None:
+    body = {"messages": USER, "guided_grammar": "root ::= root{2,}", "max_tokens": 2}
+    r = client.post(CHAT, json=body)
+    assert r.status_code == 200
+    assert r.headers["warning"] == (
+        "grammar not enforced: the grammar compiler crashed on this grammar"
+    )
+    assert client.get("/health").status_code == 200
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_completion_bad_grammar_sends_the_header_only(client, tiny_engine, stream) -> None:
     body = {"prompt": "hello", "guided_grammar": BAD_EBNF, "max_tokens": 3, "stream": stream}

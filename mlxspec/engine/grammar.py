@@ -13,15 +13,16 @@ processors). :attr:`GrammarProcessor.done` tells the request's
 :class:`~.rows.Row` when nothing but a stop token may follow, so generation
 ends there with ``finish_reason: "stop"`` (reference, "Structured output").
 
-xgrammar is imported lazily: servers that never see a constraint do not pay
-for it (or for the torch import it brings).
+Each new constraint is first compiled in a child process
+(:mod:`.grammar_sandbox`): xgrammar's compiler can crash on hostile grammars,
+and a crash there only costs the request its grammar. xgrammar is imported
+lazily: servers that never see a constraint do not pay for it (or for the
+torch import it brings).
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import re
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -29,16 +30,27 @@ from typing import Any
 
 import numpy as np
 
+from .grammar_sandbox import (
+    CompileSandbox,
+    choice_ebnf,
+    compile_spec,
+    error_reason,
+    shared_sandbox,
+)
 from .types import Constraint
+
+__all__ = [
+    "GRAMMAR_DISABLED",
+    "GrammarCache",
+    "GrammarError",
+    "GrammarProcessor",
+    "choice_ebnf",
+]
 
 log = logging.getLogger("mlxspec.engine.grammar")
 
 #: The reason given when grammars are switched off (``MLXSPEC_GRAMMAR=0``).
 GRAMMAR_DISABLED = "grammar compilation disabled by MLXSPEC_GRAMMAR=0"
-
-#: xgrammar's C++ errors start with ``[hh:mm:ss] /path/file.cc:123: ``; that
-#: prefix tells a client nothing.
-_CPP_PREFIX = re.compile(r"^\[[^\]]*\]\s*\S+:\d+:\s*")
 
 
 class GrammarError(Exception):
@@ -51,36 +63,6 @@ class GrammarError(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
-
-
-def _reason(exc: BaseException) -> str:
-    text = " ".join(_CPP_PREFIX.sub("", str(exc)).split())
-    return text or type(exc).__name__
-
-
-def choice_ebnf(choices: Iterable[str]) -> str:
-    """An EBNF grammar whose language is exactly ``choices``.
-
-    JSON string syntax (``ensure_ascii=False``) is also xgrammar's EBNF literal
-    syntax for the escapes it produces (``\\"``, ``\\\\``, ``\\n``, ``\\uXXXX``).
-
-    Args:
-        choices (Iterable[str]): the allowed outputs.
-
-    Returns:
-        str: ``root ::= "a" | "b" | ...``.
-    """
-    return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
-
-
-def _choices(spec: str) -> list[str]:
-    try:
-        choices = json.loads(spec)
-    except ValueError:
-        choices = None
-    if not isinstance(choices, list) or not choices or not all(isinstance(c, str) for c in choices):
-        raise GrammarError("choice constraint is not a non-empty JSON array of strings")
-    return choices
 
 
 class GrammarCache:
@@ -100,6 +82,9 @@ class GrammarCache:
         capacity (int): compiled grammars (and compile failures) kept. Default: ``64``.
         enabled (bool): ``False`` refuses every constraint with
             :data:`GRAMMAR_DISABLED` (``MLXSPEC_GRAMMAR=0``). Default: ``True``.
+        isolate (bool): compile each new constraint in a child process first
+            (:mod:`.grammar_sandbox`), so one that crashes xgrammar cannot take
+            the server down. Default: ``True``.
     """
 
     def __init__(
@@ -110,14 +95,17 @@ class GrammarCache:
         *,
         capacity: int = 64,
         enabled: bool = True,
+        isolate: bool = True,
     ) -> None:
         self.enabled = enabled
+        self.isolate = isolate
         self.capacity = capacity
         self._tokenizer = getattr(tokenizer, "_tokenizer", tokenizer)
         self._vocab_size = vocab_size
         ids = stop_ids if stop_ids is not None else getattr(tokenizer, "eos_token_ids", ())
         self._stop_ids = sorted(set(ids))
         self._compiler: Any = None
+        self._sandbox: CompileSandbox | None = None
         self._entries: OrderedDict[tuple[str, str, bool], Any] = OrderedDict()
         self._lock = threading.Lock()
         #: Lookups answered from the cache / compiled afresh (for tests and stats).
@@ -149,12 +137,7 @@ class GrammarCache:
                 self._entries.move_to_end(key)
                 self.hits += 1
         if entry is None:
-            try:
-                entry = self._compile(constraint)
-            except GrammarError as exc:
-                entry = exc
-            except Exception as exc:  # xgrammar raises RuntimeError, ValueError, its own types
-                entry = GrammarError(_reason(exc))
+            entry = self._compile(constraint)
             with self._lock:
                 self.misses += 1
                 self._entries[key] = entry
@@ -197,23 +180,20 @@ class GrammarCache:
             return None
 
     def _compile(self, constraint: Constraint) -> Any:
-        compiler = self._get_compiler()
-        kind, spec = constraint.kind, constraint.spec
-        if kind == "json_object":
-            return compiler.compile_builtin_json_grammar()
-        if kind == "json_schema":
-            return compiler.compile_json_schema(spec, any_whitespace=constraint.any_whitespace)
-        if kind == "regex":
-            return compiler.compile_regex(spec)
-        if kind == "ebnf":
-            return compiler.compile_grammar(spec)
-        if kind == "choice":
-            return compiler.compile_grammar(choice_ebnf(_choices(spec)))
-        if kind == "structural_tag":
-            return compiler.compile_structural_tag(spec)
-        raise GrammarError(f"unknown constraint kind {kind!r}")
+        """Compile in the sandbox child, then here; a failure becomes a GrammarError."""
+        kind, spec, spaces = constraint.kind, constraint.spec, constraint.any_whitespace
+        try:
+            compiler, sandbox = self._get_compiler()
+            reason = sandbox.check(kind, spec, spaces) if sandbox is not None else None
+            if reason is not None:
+                return GrammarError(reason)
+            return compile_spec(compiler, kind, spec, spaces)
+        except GrammarError as exc:
+            return exc
+        except Exception as exc:  # xgrammar raises RuntimeError, ValueError, its own types
+            return GrammarError(error_reason(exc))
 
-    def _get_compiler(self) -> Any:
+    def _get_compiler(self) -> tuple[Any, CompileSandbox | None]:
         with self._lock:
             if self._compiler is None:
                 import xgrammar as xgr
@@ -225,10 +205,12 @@ class GrammarCache:
                         stop_token_ids=self._stop_ids or None,
                     )
                 except Exception as exc:  # an exotic tokenizer xgrammar cannot read
-                    raise GrammarError(f"tokenizer not supported: {_reason(exc)}") from exc
+                    raise GrammarError(f"tokenizer not supported: {error_reason(exc)}") from exc
                 # Our LRU bounds memory; xgrammar's own cache is unbounded by default.
                 self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
-            return self._compiler
+                if self.isolate:
+                    self._sandbox = shared_sandbox(info.serialize_json())
+            return self._compiler, self._sandbox
 
 
 class GrammarProcessor:
