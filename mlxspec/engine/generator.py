@@ -15,11 +15,13 @@ and keep its KV cache there when it ends (:mod:`.prompt_cache`).
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import functools
 import logging
 import queue
 import threading
+import weakref
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -64,6 +66,17 @@ T = TypeVar("T")
 #: Prompt tokens per prefill chunk. Cancellation is noticed between chunks, so
 #: a smaller chunk frees the engine sooner when a client leaves mid-prefill.
 PREFILL_STEP = 512
+
+
+#: Started engines, joined at interpreter exit: an engine thread still inside
+#: MLX while C++ static destructors run can abort the process (exit 134).
+_LIVE_ENGINES: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_live_engines() -> None:
+    for engine in list(_LIVE_ENGINES):
+        engine.close()
 
 
 class _PrefillCancelled(Exception):
@@ -260,6 +273,7 @@ class Engine:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="mlxspec-engine", daemon=True)
             self._thread.start()
+            _LIVE_ENGINES.add(self)
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop the engine thread after the current request."""
@@ -267,6 +281,7 @@ class Engine:
             self._jobs.put(None)
             self._thread.join(timeout)
             self._thread = None
+        _LIVE_ENGINES.discard(self)
 
     # Prompt building (runs on the caller's thread; no MLX work).
     def chat_prompt(
