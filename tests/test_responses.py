@@ -9,6 +9,7 @@ EOS token forbidden make outputs deterministic.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import httpx
@@ -17,6 +18,8 @@ import pytest
 
 from mlxspec.conformance.contract import split_named_event_stream
 from mlxspec.conformance.httpx_checks import checking_client
+from mlxspec.engine import Constraint
+from mlxspec.handlers.structured import instruction
 
 NO_EOS = {"2": -1e9}  # the tiny model's EOS id
 ONLY_EOS = {"2": 1e9}
@@ -311,3 +314,42 @@ def test_contract_non_stream_get_delete_and_404s(client: httpx.Client) -> None:
         "code": "response_not_found",
     }
     assert client.delete(f"/v1/responses/{rid}").status_code == 404
+
+
+ANSWER = {
+    "type": "object",
+    "properties": {"ok": {"type": "boolean"}},
+    "required": ["ok"],
+    "additionalProperties": False,
+}
+JSON_FORMAT = {"type": "json_schema", "name": "answer", "schema": ANSWER, "any_whitespace": False}
+
+
+def test_text_format_json_schema_is_enforced(sdk) -> None:
+    r = sdk.responses.create(
+        model="m", input="hello", temperature=0, max_output_tokens=20, text={"format": JSON_FORMAT}
+    )
+    assert r.status == "completed"
+    assert json.loads(r.output_text) in ({"ok": True}, {"ok": False})
+    assert r.text.format.type == "json_schema" and r.text.format.name == "answer"
+
+
+def test_text_format_stream_is_enforced_and_a_bad_schema_degrades(
+    client: httpx.Client, tiny_engine
+) -> None:
+    body = {"input": "hi", "max_output_tokens": 20, "text": {"format": JSON_FORMAT}, "stream": True}
+    r = client.post("/v1/responses", json=body)
+    assert r.status_code == 200 and "warning" not in r.headers
+    events = [json.loads(data) for _, data in split_named_event_stream(r.content)]
+    text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    assert json.loads(text) in ({"ok": True}, {"ok": False})
+    bad = {"type": "json_schema", "name": "x", "schema": {"type": "string", "pattern": "("}}
+    r = client.post(
+        "/v1/responses", json={"input": "hi", "max_output_tokens": 2, "text": {"format": bad}}
+    )
+    assert r.status_code == 200
+    assert r.headers["warning"].startswith("grammar not enforced: ")
+    # degraded: the schema is described to the model in the system message instead
+    note = instruction(Constraint("json_schema", json.dumps(bad["schema"])))
+    messages = [{"role": "system", "content": note}, {"role": "user", "content": "hi"}]
+    assert r.json()["usage"]["input_tokens"] == prompt_tokens(tiny_engine, messages)

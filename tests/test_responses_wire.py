@@ -420,3 +420,22 @@ def test_any_chunking_streams_what_the_collected_turn_answers(
     deltas = "".join(p["delta"] for n, p in frames if n == "response.output_text.delta")
     assert deltas == "".join(text) == (streamed.output_text() or "")
     assert [p["sequence_number"] for _, p in frames] == list(range(len(frames)))
+
+
+@pytest.mark.parametrize(
+    ("fmt", "expected"),
+    [
+        ({"type": "text"}, None),
+        ({"type": "json_object"}, {"type": "json_object"}),
+        (
+            {"type": "json_schema", "name": "a", "schema": WEATHER, "strict": True},
+            {
+                "type": "json_schema",
+                "json_schema": {"name": "a", "schema": WEATHER, "strict": True},
+            },
+        ),
+    ],
+)
+def test_text_format_becomes_response_format(fmt: dict, expected: dict | None) -> None:
+    chat, _ = to_chat_body({"input": "x", "text": {"format": fmt}})
+    assert chat.get("response_format") == expected

@@ -25,6 +25,7 @@ from mlxspec.response_store import Conversation, ResponseStore, StoredResponse
 from .common import JSON, current_engine, now
 from .responses_input import assistant_message, to_chat_body
 from .responses_output import Frame, ResponseBuilder, item_id, turn_as_events
+from .structured import structured_output
 from .turns import Turn, collect_turn, open_turn, turn_events
 
 
@@ -43,6 +44,9 @@ def not_found(response_id: str, param: str) -> ApiError:
 async def create_response(body: dict[str, Any]) -> Any:
     """Run one turn and answer a Response object, or its event stream.
 
+    A ``text.format`` grammar that cannot be enforced runs unconstrained with a
+    ``Warning`` header, as on chat completions (reference, "Structured output").
+
     Raises:
         ApiError: 404 ``response_not_found`` for an unknown or expired
             ``previous_response_id``; 400 naming ``input`` for a prompt the
@@ -57,6 +61,7 @@ async def create_response(body: dict[str, Any]) -> Any:
             raise not_found(previous_id, "previous_response_id")
         previous = stored.conversation
     chat, conversation = to_chat_body(body, previous)
+    chat, warning = await structured_output(engine, chat, chat=True)
     try:
         turn = open_turn(engine, chat, prompt_param="input")
     except PromptError as exc:
@@ -68,12 +73,14 @@ async def create_response(body: dict[str, Any]) -> Any:
         frames = sse.named_events(
             _frames(turn, builder, keep), builder.fail, on_close=turn.handle.cancel
         )
-        return sse.event_stream(frames)
+        response = sse.event_stream(frames)
+        response.headers.update(warning)
+        return response
     result = await collect_turn(turn)
     for event in turn_as_events(result):
         builder.feed(event)
     keep()
-    return builder.response, 200, JSON
+    return builder.response, 200, {**JSON, **warning}
 
 
 async def get_response(response_id: str) -> Any:
@@ -155,7 +162,7 @@ def _skeleton(
         "store": body.get("store") is not False,
         "metadata": body.get("metadata") or {},
         "prompt_cache_key": body.get("prompt_cache_key"),
-        "text": {"format": {"type": "text"}},
+        "text": {"format": (body.get("text") or {}).get("format") or {"type": "text"}},
         "truncation": "disabled",
     }
 

@@ -61,7 +61,8 @@ def to_chat_body(
 
     Rules: ``instructions`` replace the previous response's only when given;
     ``max_output_tokens`` wins over ``max_completion_tokens``, then ``max_tokens``;
-    non-function tools (web_search, file_search, mcp, computer_use, ...) are dropped.
+    non-function tools (web_search, file_search, mcp, computer_use, ...) are dropped;
+    ``text.format`` becomes ``response_format`` (structured output).
     """
     previous = previous or Conversation()
     system, messages = input_messages(body.get("input"))
@@ -88,6 +89,9 @@ def to_chat_body(
         chat["tools"] = tools
     if body.get("tool_choice") is not None:
         chat["tool_choice"] = chat_tool_choice(body["tool_choice"])
+    response_format = chat_response_format((body.get("text") or {}).get("format"))
+    if response_format is not None:
+        chat["response_format"] = response_format
     return chat, conversation
 
 
@@ -198,6 +202,22 @@ def chat_tool_choice(choice: str | Mapping[str, Any]) -> Any:
     if isinstance(choice, str):
         return choice
     return {"type": "function", "function": {"name": choice["name"]}}
+
+
+def chat_response_format(fmt: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """Responses ``text.format`` as chat's ``response_format`` (``None`` for plain text).
+
+    ``{"type": "json_schema", "name", "schema", ...}`` nests its fields under
+    ``json_schema`` as chat does; ``json_object`` is the same on both.
+    """
+    kind = (fmt or {}).get("type")
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind != "json_schema":
+        return None
+    assert fmt is not None
+    keys = ("name", "description", "schema", "strict", "any_whitespace")
+    return {"type": "json_schema", "json_schema": {k: fmt[k] for k in keys if k in fmt}}
 
 
 def assistant_message(content: str | None, tool_calls: Sequence[Mapping[str, Any]]) -> dict:
