@@ -33,7 +33,8 @@ async def create_chat_completion(body: dict[str, Any]) -> Any:
         "system_fingerprint": SYSTEM_FINGERPRINT,
     }
     if body.get("stream"):
-        frames = sse.openai_events(_chunks(turn, head), on_close=turn.handle.cancel)
+        chunks = sse.with_keepalive(_chunks(turn, head))
+        frames = sse.openai_events(chunks, on_close=turn.handle.cancel)
         return sse.event_stream(frames)
     result = await collect_turn(turn)
     assert result.finished is not None

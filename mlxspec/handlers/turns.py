@@ -12,11 +12,28 @@ registries, so the three surfaces can never disagree about what the model said.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
+import secrets
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from mlxspec.engine import Delta, Engine, Finished, GenerationRequest, RequestHandle, TokenLogprob
+from mlxspec.errors import ApiError
+from mlxspec.parsers import (
+    CallArguments,
+    CallBegin,
+    CallEnd,
+    Content,
+    ParserChoice,
+    ParserDelta,
+    Reasoning,
+    detect,
+    reasoning_parser_class,
+    tool_parser_class,
+)
+from mlxspec.parsers.forcing import tool_call_constraint
 
 from .common import (
     cancel_on_disconnect,
@@ -123,22 +140,88 @@ class ChatTurn:
 
 @dataclass
 class Turn:
-    """A submitted chat turn: the engine request, its handle and the options."""
+    """A submitted chat turn: the engine request, its handle and the options.
+
+    Args:
+        choice (ParserChoice): the model's tool-call and reasoning formats.
+        thinking (bool): the prompt left the thinking channel open, so the
+            output starts inside it.
+    """
 
     request: GenerationRequest
     handle: RequestHandle
     options: TurnOptions
+    choice: ParserChoice = ParserChoice()
+    thinking: bool = False
 
 
 def turn_options(body: Mapping[str, Any]) -> TurnOptions:
-    """The parser options of an OpenAI-shaped chat body (pure)."""
+    """The parser options of an OpenAI-shaped chat body (pure).
+
+    Raises:
+        ApiError: a forcing ``tool_choice`` without ``tools``, or naming a
+            function that is not among them (400, ``param: tool_choice``).
+    """
     tools = tuple(body.get("tools") or ())
     choice = body.get("tool_choice")
+    choice = "auto" if choice is None else choice
+    if (choice == "required" or isinstance(choice, Mapping)) and not tools:
+        raise ApiError(
+            "invalid_request", "tool_choice requires tools to be specified", param="tool_choice"
+        )
+    if isinstance(choice, Mapping):
+        name = choice["function"]["name"]
+        if not any((t.get("function") or {}).get("name") == name for t in tools):
+            raise ApiError(
+                "invalid_request",
+                f"tool_choice names function '{name}', which is not in tools",
+                param="tool_choice",
+            )
     return TurnOptions(
         tools=tools,
-        tool_choice="auto" if choice is None else choice,
+        tool_choice=choice,
         parallel_tool_calls=body.get("parallel_tool_calls") is not False,
     )
+
+
+def template_kwargs(body: Mapping[str, Any], template: str = "") -> dict[str, Any] | None:
+    """The chat template variables of a body (pure).
+
+    ``chat_template_kwargs`` as given; ``reasoning_effort`` sets
+    ``enable_thinking`` (``"none"`` off, any other level on) unless the client
+    set it explicitly, and reaches templates that read a ``reasoning_effort``
+    variable (gpt-oss) as is (reference, chat request body).
+
+    Args:
+        body (Mapping): the chat body.
+        template (str): the chat template text. Default: ``""``.
+
+    Returns:
+        dict | None: the variables, or ``None`` when there are none.
+    """
+    kwargs = dict(body.get("chat_template_kwargs") or {})
+    effort = body.get("reasoning_effort")
+    if effort is not None:
+        kwargs.setdefault("enable_thinking", effort != "none")
+        if "reasoning_effort" in template:
+            kwargs.setdefault("reasoning_effort", effort)
+    return kwargs or None
+
+
+@functools.lru_cache(maxsize=8)
+def _choice(engine: Engine) -> ParserChoice:
+    """The served model's parser formats, detected once per engine."""
+    return detect(engine.tokenizer)
+
+
+def _opens_thinking(engine: Engine, prompt: list[int], choice: ParserChoice) -> bool:
+    """True when the rendered prompt ends inside an open thinking channel
+    (templates that write ``<think>`` into the generation prompt)."""
+    if choice.reasoning is None:
+        return False
+    parser = reasoning_parser_class(choice.reasoning)
+    tail = engine.tokenizer.decode(list(prompt[-16:]))
+    return tail.rfind(parser.start) > tail.rfind(parser.end)
 
 
 def open_turn(engine: Engine, body: Mapping[str, Any], prompt_param: str = "messages") -> Turn:
@@ -161,11 +244,37 @@ def open_turn(engine: Engine, body: Mapping[str, Any], prompt_param: str = "mess
     """
     options = turn_options(body)
     tools = list(options.tools) if options.tools and options.tool_choice != "none" else None
-    prompt = engine.chat_prompt(body["messages"], tools, body.get("chat_template_kwargs"))
+    choice = _choice(engine)
+    kwargs = template_kwargs(body, str(getattr(engine.tokenizer, "chat_template", "") or ""))
+    prompt = engine.chat_prompt(body["messages"], tools, kwargs)
+    thinking = _opens_thinking(engine, prompt, choice)
     session = session_key(body, request_headers())
     request = to_generation_request(body, prompt, engine.defaults, engine.info, session)
+    if tools and options.tool_choice != "auto":
+        parser = _tool_parser_name(options, choice)
+        constraint = tool_call_constraint(
+            parser or "", tools, options.tool_choice, options.parallel_tool_calls, thinking
+        )
+        if constraint is None:
+            raise ApiError(
+                "invalid_request",
+                f"tool_choice {options.tool_choice!r} cannot be enforced for this model's "
+                f"tool-call format ({parser})",
+                param="tool_choice",
+            )
+        request = dataclasses.replace(request, constraint=constraint)
     handle = engine.submit(request, prompt_param=prompt_param)
-    return Turn(request, handle, options)
+    return Turn(request, handle, options, choice, thinking)
+
+
+def _tool_parser_name(options: TurnOptions, choice: ParserChoice) -> str | None:
+    """The tool format to parse: none when tools are off; a model without a
+    known format is read (and forced) as Hermes ``<tool_call>`` JSON."""
+    if not options.tools or options.tool_choice == "none":
+        return None
+    if choice.tool is None and options.tool_choice != "auto":
+        return "hermes"
+    return choice.tool
 
 
 async def turn_events(turn: Turn) -> AsyncIterator[ChatEvent]:
@@ -174,11 +283,96 @@ async def turn_events(turn: Turn) -> AsyncIterator[ChatEvent]:
     Raises:
         ApiError: ``server_error`` or ``cancelled`` from the engine (see ``outputs``).
     """
+    parser = TurnParser(turn.options, turn.choice, turn.thinking)
     async for event in outputs(turn.handle):
         if isinstance(event, Finished):
-            yield TurnEnd(event.finish_reason, event)
-        elif isinstance(event, Delta) and (event.text or event.logprobs):
-            yield TextDelta(event.text, event.logprobs)
+            for chat_event in parser.finish():
+                yield chat_event
+            yield TurnEnd(parser.finish_reason(event.finish_reason), event)
+        elif isinstance(event, Delta):
+            for chat_event in parser.feed(event.text, event.logprobs):
+                yield chat_event
+
+
+class TurnParser:
+    """Runs the reasoning and tool parsers over a turn's text (pure, synchronous).
+
+    Reasoning is split off first, then the content goes through the tool
+    parser. Token logprobs ride the next event that can carry them, so withheld
+    markup tokens keep their entries and their order.
+
+    Args:
+        options (TurnOptions): tools, ``tool_choice`` and ``parallel_tool_calls``.
+        choice (ParserChoice): the model's formats.
+        thinking (bool): the output starts inside the thinking channel. Default: ``False``.
+    """
+
+    def __init__(self, options: TurnOptions, choice: ParserChoice, thinking: bool = False):
+        self.reasoning = reasoning_parser_class(choice.reasoning)(thinking) if choice.reasoning else None
+        name = _tool_parser_name(options, choice)
+        self.tools = tool_parser_class(name)(options.tools) if name else None
+        self.parallel = options.parallel_tool_calls
+        self.calls = 0
+        self.dropping = False
+        self.pending: list[TokenLogprob] = []
+
+    def feed(self, text: str, logprobs: tuple[TokenLogprob, ...] = ()) -> list[ChatEvent]:
+        """Events for the next piece of output text."""
+        self.pending.extend(logprobs)
+        return self._events(self._split(text, final=False))
+
+    def finish(self) -> list[ChatEvent]:
+        """Events for text still held at the end of output."""
+        events = self._events(self._split("", final=True))
+        if self.pending:
+            events.append(TextDelta("", tuple(self.pending)))
+            self.pending = []
+        return events
+
+    def finish_reason(self, engine_reason: str) -> str:
+        """``tool_calls`` when the model stopped after calling tools."""
+        return "tool_calls" if self.calls and engine_reason == "stop" else engine_reason
+
+    def _split(self, text: str, final: bool) -> list[ParserDelta]:
+        pieces: list[ParserDelta] = []
+        if self.reasoning is not None:
+            pieces += self.reasoning.feed(text) if text else []
+            pieces += self.reasoning.finish() if final else []
+        elif text:
+            pieces.append(Content(text))
+        if self.tools is None:
+            return pieces
+        out: list[ParserDelta] = []
+        for piece in pieces:
+            out += self.tools.feed(piece.text) if isinstance(piece, Content) else [piece]
+        return out + (self.tools.finish() if final else [])
+
+    def _take(self) -> tuple[TokenLogprob, ...]:
+        taken, self.pending = tuple(self.pending), []
+        return taken
+
+    def _events(self, deltas: list[ParserDelta]) -> list[ChatEvent]:
+        events: list[ChatEvent] = []
+        for delta in deltas:
+            if isinstance(delta, Content):
+                events.append(TextDelta(delta.text, self._take()))
+            elif isinstance(delta, Reasoning):
+                events.append(ReasoningDelta(delta.text, self._take()))
+            elif isinstance(delta, CallBegin):
+                self.dropping = not self.parallel and self.calls >= 1
+                if not self.dropping:
+                    events.append(ToolCallStart(self.calls, new_call_id(), delta.name))
+                    self.calls += 1
+            elif isinstance(delta, CallArguments) and not self.dropping:
+                events.append(ToolCallArguments(self.calls - 1, delta.fragment, self._take()))
+            elif isinstance(delta, CallEnd):
+                self.dropping = False
+        return events
+
+
+def new_call_id() -> str:
+    """A tool call id, ``call_`` and 24 hex digits."""
+    return "call_" + secrets.token_hex(12)
 
 
 async def collect_turn(turn: Turn) -> ChatTurn:
@@ -207,7 +401,7 @@ async def collect_turn(turn: Turn) -> ChatTurn:
             elif isinstance(event, ToolCallArguments):
                 arguments.setdefault(event.index, []).append(event.fragment)
                 out.logprobs.extend(event.logprobs)
-            else:
+            elif isinstance(event, TurnEnd):
                 out.finish_reason, out.finished = event.finish_reason, event.finished
     except asyncio.CancelledError:
         turn.handle.cancel()
