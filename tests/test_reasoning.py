@@ -74,7 +74,15 @@ def test_turn_parser_reasoning_then_call_with_logprobs() -> None:
     tools = ({"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}},)
     parser = TurnParser(TurnOptions(tools=tools), ParserChoice("hermes", "think"), thinking=True)
     events = []
-    pieces = ["Hmm", "</think>", "\n\n", "<tool_call>", '{"name": "f", ', '"arguments": {}}', "</tool_call>"]
+    pieces = [
+        "Hmm",
+        "</think>",
+        "\n\n",
+        "<tool_call>",
+        '{"name": "f", ',
+        '"arguments": {}}',
+        "</tool_call>",
+    ]
     for i, piece in enumerate(pieces):
         events += parser.feed(piece, lp(i))
     events += parser.finish()

@@ -131,7 +131,8 @@ class TestHermes(ParserCases):
             [call("get_weather", city="Par")],
         ),
         (  # arguments as a JSON string
-            '<tool_call>{"name": "get_weather", "arguments": "{\\"city\\": \\"Oslo\\"}"}</tool_call>',
+            '<tool_call>{"name": "get_weather", '
+            '"arguments": "{\\"city\\": \\"Oslo\\"}"}</tool_call>',
             "",
             [call("get_weather", city="Oslo")],
         ),

@@ -201,11 +201,7 @@ def test_stream_content_before_markup_is_live(hermes: Served) -> None:
     hermes.engine.script = HERMES_TWO_CALLS[:6]
     body = {"messages": ASK, "tools": [WEATHER], "stream": True}
     with hermes.client.stream("POST", "/v1/chat/completions", json=body) as r:
-        payloads = [
-            json.loads(line[6:])
-            for line in r.iter_lines()
-            if line.startswith("data: {")
-        ]
+        payloads = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
     deltas = [p["choices"][0]["delta"] for p in payloads]
     assert deltas[:4] == [
         {"role": "assistant", "content": ""},
@@ -266,9 +262,7 @@ def test_round_trip_history_renders(hermes: Served) -> None:
         {"role": "tool", "tool_call_id": "call_1", "content": "18C, sunny"},
     ]
     hermes.engine.script = ["It is 18C."]
-    r = hermes.client.post(
-        "/v1/chat/completions", json={"messages": messages, "tools": [WEATHER]}
-    )
+    r = hermes.client.post("/v1/chat/completions", json={"messages": messages, "tools": [WEATHER]})
     assert r.json()["choices"][0]["message"]["content"] == "It is 18C."
     prompt = hermes.engine.prompts[-1]
     assert (

@@ -308,7 +308,9 @@ class TurnParser:
     """
 
     def __init__(self, options: TurnOptions, choice: ParserChoice, thinking: bool = False):
-        self.reasoning = reasoning_parser_class(choice.reasoning)(thinking) if choice.reasoning else None
+        self.reasoning = (
+            reasoning_parser_class(choice.reasoning)(thinking) if choice.reasoning else None
+        )
         name = _tool_parser_name(options, choice)
         self.tools = tool_parser_class(name)(options.tools) if name else None
         self.parallel = options.parallel_tool_calls

@@ -34,8 +34,8 @@ class MistralBlock:
             if not stripped:
                 return []
             json_list = stripped[0] in "[{"
-            self.inner = JsonCallsBlock(self.tools) if json_list else WholeBlock(
-                self.tools, _parse_headers
+            self.inner = (
+                JsonCallsBlock(self.tools) if json_list else WholeBlock(self.tools, _parse_headers)
             )
             text = self.head
         return self.inner.feed(text)

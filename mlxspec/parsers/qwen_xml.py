@@ -101,7 +101,9 @@ class QwenXmlBlock:
         end = self._value_end()
         if end is None:
             if streams:  # hold back what may be a closing tag or the framing newline
-                keep = max(held_prefix(self.buf, t) for t in (END_PARAMETER, PARAMETER, END_FUNCTION))
+                keep = max(
+                    held_prefix(self.buf, t) for t in (END_PARAMETER, PARAMETER, END_FUNCTION)
+                )
                 stop = len(self.buf) - keep
                 stop -= 1 if stop > self.sent and self.buf[stop - 1] == "\n" else 0
                 if stop > self.sent:

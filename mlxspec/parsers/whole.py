@@ -96,7 +96,9 @@ class MlxLmToolParser(ToolParser):
 
 
 def _family(module: str) -> type[MlxLmToolParser]:
-    return type(module.title().replace("_", ""), (MlxLmToolParser,), {"module": module, "name": module})
+    return type(
+        module.title().replace("_", ""), (MlxLmToolParser,), {"module": module, "name": module}
+    )
 
 
 # One class per mlx-lm family we do not parse incrementally ourselves.
