@@ -136,6 +136,17 @@ class TestHermes(ParserCases):
             "",
             [call("get_weather", city="Oslo")],
         ),
+        (  # a name that landed inside the arguments is lifted out
+            '<tool_call>{"arguments": {"name": "get_time"}}</tool_call>',
+            "",
+            [call("get_time")],
+        ),
+        (  # nested values complete only at their closing bracket
+            '<tool_call>{"name": "get_weather", "arguments": {"tags": ["a", "]}", "b"], '
+            '"days": 10}}</tool_call>',
+            "",
+            [call("get_weather", tags=["a", "]}", "b"], days=10)],
+        ),
         (  # unparseable markup falls back to content
             "<tool_call>not a call</tool_call> ok",
             "<tool_call>not a call</tool_call> ok",
@@ -252,6 +263,20 @@ def test_streaming_is_incremental() -> None:
         CallArguments("}"),
         CallEnd(),
     ]
+
+
+def test_long_arguments_are_linear() -> None:
+    """A long non-string value is scanned once, not once per chunk."""
+    import time
+
+    items = ", ".join(f'"item {i}"' for i in range(20000))
+    text = f'<tool_call>{{"name": "get_weather", "arguments": {{"tags": [{items}]}}}}</tool_call>'
+    begin = time.perf_counter()
+    result = run("hermes", text, list(range(4, len(text), 4)))
+    assert time.perf_counter() - begin < 10
+    assert json.loads(result["calls"][0]["arguments"]) == {
+        "tags": [f"item {i}" for i in range(20000)]
+    }
 
 
 def test_writer_fragments_concatenate_to_json_dumps() -> None:

@@ -43,32 +43,49 @@ def string_end(buf: str, start: int) -> int | None:
     return None
 
 
-def value_end(buf: str, start: int) -> int | None:
-    """Index just past the JSON value at ``buf[start]``, or ``None`` while it
-    may still grow (a scalar needs a delimiter after it)."""
-    if buf[start] == '"':
-        return string_end(buf, start)
-    depth, i, n = 0, start, len(buf)
-    while i < n:
-        c = buf[i]
-        if c == '"':
-            end = string_end(buf, i)
-            if end is None:
-                return None
-            i = end
-            continue
-        if c in "{[":
-            depth += 1
-        elif c in "}]":
-            if depth == 0:
+class ValueScanner:
+    """Finds where the JSON value at ``start`` ends, resuming each look where
+    the previous one stopped (so a long value costs linear time in total).
+
+    Args:
+        start (int): index of the value's first character.
+    """
+
+    def __init__(self, start: int) -> None:
+        self.start = self.i = start
+        self.depth = 0
+        self.in_string = self.escaped = False
+
+    def end(self, buf: str) -> int | None:
+        """Index just past the value, or ``None`` while it may still grow
+        (a scalar needs a delimiter after it)."""
+        i, n = self.i, len(buf)
+        while i < n:
+            c = buf[i]
+            if self.in_string:
+                if self.escaped:
+                    self.escaped = False
+                elif c == "\\":
+                    self.escaped = True
+                elif c == '"':
+                    self.in_string = False
+                    if self.depth == 0:
+                        return i + 1
+            elif c == '"':
+                self.in_string = True
+            elif c in "{[":
+                self.depth += 1
+            elif c in "}]":
+                if self.depth == 0:
+                    return i
+                self.depth -= 1
+                if self.depth == 0:
+                    return i + 1
+            elif self.depth == 0 and (c in _WS or c == ","):
                 return i
-            depth -= 1
-            if depth == 0:
-                return i + 1
-        elif depth == 0 and (c in _WS or c == ","):
-            return i
-        i += 1
-    return None
+            i += 1
+        self.i = i
+        return None
 
 
 def safe_string_prefix(buf: str, start: int) -> tuple[str, int, bool]:
@@ -118,6 +135,7 @@ class JsonCallsBlock:
         self.writer: ArgumentsWriter | None = None
         self.props: dict[str, Any] = {}
         self.arg_key: str | None = None
+        self.scanner = ValueScanner(0)
 
     # Incremental reading ------------------------------------------------
     def feed(self, text: str) -> list[ParserDelta]:
@@ -132,6 +150,11 @@ class JsonCallsBlock:
         while self.pos < len(self.buf) and self.buf[self.pos] in chars:
             self.pos += 1
         return self.buf[self.pos] if self.pos < len(self.buf) else None
+
+    def _value_end(self) -> int | None:
+        if self.scanner.start != self.pos:
+            self.scanner = ValueScanner(self.pos)
+        return self.scanner.end(self.buf)
 
     def _step(self, out: list[ParserDelta]) -> bool:
         handler = getattr(self, "_" + self.state)
@@ -187,7 +210,7 @@ class JsonCallsBlock:
             self.pos += 1
             self.state = "arg_key"
             return True
-        end = value_end(self.buf, self.pos)
+        end = self._value_end()
         if end is None:
             return False
         raw = self.buf[self.pos : end]
@@ -249,7 +272,7 @@ class JsonCallsBlock:
             self.pos += 1
             self.state = "arg_string"
             return True
-        end = value_end(self.buf, self.pos)
+        end = self._value_end()
         if end is None:
             return False
         try:
