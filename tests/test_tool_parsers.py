@@ -400,7 +400,7 @@ def test_forcing_named_function_and_auto() -> None:
                 "json_schema": {"type": "object"},
                 "style": "json",
                 "any_order": False,
-                "max_whitespace_cnt": None,
+                "max_whitespace_cnt": 16,
                 "excludes": [],
             },
             "end": "}\n</tool_call>",

@@ -345,3 +345,35 @@ def test_keepalive_on_the_wire_while_a_call_is_withheld(hermes: Served) -> None:
         sse.KEEPALIVE_INTERVAL_S, hermes.engine.delay = old, 0.0
     assert ": keep-alive" in lines
     assert lines[-1] == "data: [DONE]"
+
+
+def test_required_makes_a_random_model_call(tmp_path: Path) -> None:
+    """End to end on a tiny random model: the forced grammar (enforced by
+    ``mlxspec.engine.grammar``) makes it write exactly one well-formed call."""
+    pytest.importorskip("mlxspec.engine.grammar", reason="grammar enforcement not merged yet")
+    from mlxspec.engine import Engine
+
+    engine = Engine.load(build_tool_model(tmp_path / "m", "hermes"), "tiny-hermes")
+    engine.start()
+    empty = {"type": "object", "properties": {}, "additionalProperties": False}
+    clock = {"type": "function", "function": {"name": "get_time", "parameters": empty}}
+    try:
+        with LiveServer(create_app(engine, validate_responses=True)) as server:
+            with checking_client(server.base, timeout=120) as client:
+                body = {
+                    "messages": ASK,
+                    "tools": [WEATHER, clock],
+                    "tool_choice": {"type": "function", "function": {"name": "get_time"}},
+                    "parallel_tool_calls": False,
+                    "temperature": 0,
+                    "max_tokens": 96,
+                }
+                r = client.post("/v1/chat/completions", json=body)
+    finally:
+        engine.close()
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["content"] is None
+    assert strip_ids(choice["message"]["tool_calls"]) == [
+        {"type": "function", "function": {"name": "get_time", "arguments": "{}"}}
+    ]

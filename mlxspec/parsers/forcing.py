@@ -16,6 +16,11 @@ from mlxspec.engine.types import Constraint
 
 from . import tool_parser_class
 
+#: Most whitespace characters the grammar allows at one place inside the
+#: arguments JSON: enough for pretty-printing, too few for a weak model to
+#: spend its whole budget on spaces.
+MAX_WHITESPACE = 16
+
 #: Formats whose calls can be forced.
 FORCEABLE = ("hermes", "qwen3_coder", "llama3_json", "mistral")
 
@@ -68,6 +73,7 @@ def tool_call_constraint(
             tool_choice=dict(tool_choice) if isinstance(tool_choice, Mapping) else "required",
             reasoning=thinking,
             parallel_tool_calls=parallel_tool_calls,
+            max_whitespace_cnt=MAX_WHITESPACE,
         ).model_dump(mode="json")
     return Constraint(kind="structural_tag", spec=json.dumps(tag))
 
@@ -79,7 +85,11 @@ def _mistral_tag(tools: Sequence[Mapping[str, Any]], parallel: bool) -> dict[str
         function = tool.get("function") or {}
         schema = function.get("parameters") or {"type": "object"}
         begin = '{"name": ' + json.dumps(function.get("name")) + ', "arguments": '
-        content = {"type": "json_schema", "json_schema": schema}
+        content = {
+            "type": "json_schema",
+            "json_schema": schema,
+            "max_whitespace_cnt": MAX_WHITESPACE,
+        }
         tags.append({"type": "tag", "begin": begin, "content": content, "end": "}"})
     calls = {
         "type": "tags_with_separator",
