@@ -15,6 +15,7 @@ from mlxspec.app import create_app
 from mlxspec.conformance.httpx_checks import checking_client
 from mlxspec.engine import TokenLogprob
 from mlxspec.engine.prompt import normalize_messages
+from mlxspec.handlers.tool_options import template_kwargs
 from mlxspec.handlers.turns import (
     ReasoningDelta,
     TextDelta,
@@ -22,7 +23,6 @@ from mlxspec.handlers.turns import (
     ToolCallStart,
     TurnOptions,
     TurnParser,
-    template_kwargs,
 )
 from mlxspec.parsers import Content, ParserChoice, Reasoning, reasoning_parser_class
 

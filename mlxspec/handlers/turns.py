@@ -19,8 +19,14 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlxspec.engine import Delta, Engine, Finished, GenerationRequest, RequestHandle, TokenLogprob
-from mlxspec.errors import ApiError
+from mlxspec.engine import (
+    Delta,
+    Engine,
+    Finished,
+    GenerationRequest,
+    RequestHandle,
+    TokenLogprob,
+)
 from mlxspec.parsers import (
     CallArguments,
     CallBegin,
@@ -33,7 +39,6 @@ from mlxspec.parsers import (
     reasoning_parser_class,
     tool_parser_class,
 )
-from mlxspec.parsers.forcing import tool_call_constraint
 
 from .common import (
     cancel_on_disconnect,
@@ -41,6 +46,13 @@ from .common import (
     request_headers,
     session_key,
     to_generation_request,
+)
+from .tool_options import (
+    TurnOptions,
+    forcing_constraint,
+    template_kwargs,
+    tool_parser_name,
+    turn_options,
 )
 
 
@@ -110,22 +122,6 @@ class TurnEnd:
 ChatEvent = TextDelta | ReasoningDelta | ToolCallStart | ToolCallArguments | TurnEnd
 
 
-@dataclass(frozen=True)
-class TurnOptions:
-    """What the parsers need to know about a turn.
-
-    Args:
-        tools (tuple[dict, ...]): the request's OpenAI function tools. Default: ``()``.
-        tool_choice (Any): ``"auto"``, ``"none"``, ``"required"`` or
-            ``{"type": "function", "function": {"name": ...}}``. Default: ``"auto"``.
-        parallel_tool_calls (bool): allow more than one call. Default: ``True``.
-    """
-
-    tools: tuple[dict[str, Any], ...] = ()
-    tool_choice: Any = "auto"
-    parallel_tool_calls: bool = True
-
-
 @dataclass
 class ChatTurn:
     """A whole turn, collected (the non-streamed form of the events)."""
@@ -153,59 +149,6 @@ class Turn:
     options: TurnOptions
     choice: ParserChoice = ParserChoice()
     thinking: bool = False
-
-
-def turn_options(body: Mapping[str, Any]) -> TurnOptions:
-    """The parser options of an OpenAI-shaped chat body (pure).
-
-    Raises:
-        ApiError: a forcing ``tool_choice`` without ``tools``, or naming a
-            function that is not among them (400, ``param: tool_choice``).
-    """
-    tools = tuple(body.get("tools") or ())
-    choice = body.get("tool_choice")
-    choice = "auto" if choice is None else choice
-    if (choice == "required" or isinstance(choice, Mapping)) and not tools:
-        raise ApiError(
-            "invalid_request", "tool_choice requires tools to be specified", param="tool_choice"
-        )
-    if isinstance(choice, Mapping):
-        name = choice["function"]["name"]
-        if not any((t.get("function") or {}).get("name") == name for t in tools):
-            raise ApiError(
-                "invalid_request",
-                f"tool_choice names function '{name}', which is not in tools",
-                param="tool_choice",
-            )
-    return TurnOptions(
-        tools=tools,
-        tool_choice=choice,
-        parallel_tool_calls=body.get("parallel_tool_calls") is not False,
-    )
-
-
-def template_kwargs(body: Mapping[str, Any], template: str = "") -> dict[str, Any] | None:
-    """The chat template variables of a body (pure).
-
-    ``chat_template_kwargs`` as given; ``reasoning_effort`` sets
-    ``enable_thinking`` (``"none"`` off, any other level on) unless the client
-    set it explicitly, and reaches templates that read a ``reasoning_effort``
-    variable (gpt-oss) as is (reference, chat request body).
-
-    Args:
-        body (Mapping): the chat body.
-        template (str): the chat template text. Default: ``""``.
-
-    Returns:
-        dict | None: the variables, or ``None`` when there are none.
-    """
-    kwargs = dict(body.get("chat_template_kwargs") or {})
-    effort = body.get("reasoning_effort")
-    if effort is not None:
-        kwargs.setdefault("enable_thinking", effort != "none")
-        if "reasoning_effort" in template:
-            kwargs.setdefault("reasoning_effort", effort)
-    return kwargs or None
 
 
 @functools.lru_cache(maxsize=8)
@@ -241,6 +184,7 @@ def open_turn(engine: Engine, body: Mapping[str, Any], prompt_param: str = "mess
     Raises:
         PromptError: the template cannot render the messages.
         ContextLengthError: the prompt does not fit.
+        ApiError: an invalid or unenforceable ``tool_choice`` (400).
     """
     options = turn_options(body)
     tools = list(options.tools) if options.tools and options.tool_choice != "none" else None
@@ -251,30 +195,10 @@ def open_turn(engine: Engine, body: Mapping[str, Any], prompt_param: str = "mess
     session = session_key(body, request_headers())
     request = to_generation_request(body, prompt, engine.defaults, engine.info, session)
     if tools and options.tool_choice != "auto":
-        parser = _tool_parser_name(options, choice)
-        constraint = tool_call_constraint(
-            parser or "", tools, options.tool_choice, options.parallel_tool_calls, thinking
-        )
-        if constraint is None:
-            raise ApiError(
-                "invalid_request",
-                f"tool_choice {options.tool_choice!r} cannot be enforced for this model's "
-                f"tool-call format ({parser})",
-                param="tool_choice",
-            )
+        constraint = forcing_constraint(options, choice, thinking)
         request = dataclasses.replace(request, constraint=constraint)
     handle = engine.submit(request, prompt_param=prompt_param)
     return Turn(request, handle, options, choice, thinking)
-
-
-def _tool_parser_name(options: TurnOptions, choice: ParserChoice) -> str | None:
-    """The tool format to parse: none when tools are off; a model without a
-    known format is read (and forced) as Hermes ``<tool_call>`` JSON."""
-    if not options.tools or options.tool_choice == "none":
-        return None
-    if choice.tool is None and options.tool_choice != "auto":
-        return "hermes"
-    return choice.tool
 
 
 async def turn_events(turn: Turn) -> AsyncIterator[ChatEvent]:
@@ -311,7 +235,7 @@ class TurnParser:
         self.reasoning = (
             reasoning_parser_class(choice.reasoning)(thinking) if choice.reasoning else None
         )
-        name = _tool_parser_name(options, choice)
+        name = tool_parser_name(options, choice)
         self.tools = tool_parser_class(name)(options.tools) if name else None
         self.parallel = options.parallel_tool_calls
         self.calls = 0
