@@ -197,3 +197,59 @@ def test_reasoning_effort_invalid_is_400(think: Any) -> None:
     assert r.json()["error"]["message"] == (
         "reasoning_effort must be one of 'none', 'minimal', 'low', 'medium', 'high', 'xhigh'"
     )
+
+
+TURN_TEXT = (
+    "Weigh it.</think>\n\nChecking.<tool_call>\n"
+    '{"name": "f", "arguments": {"q": "a\\u00e9\\"b"}}\n</tool_call>\n'
+    '<tool_call>{"name": "g", "arguments": {}}</tool_call>'
+)
+
+
+def collect(cuts: list[int], parallel: bool = True) -> dict[str, Any]:
+    """Run :class:`TurnParser` over ``TURN_TEXT`` split at ``cuts`` (one fake
+    token per chunk) and gather what a client would see."""
+    tools = tuple(
+        {"type": "function", "function": {"name": n, "parameters": {"type": "object"}}}
+        for n in ("f", "g")
+    )
+    options = TurnOptions(tools=tools, parallel_tool_calls=parallel)
+    parser = TurnParser(options, ParserChoice("hermes", "think"), thinking=True)
+    bounds = [0, *sorted(set(cuts)), len(TURN_TEXT)]
+    events = []
+    for i, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)):
+        events += parser.feed(TURN_TEXT[a:b], lp(i))
+    events += parser.finish()
+    out: dict[str, Any] = {"content": "", "reasoning": "", "calls": {}, "logprobs": []}
+    for e in events:
+        if isinstance(e, TextDelta):
+            out["content"] += e.text
+        elif isinstance(e, ReasoningDelta):
+            out["reasoning"] += e.text
+        elif isinstance(e, ToolCallStart):
+            out["calls"][e.index] = [e.name, ""]
+        elif isinstance(e, ToolCallArguments):
+            out["calls"][e.index][1] += e.fragment
+        out["logprobs"] += [x.id for x in getattr(e, "logprobs", ())]
+    out["tokens"] = len(bounds) - 1
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(cuts=st.lists(st.integers(1, len(TURN_TEXT) - 1), max_size=20))
+def test_turn_any_chunking(cuts: list[int]) -> None:
+    """Reasoning, content, calls and every token's logprob, whatever the chunking."""
+    got = collect(cuts)
+    assert got["logprobs"] == list(range(got.pop("tokens")))
+    assert got == {
+        "content": "Checking.",
+        "reasoning": "Weigh it.",
+        "calls": {0: ["f", '{"q": "aé\\"b"}'], 1: ["g", "{}"]},
+        "logprobs": got["logprobs"],
+    }
+
+
+def test_turn_parallel_false_drops_later_calls_but_keeps_logprobs() -> None:
+    got = collect(list(range(1, len(TURN_TEXT))), parallel=False)
+    assert got["calls"] == {0: ["f", '{"q": "aé\\"b"}']}
+    assert got["logprobs"] == list(range(got["tokens"]))

@@ -216,15 +216,17 @@ def test_stream_content_before_markup_is_live(hermes: Served) -> None:
     assert payloads[-1]["choices"][0]["finish_reason"] == "tool_calls"
 
 
+QWEN_XML_SCRIPT = [
+    "<tool_call>",
+    "\n<function=get_weather>\n<parameter=city>\nSão",
+    " Paulo\n</parameter>\n<parameter=days>\n",
+    "3\n</parameter>\n</function>\n",
+    "</tool_call>",
+]
+
+
 def test_qwen_xml_end_to_end(qwen_xml: Served) -> None:
-    script = [
-        "<tool_call>",
-        "\n<function=get_weather>\n<parameter=city>\nSão",
-        " Paulo\n</parameter>\n<parameter=days>\n",
-        "3\n</parameter>\n</function>\n",
-        "</tool_call>",
-    ]
-    r = qwen_xml.post(script, tools=[WEATHER])
+    r = qwen_xml.post(QWEN_XML_SCRIPT, tools=[WEATHER])
     message = r.json()["choices"][0]["message"]
     assert message["content"] is None
     assert strip_ids(message["tool_calls"]) == [
@@ -233,6 +235,18 @@ def test_qwen_xml_end_to_end(qwen_xml: Served) -> None:
             "function": {"name": "get_weather", "arguments": '{"city": "São Paulo", "days": 3}'},
         }
     ]
+
+
+def test_qwen_xml_stream_fragments(qwen_xml: Served) -> None:
+    """A string parameter streams as written; an integer one when complete."""
+    qwen_xml.engine.script = QWEN_XML_SCRIPT
+    body = {"messages": ASK, "tools": [WEATHER], "stream": True}
+    with qwen_xml.client.stream("POST", "/v1/chat/completions", json=body) as r:
+        chunks = [json.loads(x[6:]) for x in r.iter_lines() if x.startswith("data: {")]
+    calls = [c["choices"][0]["delta"].get("tool_calls") for c in chunks]
+    fragments = [tc[0]["function"]["arguments"] for tc in calls if tc]
+    assert fragments == ["", '{"city": "', "São", ' Paulo"', ', "days": 3', "}"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
 
 
 def test_mistral_end_to_end(mistral: Served) -> None:
