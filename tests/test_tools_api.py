@@ -361,13 +361,19 @@ def test_keepalive_on_the_wire_while_a_call_is_withheld(hermes: Served) -> None:
     assert lines[-1] == "data: [DONE]"
 
 
-def test_required_makes_a_random_model_call(tmp_path: Path) -> None:
+NAMED_CLOCK = {"type": "function", "function": {"name": "get_time"}}
+
+
+@pytest.mark.parametrize(
+    ("tool_choice", "style"), [(NAMED_CLOCK, "hermes"), ("required", "qwen_xml")]
+)
+def test_forcing_makes_a_random_model_call(tmp_path: Path, tool_choice: Any, style: str) -> None:
     """End to end on a tiny random model: the forced grammar (enforced by
     ``mlxspec.engine.grammar``) makes it write exactly one well-formed call."""
     pytest.importorskip("mlxspec.engine.grammar", reason="grammar enforcement not merged yet")
     from mlxspec.engine import Engine
 
-    engine = Engine.load(build_tool_model(tmp_path / "m", "hermes"), "tiny-hermes")
+    engine = Engine.load(build_tool_model(tmp_path / "m", style), "tiny-tools")
     engine.start()
     empty = {"type": "object", "properties": {}, "additionalProperties": False}
     clock = {"type": "function", "function": {"name": "get_time", "parameters": empty}}
@@ -376,8 +382,8 @@ def test_required_makes_a_random_model_call(tmp_path: Path) -> None:
             with checking_client(server.base, timeout=120) as client:
                 body = {
                     "messages": ASK,
-                    "tools": [WEATHER, clock],
-                    "tool_choice": {"type": "function", "function": {"name": "get_time"}},
+                    "tools": [clock] if tool_choice == "required" else [WEATHER, clock],
+                    "tool_choice": tool_choice,
                     "parallel_tool_calls": False,
                     "temperature": 0,
                     "max_tokens": 96,
