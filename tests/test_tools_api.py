@@ -397,3 +397,20 @@ def test_forcing_makes_a_random_model_call(tmp_path: Path, tool_choice: Any, sty
     assert strip_ids(choice["message"]["tool_calls"]) == [
         {"type": "function", "function": {"name": "get_time", "arguments": "{}"}}
     ]
+
+
+def test_unenforceable_tool_choice_is_400() -> None:
+    from mlxspec.errors import ApiError
+    from mlxspec.handlers.tool_options import TurnOptions, forcing_constraint
+    from mlxspec.parsers import ParserChoice
+
+    options = TurnOptions(tools=(WEATHER,), tool_choice="required")
+    with pytest.raises(ApiError) as info:
+        forcing_constraint(options, ParserChoice("pythonic"), thinking=False)
+    assert (info.value.message, info.value.param) == (
+        "tool_choice required cannot be enforced for this model's tool-call format (pythonic)",
+        "tool_choice",
+    )
+    # A model with no known tool format is forced (and read) as Hermes JSON.
+    constraint = forcing_constraint(options, ParserChoice(), thinking=False)
+    assert json.loads(constraint.spec)["format"]["triggers"] == ["<tool_call>"]
