@@ -16,6 +16,9 @@ ENDPOINTS = [
     "GET /v1/models",
     "GET /v1/models/{model_id}",
     "GET /health",
+    "GET /stats",
+    "GET /fit",
+    "GET /metrics",
     "GET /openapi.json",
 ]
 
