@@ -147,6 +147,18 @@ class TestHermes(ParserCases):
             "",
             [call("get_weather", tags=["a", "]}", "b"], days=10)],
         ),
+        (  # what models get wrong in strings: invalid escapes, raw newlines
+            '<tool_call>{"name": "get_weather", "arguments": {"city": "C:\\dir\\new\\\\x", '
+            '"tags": ["a\nb"]}}</tool_call>',
+            "",
+            [call("get_weather", city="C:\\dir\new\\x", tags=["a\nb"])],
+        ),
+        (  # escaped surrogate pairs join; a lone one stays an escape
+            '<tool_call>{"name": "get_weather", "arguments": {"city": "\\ud83d\\ude00 '
+            '\\ud83d!"}}</tool_call>',
+            "",
+            [{"name": "get_weather", "arguments": '{"city": "\U0001f600 \\ud83d!"}'}],
+        ),
         (  # unparseable markup falls back to content
             "<tool_call>not a call</tool_call> ok",
             "<tool_call>not a call</tool_call> ok",
@@ -250,6 +262,37 @@ def test_any_chunking_matches_whole(data: st.DataObject) -> None:
     parser, text, content, calls = data.draw(st.sampled_from(ALL_CASES))
     cuts = data.draw(st.lists(st.integers(1, max(1, len(text) - 1)), max_size=12))
     assert run(parser, text, cuts) == {"content": content, "calls": calls}
+
+
+#: Fragments of markup, recombined at random: deep parser states, broken
+#: escapes and stray tags that no hand-written case covers.
+SOUP = [
+    '<tool_call>{"name": "get_weather", "arguments": {"city": "',
+    "<tool_call>\n<function=get_weather>\n<parameter=days>\n",
+    '[TOOL_CALLS][{"name": "get_time", "arguments": {"tags": [',
+    "<|tool_call_start|>[get_weather(city=",
+    *("<tool_call>", "</tool_call>", "</parameter>", "</function>", "[ARGS]", ")]"),
+    *("{", "}", "[", "]", '"', "'", ",", ":", ";", " ", "\n", "True", "1", "é"),
+    *("\\ud83d", "\\ude00", "\\d", "\\n", '\\"', '"name"', '"get_weather"'),
+]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    parser=st.sampled_from(["hermes", "qwen3_coder", "mistral", "llama3_json", "pythonic"]),
+    pieces=st.lists(st.sampled_from(SOUP), max_size=25),
+    data=st.data(),
+)
+def test_markup_soup_never_raises(parser: str, pieces: list[str], data: st.DataObject) -> None:
+    """Any text parses without an exception, to valid JSON arguments, the
+    same way for any chunking."""
+    text = "".join(pieces)
+    whole = run(parser, text)
+    for c in whole["calls"]:
+        assert isinstance(json.loads(c["arguments"]), dict)
+        c["arguments"].encode()  # always valid UTF-8 (no lone surrogates)
+    cuts = data.draw(st.lists(st.integers(1, max(1, len(text) - 1)), max_size=10))
+    assert run(parser, text, cuts) == whole
 
 
 def test_streaming_is_incremental() -> None:

@@ -15,10 +15,18 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
 
 def dumps(value: Any) -> str:
-    """JSON text as the writer emits it (``json.dumps`` defaults, UTF-8 kept)."""
-    return json.dumps(value, ensure_ascii=False)
+    """JSON text as the writer emits it (``json.dumps`` defaults, UTF-8 kept).
+
+    A lone surrogate (from a model's ``\\ud83d`` escape without its pair)
+    stays an escape, so the text can always be encoded as UTF-8; values JSON
+    cannot hold (a set from a Python literal) are written as their ``str``.
+    """
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    return _LONE_SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def escape(text: str) -> str:
@@ -185,7 +193,7 @@ _FAIL = object()
 
 def _loads(text: str) -> Any:
     try:
-        return json.loads(text)
+        return json.loads(text, strict=False)
     except (json.JSONDecodeError, ValueError):
         pass
     repaired = repair_json(text)
@@ -201,6 +209,7 @@ def _loads(text: str) -> Any:
 
 _FENCE = re.compile(r"^\s*```[a-zA-Z]*\s*\n?(.*?)\n?\s*```\s*$", re.DOTALL)
 _PY_LITERALS = {"True": "true", "False": "false", "None": "null"}
+_HEX4 = re.compile("[0-9a-fA-F]{4}")
 
 
 def repair_json(text: str) -> Any:
@@ -226,7 +235,7 @@ def repair_json(text: str) -> Any:
     fixed = _close(_normalize(body))
     for candidate in (fixed, fixed.rstrip()):
         try:
-            value, _ = json.JSONDecoder().raw_decode(candidate)
+            value, _ = json.JSONDecoder(strict=False).raw_decode(candidate)
             return value
         except json.JSONDecodeError:
             continue
@@ -245,8 +254,10 @@ def _normalize(text: str) -> str:
             while j < n and text[j] != c:
                 if text[j] == "\\" and j + 1 < n:
                     esc = text[j + 1]
-                    piece.append("'" if esc == "'" else text[j : j + 2])
-                    j += 2
+                    hexa = _HEX4.fullmatch(text[j + 2 : j + 6])
+                    valid = esc in '"\\/bfnrt' or (esc == "u" and hexa is not None)
+                    piece.append("'" if esc == "'" else text[j : j + 2] if valid else "\\\\")
+                    j += 2 if valid or esc == "'" else 1
                     continue
                 piece.append('\\"' if text[j] == '"' else text[j])
                 j += 1

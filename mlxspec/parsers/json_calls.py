@@ -11,6 +11,7 @@ the rest with the repair pass, keeping what was already sent.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -88,6 +89,37 @@ class ValueScanner:
         return None
 
 
+_HEX4 = re.compile("[0-9a-fA-F]{4}")
+
+
+def decode_string_body(raw: str) -> str:
+    """Decode the inside of a JSON string, tolerating what models get wrong:
+    raw control characters, and invalid escapes (``C:\\dir``), whose
+    backslash is kept as text."""
+    try:
+        return json.loads('"' + raw + '"', strict=False)
+    except json.JSONDecodeError:
+        pass
+    out, i, n = [], 0, len(raw)
+    while i < n:
+        if raw[i] == "\\":
+            nxt = raw[i + 1 : i + 2]
+            if nxt and nxt in '"\\/bfnrt':
+                out.append(raw[i : i + 2])
+                i += 2
+                continue
+            if nxt == "u" and _HEX4.fullmatch(raw[i + 2 : i + 6]):
+                out.append(raw[i : i + 6])
+                i += 6
+                continue
+            out.append("\\\\")
+            i += 1
+            continue
+        out.append(raw[i])
+        i += 1
+    return json.loads('"' + "".join(out) + '"', strict=False)
+
+
 def safe_string_prefix(buf: str, start: int) -> tuple[str, int, bool]:
     """Decode the complete part of a JSON string body beginning at ``start``.
 
@@ -100,19 +132,23 @@ def safe_string_prefix(buf: str, start: int) -> tuple[str, int, bool]:
     while i < n:
         c = buf[i]
         if c == '"':
-            return json.loads('"' + buf[start:i] + '"'), i + 1, True
+            return decode_string_body(buf[start:i]), i + 1, True
         if c == "\\":
             width = 6 if i + 1 < n and buf[i + 1] == "u" else 2
             if i + width > n:
                 break
-            if width == 6 and 0xD800 <= int(buf[i + 2 : i + 6], 16) <= 0xDBFF:
-                if i + 12 > n:  # a high surrogate waits for its pair
+            hexa = buf[i + 2 : i + 6]
+            if width == 6 and _HEX4.fullmatch(hexa) and 0xD800 <= int(hexa, 16) <= 0xDBFF:
+                if i + 8 > n:  # a high surrogate waits to see whether its pair follows
                     break
-                width = 12
+                if buf[i + 6 : i + 8] == "\\u":
+                    if i + 12 > n:
+                        break
+                    width = 12
             i += width
         else:
             i += 1
-    return json.loads('"' + buf[start:i] + '"'), i, False
+    return decode_string_body(buf[start:i]), i, False
 
 
 class JsonCallsBlock:
@@ -185,7 +221,7 @@ class JsonCallsBlock:
             return None
         if self.buf[colon] != ":":
             return False
-        key = json.loads(self.buf[self.pos : end])
+        key = decode_string_body(self.buf[self.pos + 1 : end - 1])
         self.pos = colon + 1
         return key
 
@@ -218,7 +254,7 @@ class JsonCallsBlock:
         self.state = "env_key"
         if self.key in NAME_KEYS and self.writer is None:
             try:
-                name = json.loads(raw)
+                name = json.loads(raw, strict=False)
             except json.JSONDecodeError:
                 name = None
             if not isinstance(name, str) or not name:
@@ -276,7 +312,7 @@ class JsonCallsBlock:
         if end is None:
             return False
         try:
-            value = json.loads(self.buf[self.pos : end])
+            value = json.loads(self.buf[self.pos : end], strict=False)
         except json.JSONDecodeError:
             self.broken = True
             return False
@@ -326,7 +362,7 @@ class JsonCallsBlock:
 def _envelopes(text: str) -> list[Mapping[str, Any]]:
     """The call objects in ``text``: strict JSON first, then the repair pass."""
     try:
-        value: Any = json.loads(text)
+        value: Any = json.loads(text, strict=False)
     except json.JSONDecodeError:
         value = repair_json(text)
     if isinstance(value, Mapping):
