@@ -9,12 +9,15 @@ the tags for the Hermes/Qwen JSON, Qwen XML and Llama 3 JSON formats
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mlxspec.engine.types import Constraint
 
 from . import tool_parser_class
+
+log = logging.getLogger("mlxspec.parsers")
 
 #: Most whitespace characters the grammar allows at one place inside the
 #: arguments JSON: enough for pretty-printing, too few for a weak model to
@@ -67,14 +70,18 @@ def tool_call_constraint(
 
         model = tool_parser_class(parser).xgrammar_model
         assert model is not None
-        tag = get_model_structural_tag(
-            model,
-            tools=[dict(t) for t in allowed],
-            tool_choice=dict(tool_choice) if isinstance(tool_choice, Mapping) else "required",
-            reasoning=thinking,
-            parallel_tool_calls=parallel_tool_calls,
-            max_whitespace_cnt=MAX_WHITESPACE,
-        ).model_dump(mode="json")
+        try:
+            tag = get_model_structural_tag(
+                model,
+                tools=[dict(t) for t in allowed],
+                tool_choice=dict(tool_choice) if isinstance(tool_choice, Mapping) else "required",
+                reasoning=thinking,
+                parallel_tool_calls=parallel_tool_calls,
+                max_whitespace_cnt=MAX_WHITESPACE,
+            ).model_dump(mode="json")
+        except (ValueError, TypeError):  # pydantic rejects a tool it cannot describe
+            log.warning("no forcing grammar for these tools", exc_info=True)
+            return None
     return Constraint(kind="structural_tag", spec=json.dumps(tag))
 
 
