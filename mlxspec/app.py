@@ -14,7 +14,6 @@ checked by Connexion's security middleware (:mod:`mlxspec.security`).
 
 from __future__ import annotations
 
-import copy
 import logging
 from typing import Any
 
@@ -29,9 +28,9 @@ from starlette.types import Receive, Scope, Send
 
 from .config import ServeConfig
 from .engine import ContextBudgetError, ContextLengthError, EngineRequestError, QueueFullError
-from .errors import ApiError, error_json, surface_for_path
+from .errors import ApiError, error_json, error_status, surface_for_path
 from .metrics import Metrics, RequestMetricsMiddleware, RouteLabels
-from .openapi import load_spec
+from .openapi import served_spec
 from .security import security_options
 from .validation import RequestBodyValidator, ResponseBodyValidator, enable_openapi_31
 
@@ -63,7 +62,7 @@ def _render(err: ApiError, req: ConnexionRequest | None = None) -> ConnexionResp
     """``err`` as an HTTP response in the envelope of the request's surface."""
     surface = surface_for_path(req.url.path) if req is not None else "openai"
     return ConnexionResponse(
-        status_code=err.status,
+        status_code=error_status(err, surface),
         mimetype="application/json",
         headers=err.headers,
         body=error_json(err, surface),
@@ -164,7 +163,7 @@ def create_app(engine: Any, config: Any = None, *, validate_responses: bool = Fa
     """
     config = config or ServeConfig()
     enable_openapi_31()
-    spec = copy.deepcopy(load_spec())
+    spec = served_spec(config.logprobs_format)
     security_map = security_options(spec, config.api_key)
     app = connexion.AsyncApp("mlxspec", security_map=security_map)
     app.add_api(

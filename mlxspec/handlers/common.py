@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from connexion.context import receive, scope
 
@@ -36,6 +36,7 @@ from mlxspec.errors import ApiError
 from mlxspec.metrics import GenerationWatch
 
 SYSTEM_FINGERPRINT = f"mlxspec-{__version__}"
+T = TypeVar("T")
 
 
 def current_engine() -> Engine:
@@ -107,10 +108,22 @@ def to_generation_request(
         stop=(stop,) if isinstance(stop, str) else tuple(stop),
         sampling=sampling,
         logits=logits,
-        logprobs=bool(body.get("logprobs") or False),
-        top_logprobs=max(0, int(pick("top_logprobs", -1))),
+        # OpenAI's legacy integer (even 0) asks for logprobs too.
+        logprobs=body.get("logprobs") is True or type(body.get("logprobs")) is int,
+        top_logprobs=_top_logprobs(body),
         session=session,
     )
+
+
+def _top_logprobs(body: Mapping[str, Any]) -> int:
+    """``top_logprobs`` (``-1``/null is unset, 0); OpenAI's legacy integer
+    ``logprobs: k`` (completions, ``--logprobs-format openai``) means k unless
+    ``top_logprobs`` is set."""
+    top = body.get("top_logprobs")
+    legacy = body.get("logprobs")
+    if (top is None or top < 0) and type(legacy) is int:
+        return legacy
+    return max(0, int(-1 if top is None else top))
 
 
 #: Largest penalty window: mlx slices take 32-bit indices, and a window
@@ -174,6 +187,33 @@ async def cancel_on_disconnect(handle: RequestHandle) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
     handle.cancel()
+
+
+async def until_disconnect(work: Awaitable[T]) -> T:
+    """Await ``work`` unless the client disconnects first (then cancel it).
+
+    For handlers whose engine work is not a :class:`RequestHandle` (scoring,
+    embeddings through ``Engine.run_exclusive``).
+
+    Raises:
+        ApiError: ``cancelled`` (499) when the client left first.
+    """
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected())
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+    if task not in done:
+        raise ApiError("cancelled", "request cancelled")
+    return task.result()
+
+
+async def _disconnected() -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 async def outputs(handle: RequestHandle) -> AsyncIterator[Delta | Finished]:
@@ -266,13 +306,6 @@ def usage(finished: Finished) -> dict[str, Any]:
         "prompt_tokens_details": {"cached_tokens": finished.cached_tokens},
         "lane": finished.lane,
     }
-
-
-def choice_logprobs(request: GenerationRequest, entries: list[TokenLogprob]) -> dict | None:
-    """A choice's ``logprobs``: mlx-lm's block when the request asked for it, else ``None``."""
-    if request.logprobs or request.top_logprobs:
-        return logprobs_block(entries, request.top_logprobs)
-    return None
 
 
 def logprobs_block(entries: list[TokenLogprob], top_logprobs: int) -> dict[str, Any]:

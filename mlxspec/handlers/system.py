@@ -13,6 +13,9 @@ from .common import current_engine
 ENDPOINTS = [
     "POST /v1/chat/completions",
     "POST /v1/completions",
+    "POST /v1/embeddings",
+    "POST /v1/decisions",
+    "POST /v1/systemone",
     "GET /v1/models",
     "GET /v1/models/{model_id}",
     "GET /health",
