@@ -414,3 +414,18 @@ def test_unenforceable_tool_choice_is_400() -> None:
     # A model with no known tool format is forced (and read) as Hermes JSON.
     constraint = forcing_constraint(options, ParserChoice(), thinking=False)
     assert json.loads(constraint.spec)["format"]["triggers"] == ["<tool_call>"]
+
+
+def test_n_choices_each_parse_their_calls(hermes: Served) -> None:
+    """Every choice of ``n`` runs its own parsers: each has the call, with its own id."""
+    r = hermes.post(HERMES_TWO_CALLS[3:8], tools=[WEATHER], n=2)
+    choices = r.json()["choices"]
+    assert [c["finish_reason"] for c in choices] == ["tool_calls", "tool_calls"]
+    calls = [c["message"]["tool_calls"][0] for c in choices]
+    assert calls[0]["id"] != calls[1]["id"]
+    assert strip_ids(calls) == 2 * [
+        {
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Paris", "days": 2}'},
+        }
+    ]
