@@ -370,7 +370,6 @@ NAMED_CLOCK = {"type": "function", "function": {"name": "get_time"}}
 def test_forcing_makes_a_random_model_call(tmp_path: Path, tool_choice: Any, style: str) -> None:
     """End to end on a tiny random model: the forced grammar (enforced by
     ``mlxspec.engine.grammar``) makes it write exactly one well-formed call."""
-    pytest.importorskip("mlxspec.engine.grammar", reason="grammar enforcement not merged yet")
     from mlxspec.engine import Engine
 
     engine = Engine.load(build_tool_model(tmp_path / "m", style), "tiny-tools")
