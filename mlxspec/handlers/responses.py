@@ -70,9 +70,9 @@ async def create_response(body: dict[str, Any]) -> Any:
     builder = ResponseBuilder(_skeleton(body, turn, conversation, engine), _token_counter(engine))
     keep = _keeper(store, conversation, builder, body.get("store") is not False)
     if body.get("stream"):
-        frames = sse.named_events(
-            _frames(turn, builder, keep), builder.fail, on_close=turn.handle.cancel
-        )
+        # Keep-alive comments fill silences (a withheld tool call, a long prefill).
+        events = sse.with_keepalive(_frames(turn, builder, keep))
+        frames = sse.named_events(events, builder.fail, on_close=turn.handle.cancel)
         response = sse.event_stream(frames)
         response.headers.update(warning)
         return response
