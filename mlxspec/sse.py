@@ -1,9 +1,12 @@
 """The one module that writes Server-Sent Events.
 
-Only this module produces ``data:`` lines, keep-alive comments, in-band error
-frames and the ``data: [DONE]`` terminator, and sets the stream headers
-(WHATWG HTML "Server-sent events" section 9.2 for the framing). Handlers give
-it an async iterator of JSON-able payloads.
+Only this module produces ``data:`` and ``event:`` lines, keep-alive comments,
+in-band error frames and the ``data: [DONE]`` terminator, and sets the stream
+headers (WHATWG HTML "Server-sent events" section 9.2 for the framing).
+Handlers give it an async iterator of JSON-able payloads: OpenAI streams are
+bare ``data:`` events ending in ``[DONE]`` (:func:`openai_events`); Anthropic
+streams are named events whose name is the payload's ``type``
+(:func:`anthropic_events`).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from typing import Any
 
 from starlette.responses import StreamingResponse
 
-from .errors import ApiError, openai_error_json
+from .errors import ApiError, anthropic_error_body, openai_error_json
 
 log = logging.getLogger("mlxspec.sse")
 
@@ -27,6 +30,11 @@ HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 #: Line breaks for ``str.splitlines`` (so for httpx's ``iter_lines`` and
 #: httpx-sse) that JSON leaves raw; escaped, they cannot split a frame.
 _LINE_BREAKS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"})
+
+
+def _json_line(payload: Any) -> bytes:
+    text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    return text.translate(_LINE_BREAKS).encode()
 
 
 def data_frame(payload: Any) -> bytes:
@@ -42,8 +50,7 @@ def data_frame(payload: Any) -> bytes:
     Returns:
         bytes: ``b"data: <json>\\n\\n"``, UTF-8.
     """
-    text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
-    return b"data: " + text.translate(_LINE_BREAKS).encode() + b"\n\n"
+    return b"data: " + _json_line(payload) + b"\n\n"
 
 
 def error_frame(err: ApiError) -> bytes:
@@ -77,6 +84,51 @@ async def openai_events(
     except Exception:
         log.exception("stream failed")
         yield error_frame(ApiError.internal())
+    finally:
+        if on_close is not None:
+            on_close()
+
+
+def named_frame(event: str, payload: Any) -> bytes:
+    """Encode one JSON payload as a named event: an ``event:`` line, then one
+    ``data:`` line escaped as in :func:`data_frame`.
+
+    Args:
+        event (str): the event name (no line breaks), e.g. ``"message_start"``.
+        payload: any JSON-serialisable value.
+
+    Returns:
+        bytes: ``b"event: <event>\\ndata: <json>\\n\\n"``, UTF-8.
+    """
+    return b"event: " + event.encode() + b"\ndata: " + _json_line(payload) + b"\n\n"
+
+
+async def anthropic_events(
+    payloads: AsyncIterator[dict[str, Any]], on_close: Callable[[], None] | None = None
+) -> AsyncIterator[bytes]:
+    """Frame an Anthropic Messages stream: each payload as a named event.
+
+    The event name is the payload's ``type`` (Anthropic's "Streaming Messages":
+    ``event: message_start`` carries ``{"type": "message_start", ...}``); there
+    is no terminator beyond ``message_stop``. A failure mid-stream becomes one
+    ``event: error`` frame with Anthropic's error envelope and the stream ends.
+    ``on_close`` always runs, as in :func:`openai_events`.
+
+    Args:
+        payloads (AsyncIterator[dict]): stream events, each with a ``type``.
+        on_close (Callable | None): cleanup, e.g. ``handle.cancel``. Default: ``None``.
+
+    Yields:
+        bytes: SSE frames.
+    """
+    try:
+        async for payload in payloads:
+            yield named_frame(payload["type"], payload)
+    except ApiError as err:
+        yield named_frame("error", anthropic_error_body(err))
+    except Exception:
+        log.exception("stream failed")
+        yield named_frame("error", anthropic_error_body(ApiError.internal()))
     finally:
         if on_close is not None:
             on_close()

@@ -128,4 +128,11 @@ class Row:
             if self._stops.stopped:
                 reason = "stop"
         prompt = len(self.request.prompt)
-        self.handle.emit(Finished(reason, prompt, self.count, lane=self.lane))  # type: ignore[arg-type]
+        finished = Finished(
+            reason,  # type: ignore[arg-type]
+            prompt,
+            self.count,
+            lane=self.lane,
+            stop_sequence=self._stops.matched,
+        )
+        self.handle.emit(finished)
