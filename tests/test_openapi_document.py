@@ -41,6 +41,22 @@ OPERATIONS = [
         "completions",
         GENERATION_CODES,
     ),
+    (
+        "post",
+        "/v1/messages",
+        "createMessage",
+        "mlxspec.handlers.messages",
+        "messages",
+        GENERATION_CODES,
+    ),
+    (
+        "post",
+        "/v1/messages/count_tokens",
+        "countMessageTokens",
+        "mlxspec.handlers.messages",
+        "messages",
+        {"200", "400", "415", "500"},
+    ),
     ("get", "/v1/models", "listModels", "mlxspec.handlers.models", "models", {"200", "400", "500"}),
     (
         "get",
@@ -179,12 +195,13 @@ def test_operation_routing_and_responses(
                 f"{operation_id} {code} {media_type} has no example"
             )
         if code != "200":
+            envelope = "AnthropicErrorResponse" if tag == "messages" else "ErrorResponse"
             assert response["content"]["application/json"]["schema"] == {
-                "$ref": "#/components/schemas/ErrorResponse"
+                "$ref": f"#/components/schemas/{envelope}"
             }
 
 
-@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/v1/messages"])
 def test_generation_routes_declare_json_and_sse(path: str) -> None:
     op = SPEC["paths"][path]["post"]
     body = op["requestBody"]
@@ -264,7 +281,13 @@ def test_every_operation_has_examples() -> None:
 )
 def test_example_matches_its_schema(media_type: str, schema_ptr: str, value: Any) -> None:
     _validator(schema_ptr).validate(value)
-    if media_type == "text/event-stream" and value["data"] != "[DONE]":
+    if media_type == "text/event-stream" and "event" in value:
+        # An Anthropic named event: the JSON's type is the event name.
+        payload = json.loads(value["data"])
+        assert payload["type"] == value["event"]
+        target = "AnthropicErrorResponse" if value["event"] == "error" else "AnthropicStreamEvent"
+        _validator(f"#/components/schemas/{target}").validate(payload)
+    elif media_type == "text/event-stream" and value["data"] != "[DONE]":
         # contentSchema is an annotation in 2020-12; check the frame's JSON explicitly.
         payload = json.loads(value["data"])
         target = "ErrorResponse" if "error" in payload else None
