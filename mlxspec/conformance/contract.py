@@ -9,7 +9,10 @@ schema and its ``contentSchema``, and the stream must end with ``data: [DONE]``
 or an error frame. Responses outside any operation follow the conventions of
 the document's description: unknown paths answer 404 and undeclared methods 405
 with ``Allow``, both with an ``ErrorResponse`` body; every error body agrees
-with :data:`mlxspec.errors.ERROR_TABLE`.
+with :data:`mlxspec.errors.ERROR_TABLE`. Paths of the Anthropic surface
+(``/v1/messages...``) follow its own rules instead
+(:mod:`mlxspec.conformance.anthropic_contract`): ``AnthropicErrorResponse``
+bodies and named-event streams.
 
 :mod:`mlxspec.conformance.httpx_checks` runs these checks on every response an
 httpx client (or the openai SDK over one) receives.

@@ -13,6 +13,8 @@ from .common import current_engine
 ENDPOINTS = [
     "POST /v1/chat/completions",
     "POST /v1/completions",
+    "POST /v1/messages",
+    "POST /v1/messages/count_tokens",
     "GET /v1/models",
     "GET /v1/models/{model_id}",
     "GET /health",
