@@ -104,7 +104,7 @@ def named_frame(event: str, payload: Any) -> bytes:
 
 
 async def anthropic_events(
-    payloads: AsyncIterator[dict[str, Any]], on_close: Callable[[], None] | None = None
+    payloads: AsyncIterator[Any], on_close: Callable[[], None] | None = None
 ) -> AsyncIterator[bytes]:
     """Frame an Anthropic Messages stream: each payload as a named event.
 
@@ -115,7 +115,8 @@ async def anthropic_events(
     ``on_close`` always runs, as in :func:`openai_events`.
 
     Args:
-        payloads (AsyncIterator[dict]): stream events, each with a ``type``.
+        payloads (AsyncIterator[dict | bytes]): stream events, each with a
+            ``type``; ``bytes`` (a keep-alive comment) pass through as they are.
         on_close (Callable | None): cleanup, e.g. ``handle.cancel``. Default: ``None``.
 
     Yields:
@@ -123,7 +124,7 @@ async def anthropic_events(
     """
     try:
         async for payload in payloads:
-            yield named_frame(payload["type"], payload)
+            yield payload if isinstance(payload, bytes) else named_frame(payload["type"], payload)
     except ApiError as err:
         yield named_frame("error", anthropic_error_body(err))
     except Exception:

@@ -59,6 +59,12 @@ def test_stream_is_named_by_type_and_has_no_done() -> None:
     assert closed == ["closed"]
 
 
+def test_keepalive_bytes_pass_through() -> None:
+    body, _ = run([{"type": "ping"}, sse.KEEPALIVE])  # type: ignore[list-item]
+    assert body == b'event: ping\ndata: {"type":"ping"}\n\n' + sse.KEEPALIVE
+    assert split_named_events(body) == [("ping", '{"type":"ping"}')]
+
+
 def test_api_error_mid_stream_is_an_anthropic_error_event() -> None:
     body, closed = run([{"type": "ping"}], ApiError("queue_full", "generation queue is full"))
     assert body.endswith(
