@@ -35,7 +35,7 @@ class ScriptedEngine:
 
     def __init__(self, base: Any) -> None:
         self.base = base
-        self.info, self.defaults = base.info, base.defaults
+        self.info, self.defaults, self.tokenizer = base.info, base.defaults, base.tokenizer
         self.script: Callable[[GenerationRequest], list[Event]] = lambda r: []
         self.requests: list[GenerationRequest] = []
 
