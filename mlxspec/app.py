@@ -6,6 +6,10 @@ dispatches by ``operationId`` (``createChatCompletion`` ->
 ``mlxspec.handlers.chat.create_chat_completion``) to the handlers, which find
 the engine in the ASGI scope. Every error, from validation, routing, handlers
 or the engine, is rendered through :mod:`mlxspec.errors`.
+
+Around Connexion, outermost first: CORS (only with allowed origins), request
+metrics (:mod:`mlxspec.metrics`), and :class:`_WithEngine`. API keys are
+checked by Connexion's security middleware (:mod:`mlxspec.security`).
 """
 
 from __future__ import annotations
@@ -20,11 +24,15 @@ from connexion.exceptions import ProblemException
 from connexion.lifecycle import ConnexionRequest, ConnexionResponse
 from connexion.resolver import Resolver
 from starlette.exceptions import HTTPException
+from starlette.middleware.cors import CORSMiddleware
 from starlette.types import Receive, Scope, Send
 
-from .engine import ContextLengthError, EngineRequestError
+from .config import ServeConfig
+from .engine import ContextBudgetError, ContextLengthError, EngineRequestError, QueueFullError
 from .errors import ApiError, error_json, surface_for_path
+from .metrics import Metrics, RequestMetricsMiddleware, RouteLabels
 from .openapi import load_spec
+from .security import security_options
 from .validation import RequestBodyValidator, ResponseBodyValidator, enable_openapi_31
 
 log = logging.getLogger("mlxspec.app")
@@ -72,6 +80,8 @@ def _from_status(status: int, detail: Any, headers: Any = None) -> ApiError:
     messages = {"not_found": "not found", "method_not_allowed": "method not allowed"}
     message = messages.get(kind) or str(detail or kind.replace("_", " "))
     allow = (headers or {}).get("Allow") if kind == "method_not_allowed" else None
+    if kind == "unauthorized":  # RFC 6750 section 3: name the scheme to use
+        return ApiError(kind, message, headers={"WWW-Authenticate": "Bearer"})
     return ApiError(kind, message, headers={"Allow": allow} if allow else None)
 
 
@@ -82,8 +92,23 @@ def _api_error(req: ConnexionRequest, exc: Exception) -> ConnexionResponse:
 
 def _engine_error(req: ConnexionRequest, exc: Exception) -> ConnexionResponse:
     assert isinstance(exc, EngineRequestError)
-    kind = "context_length_exceeded" if isinstance(exc, ContextLengthError) else "invalid_request"
+    kind = "invalid_request"
+    if isinstance(exc, ContextLengthError):
+        kind = "context_length_exceeded"
+    elif isinstance(exc, ContextBudgetError):
+        kind = "context_over_budget"
     return _render(ApiError(kind, exc.message, param=exc.param), req)
+
+
+#: Seconds a refused client should wait (RFC 9110 section 10.2.3): about one
+#: decode step of a full batch frees a slot.
+RETRY_AFTER_S = 1
+
+
+def _queue_full(req: ConnexionRequest, exc: Exception) -> ConnexionResponse:
+    assert isinstance(exc, QueueFullError)
+    retry = {"Retry-After": str(RETRY_AFTER_S)}
+    return _render(ApiError("queue_full", exc.message, headers=retry), req)
 
 
 def _problem(req: ConnexionRequest, exc: Exception) -> ConnexionResponse:
@@ -99,19 +124,20 @@ def _unexpected(req: ConnexionRequest, exc: Exception) -> ConnexionResponse:
 
 
 class _WithEngine:
-    """ASGI wrapper: puts the engine and config into ``scope["state"]``, reads a
-    POST body sent without ``Content-Type`` as JSON, the only type the API takes
-    (curl users often omit the header; mlx_lm.server ignores it), and ignores
-    ``Content-Type`` on GET/HEAD, which carry no body (Connexion would otherwise
-    try to parse a form)."""
+    """ASGI wrapper: puts the engine, config and metrics into ``scope["state"]``,
+    reads a POST body sent without ``Content-Type`` as JSON, the only type the
+    API takes (curl users often omit the header; mlx_lm.server ignores it), and
+    ignores ``Content-Type`` on GET/HEAD, which carry no body (Connexion would
+    otherwise try to parse a form)."""
 
-    def __init__(self, app: Any, engine: Any, config: Any) -> None:
-        self.app, self.engine, self.config = app, engine, config
+    def __init__(self, app: Any, engine: Any, config: Any, metrics: Metrics) -> None:
+        self.app, self.engine, self.config, self.metrics = app, engine, config, metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             state = scope.setdefault("state", {})
             state["engine"], state["config"] = self.engine, self.config
+            state["metrics"] = self.metrics
             headers = scope.get("headers", [])
             method = scope.get("method")
             if method == "POST" and not any(k == b"content-type" for k, _ in headers):
@@ -128,17 +154,21 @@ def create_app(engine: Any, config: Any = None, *, validate_responses: bool = Fa
     Args:
         engine: an :class:`mlxspec.engine.Engine` (or a fake with the same
             methods), already started.
-        config: the :class:`mlxspec.config.ServeConfig`. Default: ``None``.
+        config (ServeConfig | None): the server's settings; its ``api_key``
+            and ``allowed_origins`` apply here. Default: ``None`` (defaults).
         validate_responses (bool): validate JSON responses against the document
             (a non-conforming response becomes a 500). Default: ``False``.
 
     Returns:
         An ASGI application for uvicorn.
     """
+    config = config or ServeConfig()
     enable_openapi_31()
-    app = connexion.AsyncApp("mlxspec")
+    spec = copy.deepcopy(load_spec())
+    security_map = security_options(spec, config.api_key)
+    app = connexion.AsyncApp("mlxspec", security_map=security_map)
     app.add_api(
-        copy.deepcopy(load_spec()),
+        spec,
         resolver=SnakeCaseResolver(),
         validator_map={
             "body": MediaTypeDict({"*/*json": RequestBodyValidator}),
@@ -151,9 +181,21 @@ def create_app(engine: Any, config: Any = None, *, validate_responses: bool = Fa
     )
     app.add_error_handler(ApiError, _api_error)
     app.add_error_handler(EngineRequestError, _engine_error)
+    app.add_error_handler(QueueFullError, _queue_full)
     app.add_error_handler(404, _problem)
     app.add_error_handler(405, _problem)
     app.add_error_handler(ProblemException, _problem)
     app.add_error_handler(HTTPException, _problem)
     app.add_error_handler(Exception, _unexpected)
-    return _WithEngine(app, engine, config)
+    metrics = Metrics(engine)
+    asgi: Any = _WithEngine(app, engine, config, metrics)
+    asgi = RequestMetricsMiddleware(asgi, metrics, RouteLabels(spec))
+    if config.allowed_origins:
+        asgi = CORSMiddleware(
+            asgi,
+            allow_origins=list(config.allowed_origins),
+            allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
+            allow_headers=["*"],
+            expose_headers=["Retry-After"],
+        )
+    return asgi

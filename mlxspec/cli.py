@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import re
 import sys
 from collections.abc import Sequence
 
@@ -42,10 +44,50 @@ def _parser() -> argparse.ArgumentParser:
         default=8,
         help="most requests decoding at once (continuous batching); 1 = serial (default 8)",
     )
+    _admission_flags(serve)
+    _operations_flags(serve)
     serve.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"]
     )
     return parser
+
+
+def _admission_flags(serve: argparse.ArgumentParser) -> None:
+    serve.add_argument(
+        "--max-queue",
+        type=_non_negative_int,
+        default=64,
+        help="most requests waiting for a decode slot; the next gets 429 queue_full (default 64)",
+    )
+    serve.add_argument(
+        "--max-context",
+        type=_positive_int,
+        default=None,
+        help="cap on prompt + completion tokens per request (default: the model's window)",
+    )
+    serve.add_argument(
+        "--memory-budget",
+        type=parse_bytes,
+        default=None,
+        help="memory the model may use, weights + KV cache, e.g. 8GiB or 500M "
+        "(binary units; default: no budget)",
+    )
+
+
+def _operations_flags(serve: argparse.ArgumentParser) -> None:
+    serve.add_argument(
+        "--api-key",
+        default=os.environ.get("MLXSPEC_API_KEY") or None,
+        help="require 'Authorization: Bearer KEY' or 'x-api-key: KEY' on every route but "
+        "/health and /openapi.json (default: $MLXSPEC_API_KEY, else open)",
+    )
+    serve.add_argument(
+        "--allowed-origins",
+        action="append",
+        type=_origins,
+        default=[],
+        help="comma-separated CORS origins, or '*' (repeatable; default: CORS off)",
+    )
 
 
 def _port(text: str) -> int:
@@ -62,6 +104,38 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be >= 0")
+    return value
+
+
+_SIZE = re.compile(r"(?i)\s*(\d+(?:\.\d+)?)\s*(?:([kmgt])(?:i?b)?|b)?\s*")
+_UNITS = {None: 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+
+
+def parse_bytes(text: str) -> int:
+    """A byte size: a number of bytes, or with a binary unit (``8G``, ``8GB``,
+    ``8GiB`` are all 8 x 2**30; ``512m``, ``1.5 GiB``).
+
+    Raises:
+        argparse.ArgumentTypeError: not a size, or zero.
+    """
+    match = _SIZE.fullmatch(text)
+    if match is None:
+        raise argparse.ArgumentTypeError("must be a size such as 8GiB, 512M or 1073741824")
+    number, unit = match.groups()
+    value = int(float(number) * _UNITS[unit.lower() if unit else None])
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1 byte")
+    return value
+
+
+def _origins(text: str) -> list[str]:
+    return [origin.strip() for origin in text.split(",") if origin.strip()]
+
+
 def parse_config(argv: Sequence[str] | None = None) -> ServeConfig:
     """Parse ``serve`` arguments into a :class:`ServeConfig` (argparse exits 2 on bad flags)."""
     args = _parser().parse_args(argv)
@@ -75,6 +149,11 @@ def parse_config(argv: Sequence[str] | None = None) -> ServeConfig:
         top_k=args.top_k,
         log_level=args.log_level,
         batch=args.batch,
+        max_queue=args.max_queue,
+        max_context=args.max_context,
+        memory_budget=args.memory_budget,
+        api_key=args.api_key or None,  # an empty key would lock every client out
+        allowed_origins=tuple(o for group in args.allowed_origins for o in group),
     )
 
 
@@ -82,9 +161,10 @@ def load_engine(config: ServeConfig):  # noqa: ANN201 - returns mlxspec.engine.E
     """Resolve and load the configured model and start its engine thread.
 
     Raises:
-        ModelLoadError: the model is missing, unreadable or unsupported.
+        ModelLoadError: the model is missing, unreadable or unsupported, or the
+            admission limits leave no room for a request.
     """
-    from .engine import Engine, GenerationDefaults
+    from .engine import AdmissionLimits, BudgetTooSmallError, Engine, GenerationDefaults
     from .engine.loader import ModelLoadError, resolve_model
 
     resolved = resolve_model(config.model)
@@ -101,7 +181,10 @@ def load_engine(config: ServeConfig):  # noqa: ANN201 - returns mlxspec.engine.E
             source=resolved.source,
             overrides=overrides,
             max_batch=config.batch,
+            limits=AdmissionLimits(config.max_queue, config.max_context, config.memory_budget),
         )
+    except BudgetTooSmallError as exc:
+        raise ModelLoadError(str(exc)) from exc
     except Exception as exc:  # mlx-lm raises many types for unreadable folders
         raise ModelLoadError(f"cannot load model from {resolved.path}: {exc}") from exc
     engine.start()
@@ -145,8 +228,10 @@ def serve(config: ServeConfig) -> int:
         print(f"mlxspec: error: {exc}", file=sys.stderr)
         return EXIT_MODEL_ERROR
     url = f"http://{config.host}:{config.port}"
+    auth = ", API key required" if config.api_key else ""
     print(
-        f"mlxspec: serving {engine.info.id} (context {engine.info.context_window}) at {url}/v1",
+        f"mlxspec: serving {engine.info.id} (context {engine.info.context_window}{auth}) "
+        f"at {url}/v1",
         flush=True,
     )
     try:

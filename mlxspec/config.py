@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,17 @@ class ServeConfig:
             ``1`` runs requests one at a time. Default: ``8``.
         validate_responses (bool): check every JSON response against the
             OpenAPI document (for tests and CI). Default: ``False``.
+        max_queue (int): most requests waiting for a decode slot; the next
+            gets 429 ``queue_full``. Default: ``64``.
+        max_context (int | None): operator cap on prompt + completion tokens
+            per request. Default: ``None``.
+        memory_budget (int | None): bytes the model may use (weights + KV
+            cache); caps each request's context. Default: ``None``.
+        api_key (str | None): when set, every route but ``/health`` and the
+            document needs ``Authorization: Bearer`` or ``x-api-key`` with it.
+            Kept out of ``repr``. Default: ``None``.
+        allowed_origins (tuple[str, ...]): CORS origins (``"*"`` for any);
+            empty turns CORS off. Default: ``()``.
     """
 
     model: str | None = None
@@ -37,3 +48,8 @@ class ServeConfig:
     log_level: str = "info"
     batch: int = 8
     validate_responses: bool = False
+    max_queue: int = 64
+    max_context: int | None = None
+    memory_budget: int | None = None
+    api_key: str | None = field(default=None, repr=False)
+    allowed_origins: tuple[str, ...] = ()

@@ -32,11 +32,13 @@ class ErrorSpec:
 
 #: kind -> (status, OpenAI ``type``, ``code``). Rows follow the reference's
 #: "Errors" sections (429 ``resource_admission``/``queue_full``; 400
-#: ``context_length_exceeded`` as OpenAI names it).
+#: ``memory_admission``/``context_over_budget``; 400 ``context_length_exceeded``
+#: as OpenAI names it).
 ERROR_TABLE: dict[str, ErrorSpec] = {
     "invalid_request": ErrorSpec(400, "invalid_request_error"),
     "invalid_json": ErrorSpec(400, "invalid_request_error", "invalid_json"),
     "context_length_exceeded": ErrorSpec(400, "invalid_request_error", "context_length_exceeded"),
+    "context_over_budget": ErrorSpec(400, "memory_admission", "context_over_budget"),
     "unauthorized": ErrorSpec(401, "authentication_error", "invalid_api_key"),
     "not_found": ErrorSpec(404, "not_found_error"),
     "method_not_allowed": ErrorSpec(405, "invalid_request_error", "method_not_allowed"),

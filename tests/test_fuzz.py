@@ -102,6 +102,24 @@ def test_parity_subcommand_is_delegated_lazily(monkeypatch, capsys) -> None:
     assert seen == [["--live", "-x"]]
 
 
+def test_summary_counts_read_as_english() -> None:
+    one = fuzz.FuzzResult(exit_code=0, duration=1.0, cases=1, operations=1)
+    assert one.summary().startswith("fuzz ok: 1 operation, 1 case, 0 failures in 1.0s")
+    many = fuzz.FuzzResult(exit_code=0, duration=2.0, cases=7, operations=3)
+    assert many.summary().startswith("fuzz ok: 3 operations, 7 cases, 0 failures in 2.0s")
+
+
+def test_interrupted_run_has_no_verdict(monkeypatch, capsys) -> None:
+    def interrupted(_options: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fuzz, "run_fuzz", interrupted)
+    assert conformance_main(["fuzz", "--url", "http://127.0.0.1:9"]) == 130
+    captured = capsys.readouterr()
+    assert "fuzz interrupted: no verdict" in captured.err
+    assert "FAILED" not in captured.out + captured.err
+
+
 def test_unreachable_server_is_an_error_not_a_pass() -> None:
     result = fuzz.run_fuzz(
         fuzz.FuzzOptions(base_url="http://127.0.0.1:9", max_examples=1, time_limit=60)

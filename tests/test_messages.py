@@ -21,6 +21,8 @@ import httpx
 import httpx2
 import pytest
 
+from mlxspec.app import create_app
+from mlxspec.config import ServeConfig
 from mlxspec.conformance.httpx_checks import checking_async_client, checking_client
 
 MESSAGES = "/v1/messages"
@@ -360,6 +362,30 @@ def test_sdk_raises_typed_errors(sdk: anthropic.Anthropic) -> None:
             "message": "Invalid value for 'max_tokens': 0 is less than the minimum of 1",
         },
     }
+
+
+def test_sdk_with_a_keyed_server(tiny_engine) -> None:
+    """With ``--api-key`` the SDK's ``x-api-key`` must be the key; a wrong one is
+    an Anthropic ``authentication_error`` the SDK raises as its typed exception."""
+    app = create_app(tiny_engine, ServeConfig(api_key="sk-right"), validate_responses=True)
+
+    async def run(key: str) -> Any:
+        http = checking_async_client(
+            "http://t", http=httpx2, transport=httpx2.ASGITransport(app=app), timeout=60
+        )
+        async with anthropic.AsyncAnthropic(
+            base_url="http://t", api_key=key, max_retries=0, http_client=http
+        ) as sdk:
+            return await sdk.messages.count_tokens(model="m", messages=USER)
+
+    assert asyncio.run(run("sk-right")).input_tokens == 21
+    with pytest.raises(anthropic.AuthenticationError) as caught:
+        asyncio.run(run("sk-wrong"))
+    assert caught.value.body == {
+        "type": "error",
+        "error": {"type": "authentication_error", "message": "invalid API key"},
+    }
+    assert caught.value.response.headers["www-authenticate"] == "Bearer"
 
 
 def test_anthropic_headers_are_accepted(client: httpx.Client) -> None:

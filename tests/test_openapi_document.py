@@ -22,7 +22,9 @@ REGISTRY = Registry().with_resource(
 )
 HTTP_METHODS = {"get", "put", "post", "delete", "options", "head", "patch", "trace"}
 
-GENERATION_CODES = {"200", "400", "415", "429", "499", "500"}
+GENERATION_CODES = {"200", "400", "401", "415", "429", "499", "500"}
+#: GET routes behind the API key (all but /health).
+READ_CODES = {"200", "400", "401", "500"}
 OPERATIONS = [
     # method, path, operationId, router controller, tag, response codes
     (
@@ -55,19 +57,22 @@ OPERATIONS = [
         "countMessageTokens",
         "mlxspec.handlers.messages",
         "messages",
-        {"200", "400", "415", "500"},
+        {"200", "400", "401", "415", "500"},
     ),
-    ("get", "/v1/models", "listModels", "mlxspec.handlers.models", "models", {"200", "400", "500"}),
+    ("get", "/v1/models", "listModels", "mlxspec.handlers.models", "models", READ_CODES),
     (
         "get",
         "/v1/models/{model_id}",
         "retrieveModel",
         "mlxspec.handlers.models",
         "models",
-        {"200", "400", "404", "500"},
+        READ_CODES | {"404"},
     ),
     ("get", "/health", "health", "mlxspec.handlers.system", "system", {"200", "400", "500"}),
-    ("get", "/v1", "apiIndex", "mlxspec.handlers.system", "system", {"200", "400", "500"}),
+    ("get", "/v1", "apiIndex", "mlxspec.handlers.system", "system", READ_CODES),
+    ("get", "/stats", "getStats", "mlxspec.handlers.status", "operations", READ_CODES),
+    ("get", "/fit", "getFit", "mlxspec.handlers.status", "operations", READ_CODES),
+    ("get", "/metrics", "getMetrics", "mlxspec.handlers.status", "operations", READ_CODES),
 ]
 
 EXTENSION_FIELDS = [

@@ -20,6 +20,8 @@ import sys
 from collections.abc import Sequence
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+#: Exit status after Ctrl-C (128 + SIGINT, the shell convention).
+EXIT_INTERRUPTED = 130
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -101,6 +103,11 @@ def _fuzz(args: argparse.Namespace) -> int:
     except RuntimeError as exc:
         print(f"mlxspec.conformance: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:
+        # Ctrl-C also stops the server, so schemathesis' last cases fail with
+        # "Server Unavailable": that is an interrupted run, not a finding.
+        print("fuzz interrupted: no verdict", file=sys.stderr)
+        return EXIT_INTERRUPTED
     if args.verbose or not result.ok:
         print(result.output)
     print(result.summary())

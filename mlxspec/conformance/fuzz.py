@@ -129,10 +129,11 @@ class FuzzResult:
         verdict = "ok" if self.ok else "FAILED"
         per_op = f", {self.options.max_examples} examples/operation" if self.options else ""
         seed = f", seed {self.options.seed}" if self.options else ""
+        failures = sum(f.count for f in self.failures)
         lines = [
-            f"fuzz {verdict}: {self.operations} operations, {self.cases} cases, "
-            f"{sum(f.count for f in self.failures)} failures in {self.duration:.1f}s"
-            f"{per_op}{seed}"
+            f"fuzz {verdict}: {_plural(self.operations, 'operation')}, "
+            f"{_plural(self.cases, 'case')}, {_plural(failures, 'failure')} "
+            f"in {self.duration:.1f}s{per_op}{seed}"
         ]
         if self.timed_out:
             lines.append(
@@ -145,6 +146,10 @@ class FuzzResult:
         if self.exit_code not in (0, 1, None):
             lines.append(f"  schemathesis exited with {self.exit_code}")
         return "\n".join(lines)
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
 def build_command(options: FuzzOptions, report: Path) -> list[str]:
@@ -229,6 +234,10 @@ def run_fuzz(options: FuzzOptions) -> FuzzResult:
             timed_out = True
             proc.kill()
             output, _ = proc.communicate()
+        except BaseException:  # Ctrl-C / SIGTERM: leave no schemathesis behind
+            proc.kill()
+            proc.wait()
+            raise
         duration = time.monotonic() - start
         doc = _read_report(report)
     return _result(

@@ -5,6 +5,7 @@ request/event boundary (:mod:`.types`), the :class:`Engine` and model
 resolution (:mod:`.loader`).
 """
 
+from .admission import AdmissionLimits, BudgetTooSmallError, ContextBudgetError, QueueFullError
 from .generator import Engine, RequestHandle
 from .sampling import GenerationDefaults
 from .types import (
@@ -26,6 +27,10 @@ from .types import (
 )
 
 __all__ = [
+    "AdmissionLimits",
+    "BudgetTooSmallError",
+    "ContextBudgetError",
+    "QueueFullError",
     "Cancelled",
     "Constraint",
     "ContextLengthError",

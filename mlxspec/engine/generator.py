@@ -13,6 +13,7 @@ request's event loop. Cancelling a handle stops it at the next decode step.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import queue
 import threading
@@ -21,7 +22,9 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from .admission import Admission, AdmissionLimits
 from .batching import BatchLane
+from .fit import ModelMemory, model_memory
 from .prompt import encode_text, normalize_messages, render_chat
 from .rows import Row
 from .sampling import (
@@ -63,6 +66,8 @@ class RequestHandle:
         self._loop = loop
         self._events: asyncio.Queue[Event] = asyncio.Queue()
         self._cancelled = threading.Event()
+        #: ``time.monotonic()`` at submission, for time-to-first-token.
+        self.submitted_at = time.monotonic()
 
     @property
     def cancelled(self) -> bool:
@@ -101,6 +106,11 @@ class Engine:
         defaults (GenerationDefaults): sampling defaults for omitted fields.
         max_batch (int): most requests decoding at once; ``1`` is serial.
             Default: ``8``.
+        limits (AdmissionLimits | None): wait-queue depth and operator context
+            caps (:mod:`.admission`). Default: ``None`` (64 waiting, no caps).
+
+    Raises:
+        BudgetTooSmallError: ``limits`` leave no room for any request.
     """
 
     def __init__(
@@ -110,6 +120,7 @@ class Engine:
         info: ModelInfo,
         defaults: GenerationDefaults,
         max_batch: int = 8,
+        limits: AdmissionLimits | None = None,
     ) -> None:
         self.model = model
         self.max_batch = max_batch
@@ -122,6 +133,16 @@ class Engine:
         self._xtc_special = list(tokenizer.encode("\n")) + sorted(self._eos)
         #: Requests by outcome, updated on the engine thread (read for /stats and tests).
         self.counters = {"completed": 0, "cancelled": 0, "failed": 0}
+        #: Requests accepted by :meth:`submit` (each ends in one of ``counters``).
+        self.submitted = 0
+        limits = limits or AdmissionLimits()
+        memory = self.memory if limits.memory_budget is not None else None
+        self.admission = Admission(limits, max_batch, info.context_window, memory)
+
+    @functools.cached_property
+    def memory(self) -> ModelMemory:
+        """The model's weight bytes and per-token KV cache bytes (:mod:`.fit`)."""
+        return model_memory(self.model)
 
     @classmethod
     def load(
@@ -132,6 +153,7 @@ class Engine:
         source: str = "local",
         overrides: GenerationDefaults | None = None,
         max_batch: int = 8,
+        limits: AdmissionLimits | None = None,
     ) -> Engine:
         """Load an MLX model folder with ``mlx_lm.load``.
 
@@ -142,6 +164,7 @@ class Engine:
             overrides (GenerationDefaults | None): server CLI sampling flags,
                 which win over ``generation_config.json``. Default: ``None``.
             max_batch (int): concurrency cap; ``1`` is serial. Default: ``8``.
+            limits (AdmissionLimits | None): admission limits. Default: ``None``.
 
         Returns:
             Engine: not yet started; call :meth:`start`.
@@ -162,7 +185,7 @@ class Engine:
         defaults = read_generation_config(Path(path)).merged(
             **(overrides or GenerationDefaults()).__dict__
         )
-        return cls(model, tokenizer, info, defaults, max_batch=max_batch)
+        return cls(model, tokenizer, info, defaults, max_batch=max_batch, limits=limits)
 
     def start(self) -> None:
         """Start the engine thread (idempotent)."""
@@ -204,6 +227,12 @@ class Engine:
                 param=param,
             )
 
+    @property
+    def in_flight(self) -> int:
+        """Requests submitted and not yet ended (running or waiting)."""
+        ended = self.counters["completed"] + self.counters["cancelled"] + self.counters["failed"]
+        return self.submitted - ended
+
     def submit(self, request: GenerationRequest, prompt_param: str = "messages") -> RequestHandle:
         """Queue ``request``; iterate the returned handle for its events.
 
@@ -216,9 +245,13 @@ class Engine:
 
         Raises:
             ContextLengthError: the prompt does not fit the context window.
+            ContextBudgetError: it leaves no room under the operator's cap.
+            QueueFullError: the wait queue is full.
         """
         self.check_fits(len(request.prompt), prompt_param)
+        self.admission.admit(len(request.prompt), self.in_flight, prompt_param)
         handle = RequestHandle(request, asyncio.get_running_loop())
+        self.submitted += 1
         self._jobs.put(handle)
         return handle
 
@@ -285,9 +318,8 @@ class Engine:
 
     def _budget(self, req: GenerationRequest) -> int:
         """Tokens this request may generate: its ``max_tokens`` capped by the room
-        left in the context window (never below 1: ``submit`` checked the prompt)."""
-        room = self.info.context_window - len(req.prompt)
-        return max(1, room if req.max_tokens is None else min(req.max_tokens, room))
+        left in the context window or under the operator's cap."""
+        return self.admission.room(len(req.prompt), req.max_tokens)
 
     def _serial(self, handle: RequestHandle) -> None:
         try:

@@ -33,6 +33,7 @@ from mlxspec.engine import (
     TokenLogprob,
 )
 from mlxspec.errors import ApiError
+from mlxspec.metrics import GenerationWatch
 
 SYSTEM_FINGERPRINT = f"mlxspec-{__version__}"
 
@@ -178,15 +179,31 @@ async def cancel_on_disconnect(handle: RequestHandle) -> None:
 async def outputs(handle: RequestHandle) -> AsyncIterator[Delta | Finished]:
     """A handle's ``Delta`` and ``Finished`` events; the failure events become errors.
 
+    Every surface reads its events here, so this is where the app's metrics
+    observe time to first token, inter-token latency and token counts.
+
     Raises:
         ApiError: ``server_error`` for ``Failed``, ``cancelled`` (499) for ``Cancelled``.
     """
+    watch = _watch(handle)
     async for event in handle:
         if isinstance(event, Failed):
             raise ApiError("server_error", event.message)
         if isinstance(event, Cancelled):
             raise ApiError("cancelled", "request cancelled")
+        if watch is not None:
+            watch.observe(event)
         yield event
+
+
+def _watch(handle: RequestHandle) -> GenerationWatch | None:
+    """The app's latency/token watch for ``handle``; ``None`` outside a request
+    (unit tests drive handles directly) or in an app without metrics."""
+    try:
+        metrics = scope["state"].get("metrics")
+    except RuntimeError:  # connexion's context is unbound outside a request
+        return None
+    return metrics.watch(handle) if metrics is not None else None
 
 
 async def collect(handle: RequestHandle) -> Collected:

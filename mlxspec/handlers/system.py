@@ -18,6 +18,9 @@ ENDPOINTS = [
     "GET /v1/models",
     "GET /v1/models/{model_id}",
     "GET /health",
+    "GET /stats",
+    "GET /fit",
+    "GET /metrics",
     "GET /openapi.json",
 ]
 

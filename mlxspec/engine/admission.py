@@ -1,0 +1,156 @@
+"""Admission: which submitted requests the engine takes, and how far they may run.
+
+Two rules, both from the reference ("Errors" of the chat route):
+
+* a bounded wait queue: at most ``max_queue`` requests wait for a decode slot;
+  the next one is refused (:class:`QueueFullError`, HTTP 429 ``queue_full``);
+* an operator context cap (``--max-context`` and/or ``--memory-budget``, opt-in):
+  a prompt that leaves no room to generate under the cap is refused
+  (:class:`ContextBudgetError`, HTTP 400 ``context_over_budget``), and a prompt
+  that fits has its ``max_tokens`` capped to the room left (a ceiling, not a
+  promise). Without a cap nothing is refused or shortened beyond the model's
+  own context window.
+
+Runs on the submitting thread (the event loop); no MLX work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .fit import ModelMemory
+from .types import EngineRequestError
+
+#: The reference's wait-queue depth (chat "Errors": 64 waiting requests).
+DEFAULT_MAX_QUEUE = 64
+
+
+@dataclass(frozen=True)
+class AdmissionLimits:
+    """Operator limits, from the ``serve`` flags.
+
+    Args:
+        max_queue (int): most requests waiting for a decode slot. Default: ``64``.
+        max_context (int | None): cap on prompt + completion tokens per request
+            (``--max-context``); ``None`` for none. Default: ``None``.
+        memory_budget (int | None): bytes the model may use, weights included
+            (``--memory-budget``); the KV cache room left caps each request's
+            context. ``None`` for none. Default: ``None``.
+    """
+
+    max_queue: int = DEFAULT_MAX_QUEUE
+    max_context: int | None = None
+    memory_budget: int | None = None
+
+
+class QueueFullError(Exception):
+    """The wait queue is full; the request was not queued. ``message`` is safe to show."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class ContextBudgetError(EngineRequestError):
+    """The prompt leaves no room to generate under the operator's context cap."""
+
+
+class BudgetTooSmallError(ValueError):
+    """An operator limit leaves no room for any request (a start-up error)."""
+
+
+class Admission:
+    """Admission state of one engine: limits, the enforced context and rejections.
+
+    Args:
+        limits (AdmissionLimits): the operator's limits.
+        slots (int): decode slots (the engine's ``max_batch``); requests in
+            flight beyond these are waiting.
+        window (int): the model's context window in tokens.
+        memory (ModelMemory | None): the model's sizes; required when
+            ``limits.memory_budget`` is set. Default: ``None``.
+
+    Raises:
+        BudgetTooSmallError: the budget does not hold the weights plus two
+            tokens of KV cache, or ``max_context`` is below 2 (a prompt needs a
+            token and generation another).
+    """
+
+    def __init__(
+        self,
+        limits: AdmissionLimits,
+        slots: int,
+        window: int,
+        memory: ModelMemory | None = None,
+    ) -> None:
+        self.limits = limits
+        self.slots = slots
+        self.window = window
+        #: Requests refused so far, by reason (read by /stats and /metrics).
+        self.rejected = {"queue_full": 0, "context_over_budget": 0}
+        caps = [] if limits.max_context is None else [limits.max_context]
+        if limits.memory_budget is not None:
+            if memory is None:
+                raise ValueError("a memory budget needs the model's memory sizes")
+            caps.append(memory.context_for(limits.memory_budget))
+        #: The operator cap in tokens (within the window), or ``None`` without one.
+        self.enforced_context = min([*caps, window]) if caps else None
+        if self.enforced_context is not None and self.enforced_context < 2:
+            raise BudgetTooSmallError(_too_small(limits, memory))
+
+    @property
+    def context_limit(self) -> int:
+        """Most prompt + completion tokens a request may use."""
+        return self.window if self.enforced_context is None else self.enforced_context
+
+    def waiting(self, in_flight: int) -> int:
+        """Requests in flight that hold no decode slot yet."""
+        return max(0, in_flight - self.slots)
+
+    def running(self, in_flight: int) -> int:
+        """Requests in flight that hold a decode slot."""
+        return min(in_flight, self.slots)
+
+    def admit(self, prompt_tokens: int, in_flight: int, param: str = "messages") -> None:
+        """Accept a request with ``prompt_tokens`` or refuse it.
+
+        Args:
+            prompt_tokens (int): prompt length; already checked against the
+                model's window by the engine.
+            in_flight (int): requests submitted and not yet ended.
+            param (str): the request field holding the prompt. Default: ``"messages"``.
+
+        Raises:
+            ContextBudgetError: the prompt leaves no room under the operator cap.
+            QueueFullError: ``max_queue`` requests are already waiting.
+        """
+        limit = self.enforced_context
+        if limit is not None and prompt_tokens >= limit:
+            self.rejected["context_over_budget"] += 1
+            raise ContextBudgetError(
+                f"The prompt has {prompt_tokens} tokens, leaving no room to generate within "
+                f"this server's context limit of {limit} tokens.",
+                param=param,
+            )
+        if self.waiting(in_flight + 1) > self.limits.max_queue:  # it would wait past the end
+            self.rejected["queue_full"] += 1
+            raise QueueFullError(
+                f"generation queue is full ({self.limits.max_queue} requests waiting); retry later"
+            )
+
+    def room(self, prompt_tokens: int, max_tokens: int | None) -> int:
+        """Tokens a request may generate: ``max_tokens`` capped by the room left
+        under :attr:`context_limit` (never below 1: :meth:`admit` checked the prompt)."""
+        room = self.context_limit - prompt_tokens
+        return max(1, room if max_tokens is None else min(max_tokens, room))
+
+
+def _too_small(limits: AdmissionLimits, memory: ModelMemory | None) -> str:
+    if limits.max_context is not None and limits.max_context < 2:
+        return f"--max-context {limits.max_context} leaves no room for a prompt and a reply"
+    assert memory is not None and limits.memory_budget is not None
+    return (
+        f"--memory-budget of {limits.memory_budget} bytes leaves no room for the KV cache: "
+        f"the weights take {memory.weights_bytes} bytes and each token of context "
+        f"{memory.kv_bytes_per_token} bytes"
+    )

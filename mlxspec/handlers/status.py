@@ -1,0 +1,175 @@
+"""``GET /stats``, ``GET /fit`` and ``GET /metrics``: read-only views of the server.
+
+They borrow counters and sizes and never touch MLX (no engine work, no lock):
+``/stats`` reports admission, batch, request and cache state; ``/fit`` how the
+model fits this machine and the decode rate its memory bandwidth allows;
+``/metrics`` the Prometheus registry. Sections other components own appear
+when present: ``prompt_cache`` when the engine has a ``prompt_cache`` with
+``stats()``, ``response_store`` when the app state holds one with ``stats()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import Any
+
+from connexion.context import scope
+from starlette.responses import Response
+
+from mlxspec import __version__, machine
+from mlxspec.engine.fit import ModelMemory
+from mlxspec.metrics import CONTENT_TYPE
+
+from .common import current_engine
+
+#: Context at which ``/fit`` reports the typical decode rate (the reference's 8192).
+TYPICAL_CONTEXT = 8192
+
+
+async def get_stats() -> dict[str, Any]:
+    """Server, admission, batch, request and cache state (reference ``GET /stats``)."""
+    engine = current_engine()
+    state = scope["state"]
+    body = {
+        "server": _server(engine),
+        "admission": _admission(engine),
+        "batch": _batch(engine),
+        "requests": _requests(engine),
+        "kv_quant": _kv_quant(engine.memory),
+    }
+    cache = getattr(engine, "prompt_cache", None)
+    if callable(getattr(cache, "stats", None)):
+        body["prompt_cache"] = cache.stats()
+    store = state.get("response_store")
+    if callable(getattr(store, "stats", None)):
+        body["response_store"] = store.stats()
+    return body
+
+
+def _requests(engine: Any) -> dict[str, int]:
+    counters = engine.counters
+    outcomes = {k: int(counters.get(k, 0)) for k in ("completed", "cancelled", "failed")}
+    return {"submitted": engine.submitted, **outcomes}
+
+
+def _server(engine: Any) -> dict[str, Any]:
+    return {
+        "owner": "serve",
+        "version": __version__,
+        "model": engine.info.id,
+        "started_at": engine.info.created,
+        "uptime_s": round(max(0.0, time.time() - engine.info.created), 3),
+    }
+
+
+def _admission(engine: Any) -> dict[str, Any]:
+    adm, in_flight = engine.admission, engine.in_flight
+    usable = _usable_bytes(engine)
+    return {
+        "max_queue": adm.limits.max_queue,
+        "queue_depth": adm.waiting(in_flight),
+        "in_flight": in_flight,
+        "rejected": dict(adm.rejected),
+        "max_safe_context": _max_safe_context(engine, usable),
+        "enforced_context_tokens": adm.enforced_context,
+        "memory_budget_bytes": adm.limits.memory_budget,
+        "usable_bytes": usable,
+        "weights_bytes": engine.memory.weights_bytes,
+    }
+
+
+def _batch(engine: Any) -> dict[str, Any]:
+    adm, in_flight = engine.admission, engine.in_flight
+    batched = engine.max_batch > 1
+    return {
+        "configured": engine.max_batch,
+        "mode": "batch" if batched else "serial",
+        "batched": batched,
+        "active_rows": adm.running(in_flight),
+        "pending_rows": adm.waiting(in_flight),
+        "submitted_rows": engine.submitted,
+    }
+
+
+def _kv_quant(memory: ModelMemory) -> dict[str, Any]:
+    """No KV quantisation: every layer keeps K and V in the activation dtype."""
+    return {"mode": "off", "dtype": memory.kv_dtype, "layers": {memory.kv_dtype: memory.layers}}
+
+
+def _usable_bytes(engine: Any) -> int:
+    """Memory the model may use: the operator's budget, else the free device
+    memory (GPU) or available RAM, plus the weights already resident in it."""
+    budget = engine.admission.limits.memory_budget
+    if budget is not None:
+        return int(budget)
+    gpu = machine.gpu()
+    if gpu is not None and gpu.free_bytes is not None:
+        free = gpu.free_bytes
+    else:
+        free = machine.memory()[1] or 0
+    return int(free) + engine.memory.weights_bytes
+
+
+def _max_safe_context(engine: Any, usable: int) -> int:
+    """Tokens of context one request can use within ``usable`` bytes and the
+    engine's context limit (window or operator cap)."""
+    return min(engine.admission.context_limit, engine.memory.context_for(usable))
+
+
+async def get_fit() -> dict[str, Any]:
+    """How the model fits this machine and the decode rate it predicts
+    (reference ``GET /fit``; the Apple SKU matrix does not apply off macOS)."""
+    engine = current_engine()
+    # The bandwidth probe takes ~0.1 s the first time: off the event loop.
+    bandwidth = await asyncio.to_thread(machine.bandwidth_gbs)
+    memory, usable = engine.memory, _usable_bytes(engine)
+    context = _max_safe_context(engine, usable)
+    typical = min(TYPICAL_CONTEXT, context)
+    kv_bytes = memory.kv_bytes_per_token * context
+    transient = memory.transient_bytes(usable)
+    total, available = machine.memory()
+    gpu = machine.gpu()
+    return {
+        "machine": {
+            "cpu": machine.cpu_model(),
+            "cpu_count": _cpu_count(),
+            "ram_bytes": total,
+            "available_bytes": available,
+            "bandwidth_gbs": round(bandwidth, 2),
+            "bandwidth_source": "host memory copy (NumPy, one thread)",
+            "gpu": None if gpu is None else gpu.__dict__.copy(),
+        },
+        "device": "gpu" if gpu is not None else "cpu",
+        "context_tokens": context,
+        "typical_context_tokens": typical,
+        "typical_decode_tps": _decode_tps(bandwidth, memory, typical),
+        "report": {
+            "fits": context > 0,
+            "weights_bytes": memory.weights_bytes,
+            "kv_bytes_per_token": memory.kv_bytes_per_token,
+            "kv_bytes": kv_bytes,
+            "transient_bytes": transient,
+            "total_bytes": memory.weights_bytes + kv_bytes + transient,
+            "usable_bytes": usable,
+            "max_safe_context": context,
+            "predicted_decode_tps": _decode_tps(bandwidth, memory, context),
+        },
+    }
+
+
+def _decode_tps(bandwidth_gbs: float, memory: ModelMemory, context: int) -> float:
+    """Memory-bound decode rate of one sequence: each token reads every weight
+    and the KV cache of ``context`` tokens once."""
+    per_token = memory.weights_bytes + memory.kv_bytes_per_token * context
+    return round(bandwidth_gbs * 1e9 / max(1, per_token), 2)
+
+
+def _cpu_count() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+async def get_metrics() -> Response:
+    """The app's Prometheus registry in the text exposition format 0.0.4."""
+    return Response(scope["state"]["metrics"].render(), media_type=CONTENT_TYPE)

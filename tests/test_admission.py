@@ -1,0 +1,224 @@
+"""Admission: the bounded wait queue (429 queue_full) and the operator context
+cap (400 context_over_budget, max_tokens capped to the room left)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from mlxspec.app import create_app
+from mlxspec.cli import load_engine, parse_config
+from mlxspec.conformance.httpx_checks import checking_async_client
+from mlxspec.engine import AdmissionLimits, BudgetTooSmallError, Engine
+from mlxspec.engine.admission import Admission, ContextBudgetError, QueueFullError
+from mlxspec.engine.fit import ModelMemory
+from mlxspec.engine.loader import ModelLoadError
+
+#: Keeps the tiny random model from ending early on EOS (``<|im_end|>`` is id 2).
+NO_EOS = {"2": -100}
+MEMORY = ModelMemory(weights_bytes=1000, kv_bytes_per_token=10, kv_dtype="float16", layers=2)
+
+
+# ------------------------------------------------------------------ unit
+
+
+def test_waiting_and_running_split_in_flight_at_the_slots() -> None:
+    adm = Admission(AdmissionLimits(max_queue=2), slots=3, window=100)
+    assert [(adm.running(n), adm.waiting(n)) for n in (0, 3, 5)] == [(0, 0), (3, 0), (3, 2)]
+
+
+def test_queue_full_at_max_queue_waiting() -> None:
+    adm = Admission(AdmissionLimits(max_queue=2), slots=3, window=100)
+    adm.admit(10, in_flight=4)  # one waiting: room for another
+    with pytest.raises(QueueFullError) as err:
+        adm.admit(10, in_flight=5)
+    assert err.value.message == "generation queue is full (2 requests waiting); retry later"
+    assert adm.rejected == {"queue_full": 1, "context_over_budget": 0}
+
+
+def test_max_queue_zero_refuses_only_requests_that_would_wait() -> None:
+    adm = Admission(AdmissionLimits(max_queue=0), slots=2, window=100)
+    adm.admit(10, in_flight=1)  # a slot is free
+    with pytest.raises(QueueFullError):
+        adm.admit(10, in_flight=2)
+
+
+def test_no_cap_means_the_window_only() -> None:
+    adm = Admission(AdmissionLimits(), slots=1, window=100)
+    assert (adm.enforced_context, adm.context_limit) == (None, 100)
+    assert adm.room(90, None) == 10
+    assert adm.room(90, 5) == 5
+
+
+def test_max_context_caps_and_refuses() -> None:
+    adm = Admission(AdmissionLimits(max_context=40), slots=1, window=100)
+    assert adm.enforced_context == 40
+    assert adm.room(30, 1000) == 10  # max_tokens is a ceiling
+    with pytest.raises(ContextBudgetError) as err:
+        adm.admit(40, in_flight=0, param="prompt")
+    assert (err.value.message, err.value.param) == (
+        "The prompt has 40 tokens, leaving no room to generate within this server's "
+        "context limit of 40 tokens.",
+        "prompt",
+    )
+    assert adm.rejected == {"queue_full": 0, "context_over_budget": 1}
+
+
+def test_max_context_above_the_window_is_the_window() -> None:
+    assert Admission(AdmissionLimits(max_context=500), 1, 100).enforced_context == 100
+
+
+def test_memory_budget_leaves_kv_room_after_weights_and_reserve() -> None:
+    # 2000 bytes: 1000 of weights, 200 (10%) reserve, 800 / 10 bytes per token.
+    adm = Admission(AdmissionLimits(memory_budget=2000), 1, 1000, MEMORY)
+    assert adm.enforced_context == 80
+    both = Admission(AdmissionLimits(max_context=50, memory_budget=2000), 1, 1000, MEMORY)
+    assert both.enforced_context == 50
+
+
+def test_budget_below_the_weights_is_a_startup_error() -> None:
+    with pytest.raises(BudgetTooSmallError) as err:
+        Admission(AdmissionLimits(memory_budget=1000), 1, 1000, MEMORY)
+    assert str(err.value) == (
+        "--memory-budget of 1000 bytes leaves no room for the KV cache: the weights "
+        "take 1000 bytes and each token of context 10 bytes"
+    )
+    with pytest.raises(BudgetTooSmallError, match="--max-context 1 leaves no room"):
+        Admission(AdmissionLimits(max_context=1), 1, 1000)
+
+
+def test_cli_reports_a_too_small_budget_as_a_load_error(tiny_model_dir: Path) -> None:
+    config = parse_config(["serve", str(tiny_model_dir), "--memory-budget", "1K"])
+    assert config.memory_budget == 1024
+    with pytest.raises(ModelLoadError, match=r"^--memory-budget of 1024 bytes leaves no room"):
+        load_engine(config)
+
+
+# ------------------------------------------------------------- over HTTP
+
+
+@pytest.fixture(scope="module")
+def idle_engine(tiny_model_dir: Path) -> Iterator[Engine]:
+    """A serial engine that is not started yet: submitted requests stay queued
+    until the test starts it, so the queue fills deterministically."""
+    engine = Engine.load(tiny_model_dir, "tiny-llama", max_batch=1, limits=AdmissionLimits(1))
+    yield engine
+    engine.close()
+
+
+async def _until(predicate, timeout: float = 30.0) -> None:
+    """Yield to the event loop until ``predicate()`` holds (the ASGI app runs on it)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition never held"
+        await asyncio.sleep(0.005)
+
+
+def test_queue_full_is_429_then_queued_requests_complete(idle_engine: Engine) -> None:
+    app = create_app(idle_engine, validate_responses=True)
+    body = {"prompt": "hello", "max_tokens": 3}
+
+    async def go() -> None:
+        transport = httpx.ASGITransport(app=app)
+        async with checking_async_client("http://t", transport=transport, timeout=60) as c:
+            # One request takes the single slot, one waits (max_queue=1).
+            held = [asyncio.ensure_future(c.post("/v1/completions", json=body)) for _ in range(2)]
+            await _until(lambda: idle_engine.in_flight == 2)
+            full = await c.post("/v1/completions", json=body)
+            streamed = await c.post("/v1/completions", json={**body, "stream": True})
+            stats = (await c.get("/stats")).json()
+            idle_engine.start()
+            done = await asyncio.gather(*held)
+        for refused in (full, streamed):
+            assert refused.status_code == 429
+            assert refused.headers["retry-after"] == "1"
+            assert refused.headers["content-type"] == "application/json"
+            assert refused.json() == {
+                "error": {
+                    "message": "generation queue is full (1 requests waiting); retry later",
+                    "type": "resource_admission",
+                    "param": None,
+                    "code": "queue_full",
+                }
+            }
+        assert [r.status_code for r in done] == [200, 200]
+        assert stats["admission"]["queue_depth"] == 1
+        assert stats["admission"]["in_flight"] == 2
+        assert stats["admission"]["rejected"] == {"queue_full": 2, "context_over_budget": 0}
+        assert stats["batch"]["active_rows"] == 1
+
+    asyncio.run(go())
+    assert idle_engine.counters["completed"] == 2
+    assert idle_engine.in_flight == 0
+
+
+@pytest.fixture(scope="module")
+def capped_engine(tiny_model_dir: Path) -> Iterator[Engine]:
+    engine = Engine.load(tiny_model_dir, "tiny-llama", limits=AdmissionLimits(max_context=24))
+    engine.start()
+    yield engine
+    engine.close()
+
+
+def _post(app, path: str, body: dict) -> httpx.Response:
+    async def go() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app)
+        async with checking_async_client("http://t", transport=transport, timeout=60) as c:
+            return await c.post(path, json=body)
+
+    return asyncio.run(go())
+
+
+def test_prompt_over_the_operator_cap_is_400_context_over_budget(capped_engine: Engine) -> None:
+    app = create_app(capped_engine, validate_responses=True)
+    prompt = "the world is round, he said"
+    n = len(capped_engine.text_prompt(prompt))
+    assert 24 <= n < capped_engine.info.context_window
+    r = _post(app, "/v1/completions", {"prompt": prompt, "max_tokens": 2})
+    assert r.status_code == 400
+    assert r.json() == {
+        "error": {
+            "message": f"The prompt has {n} tokens, leaving no room to generate within "
+            "this server's context limit of 24 tokens.",
+            "type": "memory_admission",
+            "param": "prompt",
+            "code": "context_over_budget",
+        }
+    }
+    chat = _post(app, "/v1/chat/completions", {"messages": [{"role": "user", "content": prompt}]})
+    assert (chat.status_code, chat.json()["error"]["param"]) == (400, "messages")
+    assert chat.json()["error"]["code"] == "context_over_budget"
+
+
+def test_max_tokens_is_capped_to_the_room_left(capped_engine: Engine) -> None:
+    app = create_app(capped_engine, validate_responses=True)
+    prompt = "hello"
+    n = len(capped_engine.text_prompt(prompt))
+    body = {"prompt": prompt, "max_tokens": 1000, "logit_bias": NO_EOS}
+    r = _post(app, "/v1/completions", body)
+    assert r.status_code == 200, r.text
+    usage, choice = r.json()["usage"], r.json()["choices"][0]
+    assert (usage["prompt_tokens"], usage["completion_tokens"]) == (n, 24 - n)
+    assert choice["finish_reason"] == "length"
+    stream = _post(app, "/v1/completions", {**body, "stream": True})
+    frames = [json.loads(line[6:]) for line in stream.text.split("\n\n") if line[6:7] == "{"]
+    assert frames[-1]["usage"]["completion_tokens"] == 24 - n
+
+
+def test_stats_reports_the_cap(capped_engine: Engine) -> None:
+    app = create_app(capped_engine, validate_responses=True)
+
+    async def go() -> dict:
+        transport = httpx.ASGITransport(app=app)
+        async with checking_async_client("http://t", transport=transport) as c:
+            return (await c.get("/stats")).json()
+
+    admission = asyncio.run(go())["admission"]
+    assert admission["enforced_context_tokens"] == 24
+    assert admission["memory_budget_bytes"] is None
+    assert admission["max_safe_context"] == 24  # the cap binds before memory does

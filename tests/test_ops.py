@@ -1,0 +1,425 @@
+"""Operations: API keys (401 per surface), CORS, /metrics, /stats and /fit."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from mlxspec.app import create_app
+from mlxspec.cli import parse_bytes, parse_config
+from mlxspec.config import ServeConfig
+from mlxspec.conformance.httpx_checks import checking_async_client
+from mlxspec.openapi import load_spec
+
+KEY = "sk-local-0123456789"
+NO_EOS = {"2": -100}
+COMPLETION = {"prompt": "hello", "max_tokens": 3, "logit_bias": NO_EOS}
+
+
+def call(app: Any, go: Callable[[httpx.AsyncClient], Awaitable[Any]], check: bool = True) -> Any:
+    """Run ``go(client)`` against ``app`` in-process; the client checks every
+    response against the document unless ``check`` is False."""
+
+    async def run() -> Any:
+        transport = httpx.ASGITransport(app=app)
+        make = checking_async_client if check else httpx.AsyncClient
+        async with make(base_url="http://t", transport=transport, timeout=60) as c:
+            return await go(c)
+
+    return asyncio.run(run())
+
+
+@pytest.fixture(scope="module")
+def keyed_app(tiny_engine: Any) -> Any:
+    return create_app(tiny_engine, ServeConfig(api_key=KEY), validate_responses=True)
+
+
+# -------------------------------------------------------------- API keys
+
+
+def unauthorized(message: str) -> dict:
+    return {
+        "error": {
+            "message": message,
+            "type": "authentication_error",
+            "param": None,
+            "code": "invalid_api_key",
+        }
+    }
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+        ("POST", "/v1/completions", {"prompt": "hi"}),
+        ("GET", "/v1/models", None),
+        ("GET", "/v1", None),
+        ("GET", "/stats", None),
+        ("GET", "/metrics", None),
+    ],
+)
+def test_missing_or_wrong_key_is_401(keyed_app: Any, method: str, path: str, body: Any) -> None:
+    async def go(c: httpx.AsyncClient) -> list[httpx.Response]:
+        return [
+            await c.request(method, path, json=body),
+            await c.request(method, path, json=body, headers={"Authorization": "Bearer nope"}),
+            await c.request(method, path, json=body, headers={"x-api-key": "nope"}),
+        ]
+
+    missing, wrong_bearer, wrong_header = call(keyed_app, go)
+    assert (missing.status_code, missing.json()) == (
+        401,
+        unauthorized("No authorization token provided"),
+    )
+    for r in (wrong_bearer, wrong_header):
+        assert (r.status_code, r.json()) == (401, unauthorized("invalid API key"))
+    assert missing.headers["www-authenticate"] == "Bearer"
+
+
+def test_schema_errors_are_not_shown_before_authentication(keyed_app: Any) -> None:
+    r = call(keyed_app, lambda c: c.post("/v1/completions", json={"prompt": 5}))
+    assert r.status_code == 401
+
+
+@pytest.mark.skipif("/v1/messages" not in load_spec()["paths"], reason="no Messages surface yet")
+def test_401_on_messages_is_anthropic_shaped(keyed_app: Any) -> None:
+    body = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+    r = call(keyed_app, lambda c: c.post("/v1/messages", json=body, headers={"x-api-key": "no"}))
+    assert (r.status_code, r.json()) == (
+        401,
+        {"type": "error", "error": {"type": "authentication_error", "message": "invalid API key"}},
+    )
+
+
+def test_bearer_and_x_api_key_are_accepted(keyed_app: Any) -> None:
+    async def go(c: httpx.AsyncClient) -> list[httpx.Response]:
+        return [
+            await c.post("/v1/completions", json=COMPLETION, headers={"x-api-key": KEY}),
+            await c.post(
+                "/v1/completions", json=COMPLETION, headers={"Authorization": f"bearer {KEY}"}
+            ),
+            await c.get(
+                "/v1/models", headers={"x-api-key": "wrong", "Authorization": f"Bearer {KEY}"}
+            ),
+        ]
+
+    assert [r.status_code for r in call(keyed_app, go)] == [200, 200, 200]
+
+
+def test_health_and_the_document_need_no_key(keyed_app: Any) -> None:
+    async def go(c: httpx.AsyncClient) -> list[httpx.Response]:
+        return [await c.get("/health"), await c.get("/openapi.json")]
+
+    health, document = call(keyed_app, go)
+    assert (health.status_code, health.json()) == (200, {"status": "ok"})
+    assert document.status_code == 200
+    # A keyed server's document drops the optional ({}) alternative.
+    assert document.json()["security"] == [{"bearerAuth": []}, {"apiKeyAuth": []}]
+    assert load_spec()["security"] == [{"bearerAuth": []}, {"apiKeyAuth": []}, {}]
+    assert document.json()["paths"]["/health"]["get"]["security"] == []
+
+
+def test_openai_sdk_authenticates_with_the_key(keyed_app: Any) -> None:
+    async def go(api_key: str) -> Any:
+        transport = httpx.ASGITransport(app=keyed_app)
+        async with checking_async_client(transport=transport, timeout=60) as http:
+            client = openai.AsyncOpenAI(base_url="http://t/v1", api_key=api_key, http_client=http)
+            return await client.completions.create(model="m", **COMPLETION)
+
+    assert asyncio.run(go(KEY)).usage.completion_tokens == 3
+    with pytest.raises(openai.AuthenticationError) as err:
+        asyncio.run(go("wrong"))
+    assert err.value.status_code == 401
+    assert err.value.body == unauthorized("invalid API key")["error"]
+
+
+def test_an_open_server_ignores_credentials(tiny_app: Any) -> None:
+    r = call(tiny_app, lambda c: c.get("/v1/models", headers={"Authorization": "Bearer x"}))
+    assert r.status_code == 200
+
+
+def test_api_key_from_flag_or_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert parse_config(["serve", "--api-key", "k1"]).api_key == "k1"
+    monkeypatch.setenv("MLXSPEC_API_KEY", "k2")
+    config = parse_config(["serve"])
+    assert config.api_key == "k2"
+    assert "k2" not in repr(config)
+    assert parse_config(["serve", "--api-key", "k3"]).api_key == "k3"
+
+
+def test_operations_flags() -> None:
+    config = parse_config(
+        [
+            "serve",
+            "--max-queue",
+            "0",
+            "--max-context",
+            "4096",
+            "--memory-budget",
+            "1.5GiB",
+            "--allowed-origins",
+            "http://a.example, http://b.example",
+            "--allowed-origins",
+            "*",
+        ]
+    )
+    assert (config.max_queue, config.max_context, config.memory_budget) == (0, 4096, 3 * 2**29)
+    assert config.allowed_origins == ("http://a.example", "http://b.example", "*")
+    assert [parse_bytes(t) for t in ("512", "2k", "3MB", "1 gib", "1T")] == [
+        512,
+        2048,
+        3 * 2**20,
+        2**30,
+        2**40,
+    ]
+    for bad in (["--memory-budget", "lots"], ["--memory-budget", "0"], ["--max-queue", "-1"]):
+        with pytest.raises(SystemExit):
+            parse_config(["serve", *bad])
+
+
+# ------------------------------------------------------------------ CORS
+
+PREFLIGHT = {
+    "Origin": "http://ui.example",
+    "Access-Control-Request-Method": "POST",
+    "Access-Control-Request-Headers": "authorization, content-type",
+}
+
+
+def test_cors_preflight_with_allowed_origins(tiny_engine: Any) -> None:
+    config = ServeConfig(api_key=KEY, allowed_origins=("http://ui.example",))
+    app = create_app(tiny_engine, config)
+
+    async def go(c: httpx.AsyncClient) -> list[httpx.Response]:
+        return [
+            await c.options("/v1/chat/completions", headers=PREFLIGHT),
+            await c.options("/v1/chat/completions", headers={**PREFLIGHT, "Origin": "http://evil"}),
+            await c.get("/health", headers={"Origin": "http://ui.example"}),
+        ]
+
+    preflight, other, simple = call(app, go, check=False)
+    assert preflight.status_code == 200  # answered before the key is checked
+    assert preflight.headers["access-control-allow-origin"] == "http://ui.example"
+    assert "POST" in preflight.headers["access-control-allow-methods"]
+    assert preflight.headers["access-control-allow-headers"] == "authorization, content-type"
+    assert other.status_code == 400
+    assert "access-control-allow-origin" not in other.headers
+    assert simple.headers["access-control-allow-origin"] == "http://ui.example"
+
+
+def test_no_cors_headers_without_allowed_origins(tiny_app: Any) -> None:
+    async def go(c: httpx.AsyncClient) -> list[httpx.Response]:
+        return [
+            await c.options("/v1/chat/completions", headers=PREFLIGHT),
+            await c.get("/health", headers={"Origin": "http://ui.example"}),
+        ]
+
+    preflight, simple = call(tiny_app, go)
+    assert preflight.status_code == 405
+    for r in (preflight, simple):
+        assert not any(k.startswith("access-control-") for k in r.headers)
+
+
+# --------------------------------------------------------------- metrics
+
+
+def samples(text: str) -> dict[tuple[str, tuple], float]:
+    """``{(sample name, sorted labels): value}`` of an exposition."""
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def test_metrics_move_after_requests(tiny_engine: Any) -> None:
+    app = create_app(tiny_engine, validate_responses=True)
+    n = len(tiny_engine.text_prompt(COMPLETION["prompt"]))
+
+    async def go(c: httpx.AsyncClient) -> tuple[dict, dict]:
+        before = samples((await c.get("/metrics")).text)
+        assert (await c.post("/v1/completions", json=COMPLETION)).status_code == 200
+        streamed = await c.post("/v1/completions", json={**COMPLETION, "stream": True})
+        assert streamed.status_code == 200
+        await c.get("/v1/models/nope")
+        response = await c.get("/metrics")
+        assert response.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+        return before, samples(response.text)
+
+    before, after = call(app, go)
+    post = ("method", "POST"), ("route", "/v1/completions"), ("status", "200")
+    assert after[("mlxspec_http_requests_total", post)] == 2
+    miss = ("method", "GET"), ("route", "/v1/models/{model_id}"), ("status", "404")
+    assert after[("mlxspec_http_requests_total", miss)] == 1
+    scrape = ("method", "GET"), ("route", "/metrics"), ("status", "200")
+    assert after[("mlxspec_http_requests_total", scrape)] == 1  # the first scrape
+    assert after[("mlxspec_prompt_tokens_total", ())] == 2 * n
+    assert after[("mlxspec_generation_tokens_total", ())] == 6
+    assert after[("mlxspec_time_to_first_token_seconds_count", ())] == 2
+    assert after[("mlxspec_inter_token_latency_seconds_count", ())] == 4  # 2 gaps each
+    assert after[("mlxspec_prompt_cache_hits_total", ())] == 0
+    done = ("mlxspec_generations_total", (("outcome", "completed"),))
+    assert after[done] - before[done] == 2
+    assert after[("mlxspec_queue_depth", ())] == 0
+    assert after[("mlxspec_active_rows", ())] == 0
+    assert before[("mlxspec_time_to_first_token_seconds_count", ())] == 0
+
+
+def test_each_app_has_its_own_registry(tiny_engine: Any) -> None:
+    first, second = create_app(tiny_engine), create_app(tiny_engine)
+    call(first, lambda c: c.get("/health"))
+    text = call(second, lambda c: c.get("/metrics")).text
+    assert 'route="/health"' not in text
+
+
+# ----------------------------------------------------------- /stats, /fit
+
+
+def test_stats_counters_move(tiny_engine: Any, tiny_app: Any) -> None:
+    async def go(c: httpx.AsyncClient) -> tuple[dict, dict]:
+        before = (await c.get("/stats")).json()
+        assert (await c.post("/v1/completions", json=COMPLETION)).status_code == 200
+        return before, (await c.get("/stats")).json()
+
+    before, after = call(tiny_app, go)
+    assert after["requests"]["submitted"] == before["requests"]["submitted"] + 1
+    assert after["requests"]["completed"] == before["requests"]["completed"] + 1
+    assert after["batch"]["submitted_rows"] == after["requests"]["submitted"]
+    assert after["server"] | {"uptime_s": 0} == {
+        "owner": "serve",
+        "version": "0.1.0",
+        "model": "tiny-llama",
+        "started_at": tiny_engine.info.created,
+        "uptime_s": 0,
+    }
+    assert after["batch"] | {"submitted_rows": 0} == {
+        "configured": 8,
+        "mode": "batch",
+        "batched": True,
+        "active_rows": 0,
+        "pending_rows": 0,
+        "submitted_rows": 0,
+    }
+    assert after["kv_quant"] == {"mode": "off", "dtype": "float32", "layers": {"float32": 2}}
+    assert after["admission"]["enforced_context_tokens"] is None
+    assert after["admission"]["weights_bytes"] == tiny_weight_bytes(tiny_engine)
+
+
+def tiny_weight_bytes(engine: Any) -> int:
+    from mlx.utils import tree_flatten
+
+    return sum(v.nbytes for _, v in tree_flatten(engine.model.parameters()))
+
+
+class _Reporting:
+    """A component with a ``stats()`` report, as the prompt cache and response store have."""
+
+    def __init__(self, report: dict) -> None:
+        self.report = report
+
+    def stats(self) -> dict:
+        return self.report
+
+
+def test_stats_shows_reports_of_present_components(tiny_engine: Any) -> None:
+    app = create_app(tiny_engine, validate_responses=True)
+    store = {"entries": 1, "bytes": 10, "max_bytes": 100, "ttl_ms": 3600000}
+
+    async def stats_with_store(scope: dict, receive: Any, send: Any) -> None:
+        scope.setdefault("state", {})["response_store"] = _Reporting(store)
+        await app(scope, receive, send)
+
+    body = call(stats_with_store, lambda c: c.get("/stats")).json()
+    assert body["response_store"] == store
+
+
+def test_fit_is_sane(tiny_engine: Any, tiny_app: Any) -> None:
+    fit = call(tiny_app, lambda c: c.get("/fit")).json()
+    report = fit["report"]
+    # 2 layers x 2 KV heads x head_dim 16 (64 / 4 heads) x K and V x 4 bytes (float32)
+    assert report["kv_bytes_per_token"] == 2 * 2 * 16 * 2 * 4
+    assert report["weights_bytes"] == tiny_weight_bytes(tiny_engine)
+    assert fit["context_tokens"] == report["max_safe_context"] == 256  # the window binds
+    assert fit["typical_context_tokens"] == 256
+    assert report["kv_bytes"] == 256 * report["kv_bytes_per_token"]
+    assert report["transient_bytes"] == int(report["usable_bytes"] * 0.1)
+    assert report["total_bytes"] == (
+        report["weights_bytes"] + report["kv_bytes"] + report["transient_bytes"]
+    )
+    assert report["fits"] is True
+    machine = fit["machine"]
+    meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+    assert machine["ram_bytes"] == int(meminfo["MemTotal"].split()[0]) * 1024
+    cpuinfo = Path("/proc/cpuinfo").read_text()
+    assert machine["cpu"] in cpuinfo and machine["cpu_count"] >= 1
+    assert 0.1 < machine["bandwidth_gbs"] < 10_000
+    assert (machine["gpu"], fit["device"]) == (None, "cpu")
+    per_token = report["weights_bytes"] + report["kv_bytes_per_token"] * 256
+    expected = machine["bandwidth_gbs"] * 1e9 / per_token
+    assert report["predicted_decode_tps"] == pytest.approx(expected, rel=0.01)
+    assert fit["typical_decode_tps"] == report["predicted_decode_tps"]
+
+
+def test_document_declares_the_operations_routes() -> None:
+    spec = load_spec()
+    for path, op in (("/stats", "getStats"), ("/fit", "getFit"), ("/metrics", "getMetrics")):
+        assert spec["paths"][path]["get"]["operationId"] == op
+    schemes = spec["components"]["securitySchemes"]
+    assert schemes["bearerAuth"] == {**schemes["bearerAuth"], "type": "http", "scheme": "bearer"}
+    assert (schemes["apiKeyAuth"]["in"], schemes["apiKeyAuth"]["name"]) == ("header", "x-api-key")
+
+
+def test_route_labels_follow_the_document() -> None:
+    from mlxspec.metrics import RouteLabels
+
+    label = RouteLabels(load_spec())
+    assert label("/v1/models/HuggingFaceTB/SmolLM2-135M-Instruct") == "/v1/models/{model_id}"
+    assert label("/v1/models") == "/v1/models"
+    assert label("/openapi.json") == "/openapi.json"
+    assert label("/v1/models/") == "unmatched"
+    assert label("/wp-admin") == "unmatched"
+
+
+def test_generation_watch_splits_a_multi_token_gap() -> None:
+    import time
+
+    from mlxspec.engine import Delta, Finished
+    from mlxspec.metrics import GenerationWatch, Metrics
+
+    metrics = Metrics(engine=None)
+    watch = GenerationWatch(metrics, start=time.monotonic() - 2.0)
+    watch.observe(Delta("ab", (5, 6)))  # the first token (TTFT ~2 s) and one with it
+    watch.observe(Delta("", ()))  # a text-only flush carries no token
+    watch.observe(Delta("cd", (7, 8)))  # two tokens share one gap
+    watch.observe(Finished("length", prompt_tokens=7, completion_tokens=2, cached_tokens=3))
+    got = samples(metrics.render().decode())
+    assert got[("mlxspec_time_to_first_token_seconds_count", ())] == 1
+    assert got[("mlxspec_time_to_first_token_seconds_bucket", (("le", "1.0"),))] == 0
+    assert got[("mlxspec_time_to_first_token_seconds_bucket", (("le", "2.5"),))] == 1
+    assert got[("mlxspec_inter_token_latency_seconds_count", ())] == 2
+    assert got[("mlxspec_inter_token_latency_seconds_bucket", (("le", "0.5"),))] == 2
+    assert got[("mlxspec_prompt_tokens_total", ())] == 7
+    assert got[("mlxspec_generation_tokens_total", ())] == 2
+    assert got[("mlxspec_prompt_cache_hits_total", ())] == 1
+    assert got[("mlxspec_prompt_cache_tokens_total", ())] == 3
+    assert got[("mlxspec_queue_depth", ())] == 0  # an engine without admission state
+
+
+def test_machine_reads_proc_files(tmp_path: Path) -> None:
+    from mlxspec import machine
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nBogoMIPS\t: 50.00\nModel\t\t: Raspberry Pi 5 Model B\n")
+    assert machine.cpu_model(cpuinfo) == "Raspberry Pi 5 Model B"
+    assert machine.cpu_model(tmp_path / "missing") is None
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       16384 kB\nMemFree:  1 kB\nMemAvailable:    8192 kB\n")
+    assert machine.memory(meminfo) == (16384 * 1024, 8192 * 1024)
