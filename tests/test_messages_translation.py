@@ -16,7 +16,7 @@ from mlxspec.handlers.messages import (
     BlockWriter,
     anthropic_usage,
     message_body,
-    stop_reason,
+    stop_fields,
     tool_use_id,
 )
 from mlxspec.handlers.turns import (
@@ -288,14 +288,17 @@ def test_translation_does_not_mutate_the_body() -> None:
 @pytest.mark.parametrize(
     ("finish", "stop", "expected"),
     [
-        ("stop", None, "end_turn"),
-        ("stop", "\n\n", "stop_sequence"),
-        ("length", None, "max_tokens"),
-        ("tool_calls", None, "tool_use"),
+        ("stop", None, ("end_turn", None)),
+        ("stop", "\n\n", ("stop_sequence", "\n\n")),
+        ("length", None, ("max_tokens", None)),
+        ("tool_calls", None, ("tool_use", None)),
+        # A stop string that ended a tool-call turn is not the reason it ended.
+        ("tool_calls", "##", ("tool_use", None)),
     ],
 )
-def test_stop_reason(finish: str, stop: str | None, expected: str) -> None:
-    assert stop_reason(finish, stop) == expected
+def test_stop_fields(finish: str, stop: str | None, expected: tuple) -> None:
+    fields = stop_fields(finish, Finished("stop", 3, 1, stop_sequence=stop))
+    assert (fields["stop_reason"], fields["stop_sequence"]) == expected
 
 
 def test_usage_splits_cached_prompt_tokens() -> None:

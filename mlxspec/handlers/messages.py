@@ -66,22 +66,26 @@ async def count_message_tokens(body: dict[str, Any]) -> Any:
     return {"input_tokens": len(prompt)}, 200, JSON
 
 
-def stop_reason(finish_reason: str, stop_sequence: str | None) -> str:
-    """Anthropic's ``stop_reason`` for a turn's end.
+def stop_fields(finish_reason: str, finished: Finished) -> dict[str, str | None]:
+    """Anthropic's ``stop_reason`` and ``stop_sequence`` for a turn's end.
 
     Args:
-        finish_reason (str): ``"stop"``, ``"length"`` or ``"tool_calls"``.
-        stop_sequence (str | None): the stop string that ended the output, if any.
+        finish_reason (str): the turn's ``"stop"``, ``"length"`` or ``"tool_calls"``.
+        finished (Finished): the engine's end event (its ``stop_sequence``).
 
     Returns:
-        str: ``tool_use``, ``max_tokens`` (the budget or the context window ran
-        out), ``stop_sequence`` or ``end_turn`` (EOS).
+        dict: ``stop_reason`` is ``tool_use``, ``max_tokens`` (the budget or the
+        context window ran out), ``stop_sequence`` or ``end_turn`` (EOS);
+        ``stop_sequence`` is the matched string only with ``stop_sequence``.
     """
     if finish_reason == "tool_calls":
-        return "tool_use"
-    if finish_reason == "length":
-        return "max_tokens"
-    return "stop_sequence" if stop_sequence is not None else "end_turn"
+        reason = "tool_use"
+    elif finish_reason == "length":
+        reason = "max_tokens"
+    else:
+        reason = "stop_sequence" if finished.stop_sequence is not None else "end_turn"
+    sequence = finished.stop_sequence if reason == "stop_sequence" else None
+    return {"stop_reason": reason, "stop_sequence": sequence}
 
 
 def anthropic_usage(finished: Finished) -> dict[str, int]:
@@ -117,8 +121,7 @@ def message_body(head: dict[str, Any], turn: ChatTurn) -> dict[str, Any]:
     return {
         **head,
         "content": content,
-        "stop_reason": stop_reason(turn.finish_reason, turn.finished.stop_sequence),
-        "stop_sequence": turn.finished.stop_sequence,
+        **stop_fields(turn.finish_reason, turn.finished),
         "usage": anthropic_usage(turn.finished),
     }
 
@@ -203,10 +206,6 @@ class BlockWriter:
 
     @staticmethod
     def _end(event: TurnEnd) -> list[dict[str, Any]]:
-        finished = event.finished
-        delta = {
-            "stop_reason": stop_reason(event.finish_reason, finished.stop_sequence),
-            "stop_sequence": finished.stop_sequence,
-        }
-        usage = anthropic_usage(finished)
+        delta = stop_fields(event.finish_reason, event.finished)
+        usage = anthropic_usage(event.finished)
         return [{"type": "message_delta", "delta": delta, "usage": usage}, {"type": "message_stop"}]
