@@ -119,12 +119,15 @@ async def stream_one(
     end = time.perf_counter()
     gaps = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
     tokens = (usage or {}).get("completion_tokens") or len(stamps)
+    details = (usage or {}).get("prompt_tokens_details") or {}
     return {
         "ttft": (stamps[0] - t0) if stamps else end - t0,
         "gaps": gaps,
         "tokens": tokens,
         "seconds": end - t0,
         "text": text,
+        "prompt_tokens": (usage or {}).get("prompt_tokens"),
+        "cached_tokens": details.get("cached_tokens"),
     }
 
 
@@ -173,20 +176,30 @@ async def run_level(
     }
 
 
-async def multi_turn(base: str, prompt: str, max_tokens: int, bias: dict) -> dict:
-    """Two turns of one conversation: the second repeats the first as its prefix."""
+FOLLOW_UPS = ["And in one word?", "Say it again, shorter.", "Why?", "Give an example."]
+
+
+async def multi_turn(base: str, prompt: str, max_tokens: int, bias: dict, turns: int = 4) -> dict:
+    """One conversation of ``turns`` turns: each turn's prompt is the previous
+    turn's prompt and answer plus a short follow-up, so a prompt cache can serve
+    all but the new tail. Reports each turn's TTFT and cached prompt tokens, and
+    the median TTFT of turns 2.. over turn 1's (the prompt-cache effect)."""
+    per_turn = []
     async with httpx.AsyncClient(timeout=600) as client:
         msgs = [{"role": "user", "content": prompt}]
-        first = await stream_one(client, base, msgs, max_tokens, bias)
-        msgs += [
-            {"role": "assistant", "content": first["text"]},
-            {"role": "user", "content": "And in one word?"},
-        ]
-        second = await stream_one(client, base, msgs, max_tokens, bias)
+        for t in range(turns):
+            r = await stream_one(client, base, msgs, max_tokens, bias)
+            per_turn.append({k: r[k] for k in ("ttft", "prompt_tokens", "cached_tokens", "tokens")})
+            msgs += [
+                {"role": "assistant", "content": r["text"]},
+                {"role": "user", "content": FOLLOW_UPS[t % len(FOLLOW_UPS)]},
+            ]
+    later = pct([t["ttft"] for t in per_turn[1:]], 0.5) or per_turn[0]["ttft"]
     return {
-        "turn1_ttft": first["ttft"],
-        "turn2_ttft": second["ttft"],
-        "ratio": second["ttft"] / first["ttft"],
+        "turns": per_turn,
+        "turn1_ttft": per_turn[0]["ttft"],
+        "later_ttft_p50": later,
+        "ratio": later / per_turn[0]["ttft"],
     }
 
 
@@ -218,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--skip-direct", action="store_true", help="skip the mlx-lm stream_generate baseline"
     )
+    ap.add_argument("--turns", type=int, default=4, help="turns of the multi-turn conversation")
     args = ap.parse_args(argv)
 
     from mlx_lm.utils import load_tokenizer
@@ -278,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
                     build_prompt(tokenizer, args.prompt_tokens[-1], 999),
                     args.max_tokens,
                     bias,
+                    args.turns,
                 )
             )
             report["servers"][kind] = {"levels": levels, "multi_turn": turns}
@@ -326,7 +341,12 @@ def summarise(report: dict) -> None:
                 f"{lv['itl_p95'] or 0:7.4f} failed={lv['failed']}"
             )
         mt = data["multi_turn"]
-        print(f"{kind:8} multi-turn TTFT turn2/turn1 = {mt['ratio']:.2f}")
+        cached = [t["cached_tokens"] for t in mt["turns"]]
+        print(
+            f"{kind:8} multi-turn TTFT later/turn1 = {mt['ratio']:.2f} "
+            f"(turn1 {mt['turn1_ttft']:.3f}s, later p50 {mt['later_ttft_p50']:.3f}s, "
+            f"cached tokens per turn {cached})"
+        )
     for r in report.get("ratios_mlxspec_over_mlx_lm", []):
         print(
             f"ratio prompt {r['prompt_tokens']:5} conc {r['concurrency']:3}: "

@@ -14,7 +14,6 @@ checked by Connexion's security middleware (:mod:`mlxspec.security`).
 
 from __future__ import annotations
 
-import copy
 import logging
 from typing import Any
 
@@ -31,7 +30,7 @@ from .config import ServeConfig
 from .engine import ContextBudgetError, ContextLengthError, EngineRequestError, QueueFullError
 from .errors import ApiError, error_json, surface_for_path
 from .metrics import Metrics, RequestMetricsMiddleware, RouteLabels
-from .openapi import load_spec
+from .openapi import served_spec
 from .security import security_options
 from .validation import RequestBodyValidator, ResponseBodyValidator, enable_openapi_31
 
@@ -164,7 +163,7 @@ def create_app(engine: Any, config: Any = None, *, validate_responses: bool = Fa
     """
     config = config or ServeConfig()
     enable_openapi_31()
-    spec = copy.deepcopy(load_spec())
+    spec = served_spec(config.logprobs_format)
     security_map = security_options(spec, config.api_key)
     app = connexion.AsyncApp("mlxspec", security_map=security_map)
     app.add_api(

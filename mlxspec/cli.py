@@ -3,15 +3,26 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import re
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 from .config import ServeConfig
 
 EXIT_MODEL_ERROR = 2
+LOGPROBS_FORMATS = ("mlx", "openai")
+
+#: On SIGINT/SIGTERM, how long in-flight requests may run before they are
+#: cancelled, seconds (the reference's shutdown default).
+DRAIN_TIMEOUT_S = 120
+
+log = logging.getLogger("mlxspec.cli")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -47,8 +58,16 @@ def _parser() -> argparse.ArgumentParser:
     _admission_flags(serve)
     _operations_flags(serve)
     serve.add_argument(
+        "--logprobs-format",
+        choices=LOGPROBS_FORMATS,
+        default=None,
+        help="logprobs shape: 'mlx' (mlx_lm.server's block, the default) or 'openai' "
+        "(OpenAI's token/bytes shape, also in stream chunks); env MLXSPEC_LOGPROBS_FORMAT",
+    )
+    serve.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"]
     )
+    _add_cache_flags(serve)
     return parser
 
 
@@ -88,6 +107,33 @@ def _operations_flags(serve: argparse.ArgumentParser) -> None:
         default=[],
         help="comma-separated CORS origins, or '*' (repeatable; default: CORS off)",
     )
+def _add_cache_flags(serve: argparse.ArgumentParser) -> None:
+    """Prompt cache flags (sizes as :func:`parse_bytes` reads them; 0 turns a cache off)."""
+    defaults = ServeConfig()
+    serve.add_argument(
+        "--prompt-cache-bytes",
+        type=_byte_size,
+        default=defaults.prompt_cache_bytes,
+        help="RAM budget for reusing prompt-prefix KV caches across requests; 0 disables "
+        "(default 1G)",
+    )
+    serve.add_argument(
+        "--ssd-cache",
+        metavar="DIR",
+        default=None,
+        help="keep durable prompt-cache snapshots in DIR, restored after a restart",
+    )
+    serve.add_argument(
+        "--ssd-cache-bytes",
+        type=_byte_size,
+        default=defaults.ssd_cache_bytes,
+        help="disk budget of --ssd-cache; the oldest snapshots go first (default 16G)",
+    )
+
+
+def _byte_size(text: str) -> int:
+    """A cache budget: :func:`parse_bytes`, or ``0`` (off)."""
+    return 0 if text.strip() == "0" else parse_bytes(text)
 
 
 def _port(text: str) -> int:
@@ -137,8 +183,15 @@ def _origins(text: str) -> list[str]:
 
 
 def parse_config(argv: Sequence[str] | None = None) -> ServeConfig:
-    """Parse ``serve`` arguments into a :class:`ServeConfig` (argparse exits 2 on bad flags)."""
-    args = _parser().parse_args(argv)
+    """Parse ``serve`` arguments into a :class:`ServeConfig` (argparse exits 2 on bad flags).
+
+    ``--logprobs-format`` falls back to ``MLXSPEC_LOGPROBS_FORMAT``, then ``mlx``.
+    """
+    parser = _parser()
+    args = parser.parse_args(argv)
+    logprobs_format = args.logprobs_format or os.environ.get("MLXSPEC_LOGPROBS_FORMAT") or "mlx"
+    if logprobs_format not in LOGPROBS_FORMATS:
+        parser.error(f"MLXSPEC_LOGPROBS_FORMAT must be one of {', '.join(LOGPROBS_FORMATS)}")
     return ServeConfig(
         model=args.model,
         host=args.host,
@@ -154,6 +207,10 @@ def parse_config(argv: Sequence[str] | None = None) -> ServeConfig:
         memory_budget=args.memory_budget,
         api_key=args.api_key or None,  # an empty key would lock every client out
         allowed_origins=tuple(o for group in args.allowed_origins for o in group),
+        prompt_cache_bytes=args.prompt_cache_bytes,
+        ssd_cache=args.ssd_cache,
+        ssd_cache_bytes=args.ssd_cache_bytes,
+        logprobs_format=logprobs_format,
     )
 
 
@@ -182,6 +239,9 @@ def load_engine(config: ServeConfig):  # noqa: ANN201 - returns mlxspec.engine.E
             overrides=overrides,
             max_batch=config.batch,
             limits=AdmissionLimits(config.max_queue, config.max_context, config.memory_budget),
+            prompt_cache_bytes=config.prompt_cache_bytes,
+            ssd_cache=Path(config.ssd_cache) if config.ssd_cache else None,
+            ssd_cache_bytes=config.ssd_cache_bytes,
         )
     except BudgetTooSmallError as exc:
         raise ModelLoadError(str(exc)) from exc
@@ -206,6 +266,21 @@ def _bind_problem(host: str, port: int) -> str | None:
     return None
 
 
+def _ssd_cache_problem(directory: str | None) -> str | None:
+    """Why ``--ssd-cache`` cannot be used (checked before the model load), or ``None``."""
+    import os
+
+    if directory is None:
+        return None
+    try:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return "not writable"
+    return None
+
+
 def serve(config: ServeConfig) -> int:
     """Load the model, then run uvicorn until interrupted. Returns an exit code."""
     import uvicorn
@@ -222,6 +297,11 @@ def serve(config: ServeConfig) -> int:
             file=sys.stderr,
         )
         return EXIT_MODEL_ERROR
+    if (problem := _ssd_cache_problem(config.ssd_cache)) is not None:
+        print(
+            f"mlxspec: error: cannot use --ssd-cache {config.ssd_cache}: {problem}", file=sys.stderr
+        )
+        return EXIT_MODEL_ERROR
     try:
         engine = load_engine(config)
     except ModelLoadError as exc:
@@ -235,16 +315,68 @@ def serve(config: ServeConfig) -> int:
         flush=True,
     )
     try:
-        uvicorn.run(
-            create_app(engine, config),
-            host=config.host,
-            port=config.port,
-            log_level=config.log_level,
-            timeout_graceful_shutdown=5,
-        )
+        with _signals_end_serving():
+            uvicorn.run(
+                create_app(engine, config),
+                host=config.host,
+                port=config.port,
+                log_level=config.log_level,
+                timeout_graceful_shutdown=DRAIN_TIMEOUT_S,
+            )
     finally:
-        engine.close()
+        _stop_engine(engine)
     return 0
+
+
+class _ShutdownSignal(Exception):
+    """SIGINT or SIGTERM arrived; uvicorn has already drained the requests."""
+
+
+@contextlib.contextmanager
+def _signals_end_serving() -> Iterator[None]:
+    """Turn SIGINT/SIGTERM into a normal return.
+
+    uvicorn handles both while it serves (stop accepting, drain in-flight
+    requests), then re-raises the signal under the handlers it found; with the
+    default ones the process would die before the engine stops and the prompt
+    cache is flushed.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(_sig: int, _frame: object) -> None:
+        raise _ShutdownSignal
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    except _ShutdownSignal:
+        pass
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _stop_engine(engine) -> None:  # noqa: ANN001 - mlxspec.engine.Engine
+    """After uvicorn has drained the requests: stop the engine thread, then make
+    every pending SSD prompt-cache snapshot durable (reference: shutdown flushes
+    after active requests drain)."""
+    from .engine import FLUSH_TIMEOUT_S
+
+    engine.close()
+    if engine.prompt_cache.ssd is None:
+        return
+    report = engine.prompt_cache.flush(FLUSH_TIMEOUT_S)
+    level = logging.INFO if report["durable"] else logging.ERROR
+    log.log(
+        level,
+        "prompt cache flush: durable=%s entries=%d pending=%d failed=%d",
+        report["durable"],
+        report["entries"],
+        report["pendingSnapshots"],
+        report["failedSpills"],
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

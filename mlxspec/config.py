@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .engine.prompt_cache import DEFAULT_PROMPT_CACHE_BYTES
+from .engine.ssd_cache import DEFAULT_SSD_CACHE_BYTES
+
 
 @dataclass(frozen=True)
 class ServeConfig:
@@ -36,6 +39,14 @@ class ServeConfig:
             Kept out of ``repr``. Default: ``None``.
         allowed_origins (tuple[str, ...]): CORS origins (``"*"`` for any);
             empty turns CORS off. Default: ``()``.
+        prompt_cache_bytes (int): RAM budget of the prompt cache (prefix KV
+            reuse); ``0`` disables it. Default: 1 GiB.
+        ssd_cache (str | None): directory of the prompt cache's SSD tier;
+            ``None`` is RAM only. Default: ``None``.
+        ssd_cache_bytes (int): disk budget of the SSD tier. Default: 16 GiB.
+        logprobs_format (str): ``"mlx"`` for mlx_lm.server's logprobs block
+            (parity), ``"openai"`` for OpenAI's shapes (``token``/``bytes``,
+            ``top_logprobs`` up to 20, logprobs in stream chunks). Default: ``"mlx"``.
     """
 
     model: str | None = None
@@ -53,3 +64,8 @@ class ServeConfig:
     memory_budget: int | None = None
     api_key: str | None = field(default=None, repr=False)
     allowed_origins: tuple[str, ...] = ()
+    # Prompt cache.
+    prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES
+    ssd_cache: str | None = None
+    ssd_cache_bytes: int = DEFAULT_SSD_CACHE_BYTES
+    logprobs_format: str = "mlx"

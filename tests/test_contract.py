@@ -335,9 +335,11 @@ def test_every_error_example_is_a_row_of_the_error_table() -> None:
     rows = {(r.status, r.type, r.code) for r in ERROR_TABLE.values()}
     checked = 0
     for name, status, response in _responses():
-        if status == "200":
+        media = response.get("content", {}).get("application/json")
+        # /metrics is text; the flush route's 503 is its report, not an ErrorResponse
+        if media is None or status == "200" or media["schema"] != {"$ref": "#/components/schemas/ErrorResponse"}:
             continue
-        for example in response["content"]["application/json"]["examples"].values():
+        for example in media["examples"].values():
             err = example["value"]["error"]
             if example["value"].get("type") == "error":
                 assert name.split()[1].startswith("/v1/messages"), name

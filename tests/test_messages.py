@@ -43,6 +43,11 @@ def sdk(tiny_server) -> Iterator[anthropic.Anthropic]:
         yield client
 
 
+def prompt_tokens(usage: Any) -> int:
+    """The whole prompt: Anthropic splits it into uncached and cache-read tokens."""
+    return usage.input_tokens + (usage.cache_read_input_tokens or 0)
+
+
 def chat(client: httpx.Client, **fields: Any) -> dict[str, Any]:
     r = client.post(CHAT, json={"messages": USER, **fields})
     assert r.status_code == 200, r.text
@@ -69,9 +74,8 @@ def test_create_matches_the_chat_reply(sdk: anthropic.Anthropic, client: httpx.C
         ("text", oracle["choices"][0]["message"]["content"])
     ]
     assert (m.stop_reason, m.stop_sequence) == ("max_tokens", None)
-    assert m.usage.input_tokens == oracle["usage"]["prompt_tokens"] == 21
+    assert prompt_tokens(m.usage) == oracle["usage"]["prompt_tokens"] == 21
     assert m.usage.output_tokens == 6
-    assert m.usage.cache_read_input_tokens is None
 
 
 def test_stream_event_sequence_and_final_message(sdk: anthropic.Anthropic) -> None:
@@ -123,11 +127,26 @@ def test_stream_bytes_have_event_lines_and_a_ping(client: httpx.Client) -> None:
     ]
     assert all(data["type"] == name for name, data in events)
     assert events[1][1] == {"type": "ping"}
-    assert events[-2][1] == {
-        "type": "message_delta",
-        "delta": {"stop_reason": "max_tokens", "stop_sequence": None},
-        "usage": {"input_tokens": 21, "output_tokens": 2},
-    }
+    delta = events[-2][1]
+    assert delta["delta"] == {"stop_reason": "max_tokens", "stop_sequence": None}
+    usage = delta["usage"]
+    assert usage["input_tokens"] + usage.get("cache_read_input_tokens", 0) == 21
+    assert usage["output_tokens"] == 2
+
+
+def test_prompt_cache_reads_are_reported(sdk: anthropic.Anthropic) -> None:
+    """The same prompt twice: the second reuses the first's prompt cache, and
+    usage splits the prompt into uncached ``input_tokens`` and
+    ``cache_read_input_tokens`` (Anthropic's meaning), in both reply forms."""
+    question = [{"role": "user", "content": "cache me if you can"}]
+    sdk.messages.create(model="x", max_tokens=1, messages=question)
+    again = sdk.messages.create(model="x", max_tokens=1, messages=question)
+    assert again.usage.cache_read_input_tokens and again.usage.cache_read_input_tokens > 0
+    assert prompt_tokens(again.usage) == 37
+    with sdk.messages.stream(model="x", max_tokens=1, messages=question) as stream:
+        final = stream.get_final_message()
+    assert final.usage.cache_read_input_tokens and final.usage.cache_read_input_tokens > 0
+    assert prompt_tokens(final.usage) == 37
 
 
 def test_async_sdk(tiny_server) -> None:
@@ -244,7 +263,7 @@ def test_conversation_with_system_tools_and_tool_results(
             **GREEDY,
         },
     ).json()
-    assert m.usage.input_tokens == oracle["usage"]["prompt_tokens"]
+    assert prompt_tokens(m.usage) == oracle["usage"]["prompt_tokens"]
     assert m.content[0].text == oracle["choices"][0]["message"]["content"]
 
 
@@ -259,7 +278,7 @@ def test_count_tokens_equals_the_prompt_length(
     oracle = chat(client, messages=[{"role": "system", "content": system}, *USER], max_tokens=1)
     assert count.input_tokens == oracle["usage"]["prompt_tokens"] == 44
     m = sdk.messages.create(model="x", max_tokens=1, system=system, messages=USER)
-    assert m.usage.input_tokens == count.input_tokens
+    assert prompt_tokens(m.usage) == count.input_tokens
     r = client.post(COUNT, json={"messages": USER, "max_tokens": 5, "temperature": 9})
     assert r.json() == {"input_tokens": 21}
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import asyncio
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -244,17 +246,24 @@ def test_metrics_move_after_requests(tiny_engine: Any) -> None:
     app = create_app(tiny_engine, validate_responses=True)
     n = len(tiny_engine.text_prompt(COMPLETION["prompt"]))
 
+    cached: list[int] = []
+
     async def go(c: httpx.AsyncClient) -> tuple[dict, dict]:
         before = samples((await c.get("/metrics")).text)
-        assert (await c.post("/v1/completions", json=COMPLETION)).status_code == 200
+        plain = await c.post("/v1/completions", json=COMPLETION)
+        assert plain.status_code == 200
+        cached.append(plain.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
         streamed = await c.post("/v1/completions", json={**COMPLETION, "stream": True})
         assert streamed.status_code == 200
+        last = json.loads(streamed.text.split("data: ")[-2])
+        cached.append(last["usage"]["prompt_tokens_details"]["cached_tokens"])
         await c.get("/v1/models/nope")
         response = await c.get("/metrics")
         assert response.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
         return before, samples(response.text)
 
     before, after = call(app, go)
+    assert cached[1] == n - 1  # the repeat reuses all but the last prompt token
     post = ("method", "POST"), ("route", "/v1/completions"), ("status", "200")
     assert after[("mlxspec_http_requests_total", post)] == 2
     miss = ("method", "GET"), ("route", "/v1/models/{model_id}"), ("status", "404")
@@ -265,7 +274,10 @@ def test_metrics_move_after_requests(tiny_engine: Any) -> None:
     assert after[("mlxspec_generation_tokens_total", ())] == 6
     assert after[("mlxspec_time_to_first_token_seconds_count", ())] == 2
     assert after[("mlxspec_inter_token_latency_seconds_count", ())] == 4  # 2 gaps each
-    assert after[("mlxspec_prompt_cache_hits_total", ())] == 0
+    hits = ("mlxspec_prompt_cache_hits_total", ())
+    assert after[hits] - before.get(hits, 0) == sum(1 for c in cached if c > 0)
+    hit_tokens = ("mlxspec_prompt_cache_tokens_total", ())
+    assert after[hit_tokens] - before.get(hit_tokens, 0) == sum(cached)
     done = ("mlxspec_generations_total", (("outcome", "completed"),))
     assert after[done] - before[done] == 2
     assert after[("mlxspec_queue_depth", ())] == 0

@@ -210,7 +210,9 @@ def _check_operation(
     errors = list(api.iter_response_errors(request, response))
     if errors:
         raise _fail(where, "; ".join(_describe(e) for e in errors))
-    if status >= 400:
+    # Error statuses carry an error envelope (the schemas require "error"), except
+    # where the document declares another body (the flush route's 503 report).
+    if status >= 400 and "error" in _json(body, where):
         _check_error_row(status, body, where, surface)
 
 
@@ -443,14 +445,25 @@ def _check_chunk_order(chunks: list[dict[str, Any]], last: str, where: str) -> N
         raise _fail(where, "stream ended without data: [DONE] or an error frame")
     if len({c.get("id") for c in chunks}) > 1:
         raise _fail(where, "chunks of one stream must share one id")
-    finished = [
-        i
-        for i, c in enumerate(chunks)
-        if any(choice.get("finish_reason") is not None for choice in c.get("choices", []))
-    ]
+    # Per choice index (n > 1 interleaves choices): finish_reason on that
+    # choice's last chunk only; the stream's last chunk finishes the last choice.
+    finished: dict[Any, list[int]] = {}
+    last_seen: dict[Any, int] = {}
+    for i, c in enumerate(chunks):
+        for choice in c.get("choices", []):
+            last_seen[choice.get("index")] = i
+            if choice.get("finish_reason") is not None:
+                finished.setdefault(choice.get("index"), []).append(i)
     if last == "done":
-        if finished != [len(chunks) - 1]:
-            raise _fail(where, f"finish_reason must be set on the last chunk only, got {finished}")
+        for index, seen in last_seen.items():
+            if finished.get(index) != [seen]:
+                raise _fail(
+                    where,
+                    f"finish_reason must be set on choice {index}'s last chunk only, "
+                    f"got {finished.get(index)}",
+                )
+        if not chunks or (len(chunks) - 1) not in {s[0] for s in finished.values()}:
+            raise _fail(where, "the last chunk must carry a finish_reason")
         if not isinstance(chunks[-1].get("usage"), dict):
             raise _fail(where, "the last chunk before [DONE] must carry usage")
     elif finished:

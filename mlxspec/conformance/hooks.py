@@ -23,6 +23,8 @@ MAX_TOKENS_CAP = 4
 PROMPT_CHAR_BUDGET = 200
 #: Most messages kept in a fuzzed chat request.
 MAX_MESSAGES = 4
+#: Most choices (``n``) a fuzzed generation may ask for; each is a generation.
+MAX_CHOICES = 2
 #: Routes that run the model.
 GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 
@@ -118,9 +120,22 @@ def _trim_message(message: Any, left: list[int]) -> Any:
     return message
 
 
+def cap_choices(body: Any, cap: int = MAX_CHOICES) -> Any:
+    """Bound ``n`` (choices are generated one engine request each): a valid
+    integer above ``cap`` becomes ``cap``; anything else is kept, since the
+    server must judge it.
+
+    Returns:
+        Any: a new dict when ``n`` was lowered, else ``body`` itself.
+    """
+    if isinstance(body, dict) and _is_int(body.get("n")) and body["n"] > cap:
+        return {**body, "n": cap}
+    return body
+
+
 def cheap_generation_body(body: Any) -> Any:
-    """:func:`cap_max_tokens` then :func:`trim_prompt`."""
-    return trim_prompt(cap_max_tokens(body))
+    """:func:`cap_max_tokens`, :func:`cap_choices`, then :func:`trim_prompt`."""
+    return trim_prompt(cap_choices(cap_max_tokens(body)))
 
 
 def register() -> None:

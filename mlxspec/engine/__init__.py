@@ -8,6 +8,7 @@ resolution (:mod:`.loader`).
 from .admission import AdmissionLimits, BudgetTooSmallError, ContextBudgetError, QueueFullError
 from .generator import Engine, RequestHandle
 from .sampling import GenerationDefaults
+from .ssd_cache import FLUSH_TIMEOUT_S
 from .types import (
     Cancelled,
     Constraint,
@@ -31,6 +32,7 @@ __all__ = [
     "BudgetTooSmallError",
     "ContextBudgetError",
     "QueueFullError",
+    "FLUSH_TIMEOUT_S",
     "Cancelled",
     "Constraint",
     "ContextLengthError",

@@ -4,19 +4,28 @@ Requests join the running batch between decode steps and leave it when they
 finish or are cancelled; each keeps its own sampler, logits processors and
 token budget (``BatchGenerator.insert``'s per-sequence options). Output
 bookkeeping is the same :class:`~.rows.Row` the serial lane uses.
+
+With a :class:`~.prompt_cache.PromptCache`, a request joins with a copy of the
+best kept KV cache and only its uncached prompt tail (``insert``'s ``caches``
+and ``all_tokens``, as ``mlx_lm.server`` does); when it leaves, its KV cache
+(prompt plus generated tokens) is kept for later requests.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from .prompt_cache import CacheNamespace, PromptCache
 from .rows import Row
 from .sampling import build_logits_processors, build_sampler
 from .types import Failed
 
 if TYPE_CHECKING:
     from .generator import RequestHandle
+
+log = logging.getLogger("mlxspec.engine")
 
 
 class BatchLane:
@@ -33,6 +42,10 @@ class BatchLane:
         prefill_step (int): prompt tokens per prefill chunk; each ``step``
             processes at most one chunk, so cancellation is seen between chunks.
             Default: ``2048`` (mlx-lm's).
+        prompt_cache (PromptCache | None): where prefixes are looked up and
+            finished KV caches kept. Default: ``None`` (no reuse).
+        namespace (CacheNamespace | None): the engine's cache namespace
+            (required with ``prompt_cache``). Default: ``None``.
     """
 
     def __init__(
@@ -44,6 +57,8 @@ class BatchLane:
         max_batch: int,
         on_done: Callable[[str], None],
         prefill_step: int = 2048,
+        prompt_cache: PromptCache | None = None,
+        namespace: CacheNamespace | None = None,
     ) -> None:
         from mlx_lm.generate import BatchGenerator
 
@@ -59,6 +74,8 @@ class BatchLane:
             prefill_step_size=prefill_step,
         )
         self._rows: dict[int, Row] = {}
+        self._cache = prompt_cache if namespace is not None else None
+        self._namespace = namespace
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -66,19 +83,24 @@ class BatchLane:
     def add(self, handle: RequestHandle, max_tokens: int) -> None:
         """Queue ``handle``'s request into the batch with a budget of ``max_tokens`` (>= 1)."""
         req = handle.request
+        cache, cached = None, 0
+        if self._cache is not None and self._namespace is not None:
+            cache, cached = self._cache.fetch(self._namespace, req.prompt, req.session)
         (uid,) = self._gen.insert(
-            [list(req.prompt)],
+            [list(req.prompt[cached:])],
             max_tokens=[max_tokens],
+            caches=[cache],
+            all_tokens=[list(req.prompt[:cached])],
             samplers=[build_sampler(req.sampling, self._xtc_special)],
             logits_processors=[build_logits_processors(req.logits)],
         )
-        self._rows[uid] = Row(handle, self._tokenizer, self._eos, lane="batched")
+        self._rows[uid] = Row(handle, self._tokenizer, self._eos, lane="batched", cached=cached)
 
     def step(self) -> None:
         """Drop cancelled requests, then run one prefill/decode step and route its tokens."""
         gone = [uid for uid, row in self._rows.items() if row.handle.cancelled]
         if gone:
-            self._gen.remove(gone)
+            self._keep(self._gen.remove(gone, return_prompt_caches=self._cache is not None))
             for uid in gone:
                 del self._rows[uid]
                 self._on_done("cancelled")
@@ -90,6 +112,8 @@ class BatchLane:
             row = self._rows.get(r.uid)
             if row is None:
                 continue
+            if self._cache is not None:
+                row.before_finish = lambda r=r: self._keep_finished(r)
             ended = row.push(r.token, r.logprobs)
             if not ended and r.finish_reason is not None:
                 row.finish_length()
@@ -101,6 +125,28 @@ class BatchLane:
         for uid in finished:
             del self._rows[uid]
             self._on_done("completed")
+
+    def _keep_finished(self, r: Any) -> None:
+        """Keep the KV cache of the row ending at response ``r``: the generator
+        hands it over when it ended the row itself, else the row is removed
+        now (a stop string or EOS matched on our side)."""
+        if r.finish_reason is not None:
+            self._keep({r.uid: (r.prompt_cache, r.all_tokens)})
+        else:
+            self._keep(self._gen.remove([r.uid], return_prompt_caches=True))
+
+    def _keep(self, caches: dict[int, tuple[list[Any], list[int]]]) -> None:
+        """Hand leaving rows' KV caches (``uid -> (cache, tokens it holds)``)
+        to the prompt cache, under each request's session."""
+        if self._cache is None or self._namespace is None:
+            return
+        for uid, (cache, tokens) in caches.items():
+            row = self._rows.get(uid)
+            session = row.request.session if row is not None else None
+            try:
+                self._cache.store(self._namespace, tuple(tokens), cache, session)
+            except Exception:  # the cache is an optimisation: never fail the rows
+                log.exception("prompt cache store failed")
 
     def fail_all(self, message: str) -> int:
         """Fail every request in the batch with ``message``; returns how many."""

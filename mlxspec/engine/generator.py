@@ -8,6 +8,8 @@ steps; with ``max_batch == 1``, and for requests with an explicit ``seed``
 they run alone on mlx-lm's ``generate_step``. Either way a :class:`~.rows.Row`
 detokenizes, matches stop strings and emits :mod:`types` events back to the
 request's event loop. Cancelling a handle stops it at the next decode step.
+Both lanes start a request from the best prefix in :attr:`Engine.prompt_cache`
+and keep its KV cache there when it ends (:mod:`.prompt_cache`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,14 @@ from .admission import Admission, AdmissionLimits
 from .batching import BatchLane
 from .fit import ModelMemory, model_memory
 from .prompt import encode_text, normalize_messages, render_chat
+from .prompt_cache import (
+    DEFAULT_PROMPT_CACHE_BYTES,
+    CacheNamespace,
+    PromptCache,
+    cache_length,
+    penalty_window,
+    with_history,
+)
 from .rows import Row
 from .sampling import (
     GenerationDefaults,
@@ -33,6 +43,7 @@ from .sampling import (
     build_sampler,
     read_generation_config,
 )
+from .ssd_cache import DEFAULT_SSD_CACHE_BYTES, SsdCache
 from .types import (
     Cancelled,
     ContextLengthError,
@@ -108,6 +119,8 @@ class Engine:
             Default: ``8``.
         limits (AdmissionLimits | None): wait-queue depth and operator context
             caps (:mod:`.admission`). Default: ``None`` (64 waiting, no caps).
+        prompt_cache (PromptCache | None): kept KV caches for prefix reuse.
+            Default: ``None`` (a RAM-only cache of the default budget).
 
     Raises:
         BudgetTooSmallError: ``limits`` leave no room for any request.
@@ -121,6 +134,7 @@ class Engine:
         defaults: GenerationDefaults,
         max_batch: int = 8,
         limits: AdmissionLimits | None = None,
+        prompt_cache: PromptCache | None = None,
     ) -> None:
         self.model = model
         self.max_batch = max_batch
@@ -138,6 +152,10 @@ class Engine:
         limits = limits or AdmissionLimits()
         memory = self.memory if limits.memory_budget is not None else None
         self.admission = Admission(limits, max_batch, info.context_window, memory)
+        #: Prefix KV reuse across requests (``stats()`` feeds ``GET /stats``).
+        self.prompt_cache = prompt_cache if prompt_cache is not None else PromptCache()
+        #: Everything that changes KV numbers: no adapters or KV quantisation yet.
+        self.cache_namespace = CacheNamespace(info.id)
 
     @functools.cached_property
     def memory(self) -> ModelMemory:
@@ -154,6 +172,9 @@ class Engine:
         overrides: GenerationDefaults | None = None,
         max_batch: int = 8,
         limits: AdmissionLimits | None = None,
+        prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES,
+        ssd_cache: Path | None = None,
+        ssd_cache_bytes: int = DEFAULT_SSD_CACHE_BYTES,
     ) -> Engine:
         """Load an MLX model folder with ``mlx_lm.load``.
 
@@ -165,6 +186,11 @@ class Engine:
                 which win over ``generation_config.json``. Default: ``None``.
             max_batch (int): concurrency cap; ``1`` is serial. Default: ``8``.
             limits (AdmissionLimits | None): admission limits. Default: ``None``.
+            prompt_cache_bytes (int): prompt cache RAM budget; ``0`` disables
+                it. Default: :data:`~.prompt_cache.DEFAULT_PROMPT_CACHE_BYTES`.
+            ssd_cache (Path | None): directory of the SSD tier. Default: ``None``.
+            ssd_cache_bytes (int): disk budget of the SSD tier.
+                Default: :data:`~.ssd_cache.DEFAULT_SSD_CACHE_BYTES`.
 
         Returns:
             Engine: not yet started; call :meth:`start`.
@@ -185,7 +211,15 @@ class Engine:
         defaults = read_generation_config(Path(path)).merged(
             **(overrides or GenerationDefaults()).__dict__
         )
-        return cls(model, tokenizer, info, defaults, max_batch=max_batch, limits=limits)
+        ssd = None
+        if ssd_cache is not None and prompt_cache_bytes > 0:
+            ssd = SsdCache(ssd_cache, ssd_cache_bytes)
+        elif ssd_cache is not None:
+            log.warning("the prompt cache is off (budget 0): --ssd-cache is not used")
+        cache = PromptCache(prompt_cache_bytes, ssd)
+        return cls(
+            model, tokenizer, info, defaults, max_batch=max_batch, limits=limits, prompt_cache=cache
+        )
 
     def start(self) -> None:
         """Start the engine thread (idempotent)."""
@@ -311,6 +345,8 @@ class Engine:
             self.max_batch,
             on_done=self._count,
             prefill_step=PREFILL_STEP,
+            prompt_cache=self.prompt_cache,
+            namespace=self.cache_namespace,
         )
 
     def _count(self, outcome: str) -> None:
@@ -334,32 +370,62 @@ class Engine:
         """Run one request alone to its end; returns ``"completed"`` or ``"cancelled"``."""
         import mlx.core as mx
         from mlx_lm.generate import generate_step
+        from mlx_lm.models.cache import make_prompt_cache
 
         req = handle.request
         if req.sampling.seed is not None:
             mx.random.seed(req.sampling.seed)
-        row = Row(handle, self.tokenizer, self._eos, lane="serial")
+        cache, cached = self.prompt_cache.fetch(self.cache_namespace, req.prompt, req.session)
+        if cache is None:
+            cache = make_prompt_cache(self.model)
+        row = Row(handle, self.tokenizer, self._eos, lane="serial", cached=cached)
 
         def progress(_done: int, _total: int) -> None:
             if handle.cancelled:
                 raise _PrefillCancelled
 
         steps = generate_step(
-            mx.array(req.prompt, dtype=mx.uint32),
+            mx.array(req.prompt[cached:], dtype=mx.uint32),
             self.model,
             max_tokens=self._budget(req),
             sampler=build_sampler(req.sampling, self._xtc_special),
-            logits_processors=build_logits_processors(req.logits),
+            logits_processors=with_history(
+                build_logits_processors(req.logits), req.prompt[:cached], penalty_window(req.logits)
+            ),
+            prompt_cache=cache,
             prefill_step_size=PREFILL_STEP,
             prompt_progress_callback=progress,
         )
+        tokens = list(req.prompt)
+        row.before_finish = lambda: self._keep(req, tokens, cache)
+        outcome = self._drive(handle, row, steps, tokens)
+        if not row.done:  # cancelled: keep what was computed
+            self._keep(req, tokens, cache)
+        return outcome
+
+    @staticmethod
+    def _drive(handle: RequestHandle, row: Row, steps: Any, tokens: list[int]) -> str:
+        """Feed ``steps`` into ``row`` until the request ends, appending each
+        generated token to ``tokens``; returns the outcome."""
         try:
             for token, logprobs in steps:
                 if handle.cancelled:
                     return "cancelled"
+                tokens.append(int(token))
                 if row.push(token, logprobs):
                     return "completed"
         except _PrefillCancelled:
             return "cancelled"
         row.finish_length()
         return "completed"
+
+    def _keep(self, req: GenerationRequest, tokens: list[int], cache: list[Any]) -> None:
+        """Keep a serial request's KV cache: it holds a prefix of ``tokens``
+        (``generate_step`` runs one token ahead only while generation goes on)."""
+        held = cache_length(cache)
+        if held is None or held > len(tokens):
+            return
+        try:
+            self.prompt_cache.store(self.cache_namespace, tokens[:held], cache, req.session)
+        except Exception:  # the cache is an optimisation: never fail the request
+            log.exception("prompt cache store failed")

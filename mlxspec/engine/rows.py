@@ -9,6 +9,8 @@ text and emits :class:`~.types.Delta` / :class:`~.types.Finished`.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from .stops import StopMatcher
@@ -29,7 +31,46 @@ def finite_logprob(value: float) -> float:
     return value if math.isfinite(value) else LOGPROB_FLOOR
 
 
-def token_logprob(tokenizer: Any, token: int, logprobs: Any, top_k: int) -> TokenLogprob:
+#: SentencePiece's word-boundary marker, which decodes to a space.
+_SPM_SPACE = "\u2581".encode()
+
+
+def piece_bytes(detokenizer: Any, tokenizer: Any, token: int, piece: str | None) -> bytes:
+    """The bytes token ``token`` decodes to on its own, partial UTF-8 kept.
+
+    Uses the same maps as mlx-lm's streaming detokenizers: GPT-2 byte-level
+    BPE pieces through the byte decoder, SentencePiece pieces with ``▁`` as a
+    space and ``<0xNN>`` byte tokens; other tokenizers through ``decode``
+    (where a partial UTF-8 sequence is already lost to U+FFFD).
+
+    Args:
+        detokenizer: the row's mlx-lm ``StreamingDetokenizer`` (selects the map).
+        tokenizer: the mlx-lm ``TokenizerWrapper``.
+        token (int): the token id.
+        piece (str | None): its raw vocabulary piece (``None`` past the vocabulary).
+
+    Returns:
+        bytes: the token's bytes (special tokens: their text in UTF-8).
+    """
+    from mlx_lm.tokenizer_utils import (
+        BPEStreamingDetokenizer,
+        SPMStreamingDetokenizer,
+        _byte_decoder,
+    )
+
+    if piece is None:  # an id past the tokenizer's vocabulary (padded embedding rows)
+        return b""
+    if isinstance(detokenizer, BPEStreamingDetokenizer):
+        table = _byte_decoder()
+        return b"".join(bytes([table[c]]) if c in table else c.encode() for c in piece)
+    if isinstance(detokenizer, SPMStreamingDetokenizer) and token < len(detokenizer.tokenmap):
+        return detokenizer.tokenmap[token].replace(_SPM_SPACE, b" ")
+    return tokenizer.decode([token]).encode()
+
+
+def token_logprob(
+    tokenizer: Any, token: int, logprobs: Any, top_k: int, detokenizer: Any = None
+) -> TokenLogprob:
     """Log-probability of ``token`` and, if ``top_k > 0``, the top-k candidates.
 
     Args:
@@ -38,13 +79,17 @@ def token_logprob(tokenizer: Any, token: int, logprobs: Any, top_k: int) -> Toke
         logprobs (mx.array): shape ``(vocab,)``, float, log-softmax of the logits
             after logits processors and before the sampler (mlx-lm ``generate_step``).
         top_k (int): how many candidates to report; ``0`` for none.
+        detokenizer: the request's streaming detokenizer, which selects how a
+            piece maps to bytes (:func:`piece_bytes`). Default: ``None``
+            (``tokenizer.detokenizer``).
 
     Returns:
-        TokenLogprob: with ``top`` sorted by descending log-probability; a
-        non-finite value is reported as :data:`LOGPROB_FLOOR`.
+        TokenLogprob: with ``top`` sorted by descending log-probability and
+        each token's bytes; a non-finite value is reported as :data:`LOGPROB_FLOOR`.
     """
     import mlx.core as mx
 
+    detok = tokenizer.detokenizer if detokenizer is None else detokenizer
     top: tuple[TopLogprob, ...] = ()
     if top_k > 0:
         ids = mx.argpartition(-logprobs, kth=top_k - 1)[:top_k]
@@ -53,10 +98,16 @@ def token_logprob(tokenizer: Any, token: int, logprobs: Any, top_k: int) -> Toke
         ids_l, vals_l = ids[order].tolist(), values[order].tolist()
         pieces = tokenizer.convert_ids_to_tokens(ids_l)
         top = tuple(
-            TopLogprob(i, p, finite_logprob(v))
+            TopLogprob(i, p, finite_logprob(v), piece_bytes(detok, tokenizer, i, p))
             for i, p, v in zip(ids_l, pieces, vals_l, strict=True)
         )
-    return TokenLogprob(token, finite_logprob(logprobs[token].item()), top)
+    piece = tokenizer.convert_ids_to_tokens([token])[0]
+    return TokenLogprob(
+        token,
+        finite_logprob(logprobs[token].item()),
+        top,
+        piece_bytes(detok, tokenizer, token, piece),
+    )
 
 
 class Row:
@@ -67,13 +118,21 @@ class Row:
         tokenizer: an mlx-lm ``TokenizerWrapper``.
         eos (set[int]): end-of-sequence token ids.
         lane (str): ``"serial"`` or ``"batched"``, reported in ``Finished``.
+        cached (int): prompt tokens served from the prompt cache, reported in
+            ``Finished``. Default: ``0``.
     """
 
     def __init__(
-        self, handle: RequestHandle, tokenizer: Any, eos: set[int], lane: str = "serial"
+        self,
+        handle: RequestHandle,
+        tokenizer: Any,
+        eos: set[int],
+        lane: str = "serial",
+        cached: int = 0,
     ) -> None:
         self.handle = handle
         self.lane = lane
+        self.cached = cached
         self.request: GenerationRequest = handle.request
         self._tokenizer = tokenizer
         self._eos = eos
@@ -82,6 +141,9 @@ class Row:
         self._want_logprobs = self.request.logprobs or self.request.top_logprobs > 0
         self.count = 0
         self.done = False
+        #: Called once just before ``Finished`` is emitted (the lanes keep the
+        #: KV cache here, so a client that got its answer finds it kept).
+        self.before_finish: Callable[[], None] | None = None
 
     def push(self, token: int, logprobs: Any) -> bool:
         """Consume one generated token.
@@ -97,10 +159,11 @@ class Row:
         self.count += 1
         lps = ()
         if self._want_logprobs:
-            lps = (token_logprob(self._tokenizer, token, logprobs, self.request.top_logprobs),)
+            k = self.request.top_logprobs
+            lps = (token_logprob(self._tokenizer, token, logprobs, k, self._detok),)
         if token in self._eos:
             if lps:
-                self.handle.emit(Delta("", (token,), lps))
+                self.handle.emit(Delta("", (token,), (replace(lps[0], eos=True),)))
             self._finish("stop", flush=True)
             return True
         self._detok.add_token(token)
@@ -128,10 +191,13 @@ class Row:
             if self._stops.stopped:
                 reason = "stop"
         prompt = len(self.request.prompt)
+        if self.before_finish is not None:
+            self.before_finish()
         finished = Finished(
             reason,  # type: ignore[arg-type]
             prompt,
             self.count,
+            cached_tokens=self.cached,
             lane=self.lane,
             stop_sequence=self._stops.matched,
         )

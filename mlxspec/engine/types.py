@@ -117,11 +117,20 @@ class GenerationRequest:
 
 @dataclass(frozen=True)
 class TopLogprob:
-    """One candidate token at a position: id, raw vocab piece, natural-log probability."""
+    """One candidate token at a position.
+
+    Args:
+        id (int): the token id.
+        token (str): its raw vocabulary piece (``convert_ids_to_tokens``, e.g. ``"ĠHello"``).
+        logprob (float): its natural-log probability.
+        token_bytes (bytes): the bytes the token decodes to (possibly a partial
+            UTF-8 sequence). Default: ``b""``.
+    """
 
     id: int
     token: str
     logprob: float
+    token_bytes: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -134,11 +143,17 @@ class TokenLogprob:
         logprob (float): its natural-log probability.
         top (tuple[TopLogprob, ...]): the most likely tokens, sorted descending;
             empty unless ``top_logprobs`` was requested.
+        token_bytes (bytes): the bytes the generated token decodes to (possibly
+            a partial UTF-8 sequence). Default: ``b""``.
+        eos (bool): the token ended the generation (an EOS token, counted in
+            ``completion_tokens`` but never part of the text). Default: ``False``.
     """
 
     id: int
     logprob: float
     top: tuple[TopLogprob, ...] = ()
+    token_bytes: bytes = b""
+    eos: bool = False
 
 
 @dataclass(frozen=True)

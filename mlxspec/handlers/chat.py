@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 from mlxspec import sse
+from mlxspec.engine import Engine
 
-from .common import JSON, SYSTEM_FINGERPRINT, choice_logprobs, current_engine, new_id, now, usage
+from .choices import (
+    ChoiceStream,
+    cancel_all,
+    choice_count,
+    choices_usage,
+    gather_choices,
+    stream_chunks,
+    submit_choices,
+)
+from .common import JSON, SYSTEM_FINGERPRINT, current_engine, new_id, now
+from .logprobs import chat_chunk_logprobs, chat_logprobs, current_format
 from .turns import (
+    ChatTurn,
     ReasoningDelta,
     TextDelta,
     ToolCall,
@@ -23,38 +34,54 @@ from .turns import (
 
 
 async def create_chat_completion(body: dict[str, Any]) -> Any:
-    """Template the messages, generate, and answer as JSON or an SSE stream."""
+    """Template the messages, generate ``n`` choices, answer as JSON or an SSE stream."""
     engine = current_engine()
-    turn = open_turn(engine, body)
+    turns = open_turns(engine, body)
+    fmt = current_format()
     head = {
         "id": new_id("chatcmpl"),
         "created": now(),
         "model": engine.info.id,
         "system_fingerprint": SYSTEM_FINGERPRINT,
     }
+    handles = [t.handle for t in turns]
     if body.get("stream"):
-        frames = sse.openai_events(_chunks(turn, head), on_close=turn.handle.cancel)
-        return sse.event_stream(frames)
-    result = await collect_turn(turn)
-    assert result.finished is not None
+        streams = [_choice_chunks(turn, i, fmt) for i, turn in enumerate(turns)]
+        chunks = stream_chunks(
+            streams, lambda choice: {**head, "object": "chat.completion.chunk", "choices": [choice]}
+        )
+        return sse.event_stream(sse.openai_events(chunks, on_close=cancel_all(handles)))
+    results = await gather_choices([collect_turn(t) for t in turns], handles)
+    choices = [_choice(i, t, r, fmt) for i, (t, r) in enumerate(zip(turns, results, strict=True))]
+    finished = [r.finished for r in results if r.finished is not None]
+    body_out = {
+        **head,
+        "object": "chat.completion",
+        "choices": choices,
+        "usage": choices_usage(finished),
+    }
+    return body_out, 200, JSON
+
+
+def open_turns(engine: Engine, body: dict[str, Any]) -> list[Turn]:
+    """Template once and submit the body's ``n`` choices (see :mod:`.choices`)."""
+    first = open_turn(engine, body)
+    runs = submit_choices(engine, first.request, first.handle, choice_count(body), "messages")
+    return [Turn(request, handle, first.options) for request, handle in runs]
+
+
+def _choice(index: int, turn: Turn, result: ChatTurn, fmt: str) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": result.content}
     if result.reasoning is not None:
         message["reasoning"] = result.reasoning
     if result.tool_calls:
         message["tool_calls"] = [_tool_call(call) for call in result.tool_calls]
-    choice: dict[str, Any] = {
-        "index": 0,
+    return {
+        "index": index,
         "message": message,
-        "logprobs": choice_logprobs(turn.request, result.logprobs),
+        "logprobs": chat_logprobs(turn.request, result.logprobs, fmt),
         "finish_reason": result.finish_reason,
     }
-    body_out = {
-        **head,
-        "object": "chat.completion",
-        "choices": [choice],
-        "usage": usage(result.finished),
-    }
-    return body_out, 200, JSON
 
 
 def _tool_call(call: ToolCall) -> dict[str, Any]:
@@ -65,27 +92,30 @@ def _tool_call(call: ToolCall) -> dict[str, Any]:
     }
 
 
-async def _chunks(turn: Turn, head: dict[str, Any]) -> AsyncIterator[dict]:
-    """``chat.completion.chunk`` payloads: role delta, content / reasoning /
-    tool-call deltas, final chunk with finish_reason and usage."""
+async def _choice_chunks(turn: Turn, index: int, fmt: str) -> ChoiceStream:
+    """One choice's stream: ``(choice, Finished or None)`` pairs: role delta,
+    content / reasoning / tool-call deltas, then the finish_reason chunk.
+    In the ``openai`` logprobs format, deltas carry their tokens' logprobs."""
 
-    def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> dict:
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-        return {**head, "object": "chat.completion.chunk", "choices": [choice], **extra}
+    def choice(delta: dict[str, Any], finish: str | None = None, lps: Any = ()) -> dict:
+        logprobs = chat_chunk_logprobs(turn.request, lps, fmt)
+        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
 
-    yield chunk({"role": "assistant", "content": ""})
+    yield choice({"role": "assistant", "content": ""}), None
     async for event in turn_events(turn):
         if isinstance(event, TurnEnd):
-            yield chunk({}, event.finish_reason, usage=usage(event.finished))
+            yield choice({}, event.finish_reason), event.finished
         elif isinstance(event, TextDelta):
-            if event.text:
-                yield chunk({"content": event.text})
+            # Tokens whose text is held back (partial UTF-8, a possible stop
+            # string) still report their logprobs, under an empty content delta.
+            if event.text or chat_chunk_logprobs(turn.request, event.logprobs, fmt):
+                yield choice({"content": event.text}, lps=event.logprobs), None
         elif isinstance(event, ReasoningDelta):
-            yield chunk({"reasoning": event.text})
+            yield choice({"reasoning": event.text}, lps=event.logprobs), None
         elif isinstance(event, ToolCallStart):
             call = {"index": event.index, "id": event.id, "type": "function"}
             call["function"] = {"name": event.name, "arguments": ""}
-            yield chunk({"tool_calls": [call]})
+            yield choice({"tool_calls": [call]}), None
         elif isinstance(event, ToolCallArguments):
             fragment = {"index": event.index, "function": {"arguments": event.fragment}}
-            yield chunk({"tool_calls": [fragment]})
+            yield choice({"tool_calls": [fragment]}, lps=event.logprobs), None

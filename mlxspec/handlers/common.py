@@ -107,10 +107,22 @@ def to_generation_request(
         stop=(stop,) if isinstance(stop, str) else tuple(stop),
         sampling=sampling,
         logits=logits,
-        logprobs=bool(body.get("logprobs") or False),
-        top_logprobs=max(0, int(pick("top_logprobs", -1))),
+        # OpenAI's legacy integer (even 0) asks for logprobs too.
+        logprobs=body.get("logprobs") is True or type(body.get("logprobs")) is int,
+        top_logprobs=_top_logprobs(body),
         session=session,
     )
+
+
+def _top_logprobs(body: Mapping[str, Any]) -> int:
+    """``top_logprobs`` (``-1``/null is unset, 0); OpenAI's legacy integer
+    ``logprobs: k`` (completions, ``--logprobs-format openai``) means k unless
+    ``top_logprobs`` is set."""
+    top = body.get("top_logprobs")
+    legacy = body.get("logprobs")
+    if (top is None or top < 0) and type(legacy) is int:
+        return legacy
+    return max(0, int(-1 if top is None else top))
 
 
 #: Largest penalty window: mlx slices take 32-bit indices, and a window
@@ -266,13 +278,6 @@ def usage(finished: Finished) -> dict[str, Any]:
         "prompt_tokens_details": {"cached_tokens": finished.cached_tokens},
         "lane": finished.lane,
     }
-
-
-def choice_logprobs(request: GenerationRequest, entries: list[TokenLogprob]) -> dict | None:
-    """A choice's ``logprobs``: mlx-lm's block when the request asked for it, else ``None``."""
-    if request.logprobs or request.top_logprobs:
-        return logprobs_block(entries, request.top_logprobs)
-    return None
 
 
 def logprobs_block(entries: list[TokenLogprob], top_logprobs: int) -> dict[str, Any]:

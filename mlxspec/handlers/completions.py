@@ -2,32 +2,45 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 from mlxspec import sse
-from mlxspec.engine import Finished, RequestHandle
+from mlxspec.engine import Finished, GenerationRequest, RequestHandle
 
+from .choices import (
+    ChoiceStream,
+    cancel_all,
+    choice_count,
+    choices_usage,
+    gather_choices,
+    stream_chunks,
+    submit_choices,
+)
 from .common import (
     JSON,
     SYSTEM_FINGERPRINT,
-    choice_logprobs,
     collect,
     current_engine,
     new_id,
     now,
     outputs,
+    request_headers,
+    session_key,
     to_generation_request,
-    usage,
 )
+from .logprobs import CompletionLogprobs, current_format
 
 
 async def create_completion(body: dict[str, Any]) -> Any:
-    """Tokenize ``prompt`` as mlx-lm does, generate, answer as JSON or SSE."""
+    """Tokenize ``prompt`` as mlx-lm does, generate ``n`` choices, answer as JSON or SSE."""
     engine = current_engine()
     prompt = engine.text_prompt(body["prompt"])
-    request = to_generation_request(body, prompt, engine.defaults, engine.info)
-    handle = engine.submit(request, prompt_param="prompt")
+    session = session_key(body, request_headers())
+    first = to_generation_request(body, prompt, engine.defaults, engine.info, session)
+    handle = engine.submit(first, prompt_param="prompt")
+    runs = submit_choices(engine, first, handle, choice_count(body), "prompt")
+    handles = [handle for _, handle in runs]
+    fmt = current_format()
     head = {
         "id": new_id("cmpl"),
         "object": "text_completion",
@@ -36,28 +49,39 @@ async def create_completion(body: dict[str, Any]) -> Any:
         "system_fingerprint": SYSTEM_FINGERPRINT,
     }
     if body.get("stream"):
-        frames = sse.openai_events(_chunks(handle, head), on_close=handle.cancel)
-        return sse.event_stream(frames)
-    result = await collect(handle)
-    assert result.finished is not None
-    choice: dict[str, Any] = {
-        "index": 0,
-        "text": result.text,
-        "logprobs": choice_logprobs(request, result.logprobs),
-        "finish_reason": result.finished.finish_reason,
-    }
-    return {**head, "choices": [choice], "usage": usage(result.finished)}, 200, JSON
+        streams = [_choice_chunks(req, handle, i, fmt) for i, (req, handle) in enumerate(runs)]
+        chunks = stream_chunks(streams, lambda choice: {**head, "choices": [choice]})
+        return sse.event_stream(sse.openai_events(chunks, on_close=cancel_all(handles)))
+    results = await gather_choices([collect(h) for h in handles], handles)
+    choices = []
+    for index, ((request, _), result) in enumerate(zip(runs, results, strict=True)):
+        assert result.finished is not None
+        choices.append(
+            {
+                "index": index,
+                "text": result.text,
+                "logprobs": CompletionLogprobs(request, fmt).whole(result.logprobs),
+                "finish_reason": result.finished.finish_reason,
+            }
+        )
+    finished = [r.finished for r in results if r.finished is not None]
+    return {**head, "choices": choices, "usage": choices_usage(finished)}, 200, JSON
 
 
-async def _chunks(handle: RequestHandle, head: dict[str, Any]) -> AsyncIterator[dict]:
-    """``text_completion`` chunks: text deltas, then one with finish_reason and usage."""
+async def _choice_chunks(
+    request: GenerationRequest, handle: RequestHandle, index: int, fmt: str
+) -> ChoiceStream:
+    """One choice's ``(choice, Finished or None)`` pairs: text deltas (with
+    their tokens' logprobs in the ``openai`` format), then the finish_reason."""
+    logprobs = CompletionLogprobs(request, fmt)
 
-    def chunk(text: str, finish: str | None = None, **extra: Any) -> dict:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-        return {**head, "choices": [choice], **extra}
+    def choice(text: str, finish: str | None = None, lps: Any = None) -> dict:
+        return {"index": index, "text": text, "logprobs": lps, "finish_reason": finish}
 
     async for event in outputs(handle):
         if isinstance(event, Finished):
-            yield chunk("", event.finish_reason, usage=usage(event))
-        elif event.text:
-            yield chunk(event.text)
+            yield choice("", event.finish_reason), event
+            continue
+        lps = logprobs.chunk(event.logprobs)
+        if event.text or lps is not None:
+            yield choice(event.text, lps=lps), None

@@ -5,7 +5,7 @@ They borrow counters and sizes and never touch MLX (no engine work, no lock):
 model fits this machine and the decode rate its memory bandwidth allows;
 ``/metrics`` the Prometheus registry. Sections other components own appear
 when present: ``prompt_cache`` when the engine has a ``prompt_cache`` with
-``stats()``, ``response_store`` when the app state holds one with ``stats()``.
+``stats()`` (and ``ssd_cache`` when it has an SSD tier), ``response_store`` when the app state holds one with ``stats()``.
 """
 
 from __future__ import annotations
@@ -42,6 +42,9 @@ async def get_stats() -> dict[str, Any]:
     cache = getattr(engine, "prompt_cache", None)
     if callable(getattr(cache, "stats", None)):
         body["prompt_cache"] = cache.stats()
+    ssd = getattr(cache, "ssd", None)
+    if callable(getattr(ssd, "stats", None)):
+        body["ssd_cache"] = ssd.stats()
     store = state.get("response_store")
     if callable(getattr(store, "stats", None)):
         body["response_store"] = store.stats()

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-__all__ = ["SPEC_PATH", "load_spec"]
+__all__ = ["SPEC_PATH", "load_spec", "served_spec"]
 
 SPEC_PATH: Path = Path(__file__).with_name("openapi.yaml")
 """Path of the OpenAPI document shipped with the package."""
@@ -44,3 +44,40 @@ def load_spec() -> dict[str, Any]:
         ValueError: If the file does not hold a YAML mapping.
     """
     return copy.deepcopy(_parsed_spec())
+
+
+#: Overlay key: schema keywords that replace their siblings when the server
+#: runs with ``--logprobs-format openai`` (OpenAI's wider ``top_logprobs``).
+LOGPROBS_OPENAI_KEY = "x-mlxspec-logprobs-openai"
+
+
+def served_spec(logprobs_format: str = "mlx") -> dict[str, Any]:
+    """The document a server with these settings serves and validates with.
+
+    One document describes both logprobs formats: a schema may carry
+    ``x-mlxspec-logprobs-openai``, a mapping of keywords that override its own
+    when ``logprobs_format`` is ``"openai"`` (e.g. ``top_logprobs``'s
+    ``maximum: 20`` instead of mlx-lm's 11). The overlay keys are removed
+    either way, so the served document states the live rules only.
+
+    Args:
+        logprobs_format (str): ``"mlx"`` or ``"openai"``. Default: ``"mlx"``.
+
+    Returns:
+        dict[str, Any]: a fresh copy of the document, ``$ref`` unresolved.
+    """
+    spec = load_spec()
+    _overlay(spec, logprobs_format == "openai")
+    return spec
+
+
+def _overlay(node: Any, apply: bool) -> None:
+    if isinstance(node, dict):
+        extra = node.pop(LOGPROBS_OPENAI_KEY, None)
+        if apply and isinstance(extra, dict):
+            node.update(copy.deepcopy(extra))
+        for value in node.values():
+            _overlay(value, apply)
+    elif isinstance(node, list):
+        for value in node:
+            _overlay(value, apply)

@@ -1,0 +1,360 @@
+"""Prompt cache: reuse the KV cache of an earlier request's token prefix.
+
+After a request ends, its KV cache (prompt plus generated tokens) is kept
+under its token sequence; a later request whose prompt shares a prefix with a
+kept sequence starts from a copy of that cache and prefills only the rest.
+Entries live in a token trie (mlx-lm's ``PromptTrie``, the structure
+``mlx_lm.server``'s ``LRUPromptCache`` searches) inside a *namespace* of
+everything that changes the numbers in a KV cache, and are evicted least
+recently used first under a byte budget.
+
+mlx-lm's ``LRUPromptCache`` itself is not used because a hit does not refresh
+its LRU position, an exact hit leaves nothing to prefill (a forward pass needs
+at least one token), and it has no notion of sessions. Its trie, copy-then-trim
+lookup and "a longer entry makes its prefixes redundant" rule are kept.
+
+Sessions (reference, "Cache session affinity"): a request labelled with a
+session prefers that session's latest checkpoint when it is a prefix of the
+new prompt; eviction spares session checkpoints while other entries remain.
+An optional :class:`~.ssd_cache.SsdCache` keeps durable copies on disk and
+restores them after a restart.
+
+Thread use: :meth:`PromptCache.fetch` and :meth:`PromptCache.store` run on the
+engine thread (they touch MLX arrays); :meth:`stats`, :meth:`close_session` and
+:meth:`flush` may be called from any thread.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from .ssd_cache import SsdCache
+from .types import LogitsParams
+
+#: Default RAM budget for kept KV caches, bytes (``--prompt-cache-bytes``).
+DEFAULT_PROMPT_CACHE_BYTES = 1 << 30
+
+
+class CacheNamespace(NamedTuple):
+    """What must match for a kept KV cache to be valid for a request.
+
+    Args:
+        model (str): the served model id.
+        adapter (str | None): the LoRA adapter in use, if any.
+        kv_quant (str): the KV cache precision (``"bf16"`` for none).
+    """
+
+    model: str
+    adapter: str | None = None
+    kv_quant: str = "bf16"
+
+
+Key = tuple[CacheNamespace, tuple[int, ...]]
+
+
+@dataclass
+class _Entry:
+    cache: list[Any]
+    nbytes: int
+
+
+def cache_length(cache: list[Any]) -> int | None:
+    """Tokens held by a per-layer KV cache list, or ``None`` if it cannot tell
+    (recurrent layers keep state, not positions)."""
+    offsets = {getattr(c, "offset", None) for c in cache}
+    if len(offsets) != 1 or None in offsets:
+        return None
+    return int(offsets.pop())
+
+
+def _compact(cache: list[Any]) -> None:
+    """Shrink KV buffers to the tokens they hold and evaluate them, on the
+    engine thread, so kept entries waste no step padding and the SSD writer
+    thread only serializes finished arrays (it runs no MLX computation)."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import KVCache
+
+    for c in cache:
+        if type(c) is KVCache and c.keys is not None and c.offset < c.keys.shape[2]:
+            c.keys = mx.contiguous(c.keys[..., : c.offset, :])
+            c.values = mx.contiguous(c.values[..., : c.offset, :])
+    mx.eval([c.state for c in cache])
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token sequences."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class PromptCache:
+    """Kept KV caches by namespace and token prefix, LRU under a byte budget.
+
+    Args:
+        max_bytes (int): RAM budget in bytes; ``0`` disables the cache (no
+            lookups, nothing kept). Default: :data:`DEFAULT_PROMPT_CACHE_BYTES`.
+        ssd (SsdCache | None): durable tier for snapshots. Default: ``None``.
+    """
+
+    def __init__(self, max_bytes: int = DEFAULT_PROMPT_CACHE_BYTES, ssd: SsdCache | None = None):
+        from mlx_lm.models.cache import PromptTrie
+
+        self.max_bytes = max_bytes
+        self.ssd = ssd
+        self._trie = PromptTrie()
+        self._entries: OrderedDict[Key, _Entry] = OrderedDict()
+        self._sessions: dict[str, Key] = {}
+        self._lock = threading.Lock()
+        self._bytes = 0
+        self._counts = dict.fromkeys(
+            (
+                "hits",
+                "misses",
+                "hit_tokens",
+                "evictions",
+                "session_hits",
+                "session_misses",
+                "prefix_scans",
+            ),
+            0,
+        )
+
+    @property
+    def enabled(self) -> bool:
+        """True when the budget allows keeping anything."""
+        return self.max_bytes > 0
+
+    def fetch(
+        self, namespace: CacheNamespace, prompt: Sequence[int], session: str | None = None
+    ) -> tuple[list[Any] | None, int]:
+        """A private copy of the best kept cache for ``prompt`` (engine thread).
+
+        The copy is trimmed to a prefix of ``prompt`` that leaves at least one
+        token to prefill (the forward pass that yields the first logits).
+
+        Args:
+            namespace (CacheNamespace): the request's namespace.
+            prompt (Sequence[int]): the prompt token ids.
+            session (str | None): the request's session label. Default: ``None``.
+
+        Returns:
+            tuple: ``(cache, cached)``: the per-layer cache holding the first
+            ``cached`` prompt tokens, or ``(None, 0)`` on a miss.
+        """
+        if not self.enabled or len(prompt) < 2:
+            return None, 0
+        with self._lock:
+            key, covered = self._best_in_ram(namespace, prompt, session)
+            entry = self._entries[key] if key is not None else None
+            if key is not None:
+                self._entries.move_to_end(key)
+        if self.ssd is not None and covered < len(prompt) - 1:
+            restored = self.ssd.restore(namespace, prompt, better_than=covered)
+            if restored is not None:
+                tokens, cache = restored
+                covered = common_prefix(tokens, prompt)
+                key, entry = (namespace, tokens), self._keep(namespace, tokens, cache)
+        found = self._private_copy(key, entry, min(covered, len(prompt) - 1))
+        with self._lock:
+            if found[0] is None:
+                self._counts["misses"] += 1
+            else:
+                self._counts["hits"] += 1
+                self._counts["hit_tokens"] += found[1]
+        return found
+
+    def _best_in_ram(
+        self, namespace: CacheNamespace, prompt: Sequence[int], session: str | None
+    ) -> tuple[Key | None, int]:
+        """The entry covering the most of ``prompt`` and how many tokens it covers."""
+        from mlx_lm.models.cache import can_trim_prompt_cache
+
+        if session is not None:
+            key = self._sessions.get(session)
+            if key is not None and key in self._entries and key[0] == namespace:
+                if common_prefix(key[1], prompt) == len(key[1]):
+                    self._counts["session_hits"] += 1
+                    return key, len(key[1])
+            self._counts["session_misses"] += 1
+        self._counts["prefix_scans"] += 1
+        found = self._trie.search(namespace, list(prompt))
+        best: tuple[Key | None, int] = (None, 0)
+        if found.exact is not None:
+            return (namespace, tuple(found.exact)), len(found.exact)
+        if found.shorter is not None:
+            best = ((namespace, tuple(found.shorter)), len(found.shorter))
+        if found.longer is not None and found.common_prefix > best[1]:
+            longer = (namespace, tuple(found.longer))
+            # a longer entry serves only trimmed back, which some caches cannot be
+            if can_trim_prompt_cache(self._entries[longer].cache):
+                best = (longer, found.common_prefix)
+        return best
+
+    def _private_copy(
+        self, key: Key | None, entry: _Entry | None, usable: int
+    ) -> tuple[list[Any] | None, int]:
+        """Deep-copy ``entry`` and trim it to ``usable`` tokens (kept caches are
+        updated in place by generation, so they are never handed out)."""
+        from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
+
+        if key is None or entry is None or usable <= 0:
+            return None, 0
+        surplus = len(key[1]) - usable
+        if surplus > 0 and not can_trim_prompt_cache(entry.cache):
+            return None, 0
+        cache = copy.deepcopy(entry.cache)
+        if surplus > 0:
+            trim_prompt_cache(cache, surplus)
+        return cache, usable
+
+    def store(
+        self,
+        namespace: CacheNamespace,
+        tokens: Sequence[int],
+        cache: list[Any],
+        session: str | None = None,
+    ) -> None:
+        """Keep ``cache``, which holds exactly ``tokens``, and snapshot it to SSD.
+
+        The caller gives up ``cache``. A kept entry that is a prefix of
+        ``tokens`` is dropped when caches can be trimmed (the new entry serves
+        it). ``session``'s checkpoint becomes this entry.
+
+        Args:
+            namespace (CacheNamespace): the request's namespace.
+            tokens (Sequence[int]): token ids whose KV ``cache`` holds.
+            cache (list): per-layer mlx-lm caches.
+            session (str | None): the request's session label. Default: ``None``.
+        """
+
+        if not self.enabled or len(tokens) < 2 or cache_length(cache) != len(tokens):
+            return
+        _compact(cache)
+        key_tokens = tuple(tokens)
+        self._keep(namespace, key_tokens, cache, session)
+        if self.ssd is not None:
+            self.ssd.enqueue(namespace, key_tokens, cache)
+
+    def _keep(
+        self,
+        namespace: CacheNamespace,
+        tokens: tuple[int, ...],
+        cache: list[Any],
+        session: str | None = None,
+    ) -> _Entry:
+        from mlx_lm.models.cache import can_trim_prompt_cache
+
+        entry = _Entry(cache, sum(c.nbytes for c in cache))
+        key = (namespace, tokens)
+        with self._lock:
+            if session is not None:
+                self._sessions[session] = key
+            if entry.nbytes > self.max_bytes:
+                return entry  # usable once, never kept
+            previous = self._trie.add(namespace, list(tokens), entry)
+            if previous is not None:
+                self._bytes -= previous.nbytes
+            self._entries[key] = entry
+            self._entries.move_to_end(key)
+            self._bytes += entry.nbytes
+            if can_trim_prompt_cache(cache):
+                for length, dropped in self._trie.pop_prefixes(namespace, list(tokens)):
+                    self._entries.pop((namespace, tokens[:length]), None)
+                    self._bytes -= dropped.nbytes
+            self._evict()
+        return entry
+
+    def _evict(self) -> None:
+        """Drop least recently used entries until within budget, sparing
+        session checkpoints while any other entry remains (lock held)."""
+        pinned = set(self._sessions.values())
+        while self._bytes > self.max_bytes and self._entries:
+            victim = next((k for k in self._entries if k not in pinned), None)
+            if victim is None:
+                victim = next(iter(self._entries))
+            self._trie.pop(victim[0], list(victim[1]))
+            self._bytes -= self._entries.pop(victim).nbytes
+            self._counts["evictions"] += 1
+
+    def close_session(self, session_id: str) -> None:
+        """Forget ``session_id``'s checkpoint association (entries stay kept)."""
+        with self._lock:
+            self._sessions.pop(session_id, None)
+
+    def flush(self, timeout: float) -> dict[str, Any]:
+        """Write every pending SSD snapshot; see :meth:`SsdCache.flush`. Without
+        an SSD tier nothing is pending: durable, zero entries."""
+        if self.ssd is None:
+            return SsdCache.empty_flush_report()
+        return self.ssd.flush(timeout)
+
+    def stats(self) -> dict[str, Any]:
+        """Counters for ``GET /stats``' ``prompt_cache`` section.
+
+        Returns:
+            dict: ``entries``, ``bytes``, ``max_bytes``, ``hits``, ``misses``,
+            ``hit_tokens`` (prompt tokens served from the cache), ``evictions``,
+            ``sessions``, ``session_hits``, ``session_misses``, ``prefix_scans``.
+        """
+        with self._lock:
+            return {
+                "entries": len(self._entries),
+                "bytes": self._bytes,
+                "max_bytes": self.max_bytes,
+                "sessions": len(self._sessions),
+                **self._counts,
+            }
+
+
+def with_history(processors: list[Any], history: Sequence[int], window: int) -> list[Any]:
+    """Logits processors that also see the cached prompt tokens.
+
+    ``generate_step`` passes its processors only the tokens it prefilled, so
+    after a cache hit the penalties would miss the cached prefix; this prepends
+    the last ``window`` cached tokens to what each processor sees, keeping
+    penalised outputs identical with and without the cache.
+
+    Args:
+        processors (list): ``(tokens, logits) -> logits`` callables.
+        history (Sequence[int]): the cached prompt tokens.
+        window (int): the most tokens any processor looks back over.
+
+    Returns:
+        list: wrapped processors (``processors`` itself when there is no history).
+    """
+    import mlx.core as mx
+
+    if not processors or not history or window <= 0:
+        return processors
+    past = mx.array(list(history[-window:]), dtype=mx.uint32)
+
+    def wrap(processor: Any) -> Any:
+        return lambda tokens, logits: processor(
+            mx.concatenate([past, tokens.astype(mx.uint32)]), logits
+        )
+
+    return [wrap(p) for p in processors]
+
+
+def penalty_window(params: LogitsParams) -> int:
+    """How many recent tokens the request's penalties look at (0 when none is on),
+    as mlx-lm's ``make_logits_processors`` slices its context."""
+    sizes = [
+        size
+        for penalty, size in (
+            (params.repetition_penalty, params.repetition_context_size),
+            (params.presence_penalty, params.presence_context_size),
+            (params.frequency_penalty, params.frequency_context_size),
+        )
+        if penalty
+    ]
+    return max(sizes, default=0)

@@ -1,0 +1,33 @@
+"""``POST /admin/cache/session/close`` and ``POST /admin/cache/flush``
+(operationIds ``closeCacheSession`` and ``flushCache``): prompt-cache
+operations (reference, "POST /admin/cache/session/close", "POST /admin/cache/flush")."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from mlxspec.engine import FLUSH_TIMEOUT_S
+
+from .common import JSON, current_engine
+
+
+async def close_cache_session(body: dict[str, Any] | None = None) -> Any:
+    """Forget a session's checkpoint association; its entries stay cached.
+
+    ``closed`` says whether a session id was supplied, as the reference answers,
+    not whether the session was known (sessions are process-local labels).
+    """
+    session = (body or {}).get("session_id")
+    if not session:
+        return {"closed": False}, 200, JSON
+    current_engine().prompt_cache.close_session(session)
+    return {"closed": True}, 200, JSON
+
+
+async def flush_cache() -> Any:
+    """Write every pending SSD snapshot; 200 when all are durable, else 503
+    with the counters that say why. Runs off the event loop (it waits on disk)."""
+    cache = current_engine().prompt_cache
+    report = await asyncio.to_thread(cache.flush, FLUSH_TIMEOUT_S)
+    return report, 200 if report["durable"] else 503, JSON

@@ -1,0 +1,221 @@
+"""Prompt cache over HTTP: cached_tokens and sessions on /v1/completions, the
+/admin/cache routes (checked against the document), and SIGTERM drain + flush."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import LiveServer
+
+from mlxspec.conformance.httpx_checks import checking_client
+from mlxspec.conformance.live import free_port, wait_healthy
+from mlxspec.engine import Engine
+from mlxspec.engine.ssd_cache import SsdCache, read_snapshot_header
+
+PROMPT = "the quick brown fox jumps over the lazy dog and then "
+NO_EOS = {"2": -100}
+
+
+def complete(client: httpx.Client, prompt: str, **extra) -> dict:
+    body = {"prompt": prompt, "max_tokens": 4, "logit_bias": NO_EOS, **extra}
+    response = client.post("/v1/completions", json=body)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_completions_report_cached_tokens_on_a_repeated_prefix(client, tiny_engine) -> None:
+    first = complete(client, PROMPT + "once")
+    second = complete(client, PROMPT + "twice")
+    shared = len(tiny_engine.text_prompt(PROMPT))
+    assert first["usage"]["prompt_tokens_details"]["cached_tokens"] < shared
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= shared - 2
+
+
+def test_chat_second_turn_reuses_the_first(client, tiny_engine) -> None:
+    (x,) = tiny_engine.text_prompt("x")
+    body = {"max_tokens": 2, "logit_bias": {str(x): 100}, "prompt_cache_key": "chat-1"}
+    history = [{"role": "user", "content": PROMPT + "chat"}]
+    first = client.post("/v1/chat/completions", json={**body, "messages": history}).json()
+    assert first["choices"][0]["message"]["content"] == "xx"
+    history += [
+        {"role": "assistant", "content": "xx"},
+        {"role": "user", "content": "and then?"},
+    ]
+    second = client.post("/v1/chat/completions", json={**body, "messages": history}).json()
+    cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached >= first["usage"]["prompt_tokens"] + 2
+    assert cached < second["usage"]["prompt_tokens"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "headers"),
+    [
+        ({"session_id": "s-body"}, {}),
+        ({"prompt_cache_key": "s-key"}, {}),
+        ({}, {"x-session-affinity": "s-header"}),
+        ({}, {"session_id": "s-header2"}),
+    ],
+    ids=["session_id", "prompt_cache_key", "x-session-affinity", "session_id-header"],
+)
+def test_completions_session_fields_reach_the_cache(client, tiny_engine, extra, headers) -> None:
+    """Turn 2 continues turn 1's prompt and answer: the session's checkpoint is used."""
+    label = next(iter({**extra, **headers}.values()))
+    stats = tiny_engine.prompt_cache.stats
+    (x,) = tiny_engine.text_prompt("x")
+    # the answer is forced to "xx", which re-encodes to the same two tokens
+    turn1 = {"prompt": PROMPT + label, "max_tokens": 2, "logit_bias": {str(x): 100}, **extra}
+    answer = client.post("/v1/completions", json=turn1, headers=headers).json()
+    assert answer["choices"][0]["text"] == "xx"
+    before = stats()
+    turn2 = {**turn1, "prompt": PROMPT + label + "xx and more"}
+    again = client.post("/v1/completions", json=turn2, headers=headers).json()
+    after = stats()
+    assert after["session_hits"] == before["session_hits"] + 1
+    cached = again["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached == len(tiny_engine.text_prompt(PROMPT + label)) + 2
+    closed = client.post("/admin/cache/session/close", json={"session_id": label})
+    assert closed.status_code == 200 and closed.json() == {"closed": True}
+    assert stats()["sessions"] == after["sessions"] - 1
+    assert stats()["entries"] == after["entries"]  # closing keeps the entries
+
+
+@pytest.mark.parametrize("body", [{}, {"session_id": None}, {"session_id": ""}, None])
+def test_close_without_an_id_closes_nothing(client, body) -> None:
+    if body is None:  # no body at all reads as {}
+        response = client.post("/admin/cache/session/close")
+    else:
+        response = client.post("/admin/cache/session/close", json=body)
+    assert response.status_code == 200
+    assert response.json() == {"closed": False}
+
+
+def test_close_rejects_a_non_string_id(client) -> None:
+    response = client.post("/admin/cache/session/close", json={"session_id": 42})
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "session_id"
+
+
+def test_flush_without_ssd_tier_is_durable(client) -> None:
+    response = client.post("/admin/cache/flush")
+    assert response.status_code == 200
+    assert response.json() == SsdCache.empty_flush_report()
+
+
+def test_flush_route_200_and_503(tiny_model_dir, tmp_path) -> None:
+    from mlxspec.app import create_app
+
+    ssd_dir = tmp_path / "ssd"
+    engine = Engine.load(tiny_model_dir, "tiny-llama", ssd_cache=ssd_dir)
+    engine.start()
+    try:
+        with LiveServer(create_app(engine, validate_responses=True)) as server:
+            with checking_client(server.base, timeout=60) as c:
+                complete(c, PROMPT + "kept")
+                ok = c.post("/admin/cache/flush")
+                assert ok.status_code == 200
+                assert (ok.json()["durable"], ok.json()["entries"]) == (True, 1)
+                stats = c.get("/stats").json()
+                assert stats["ssd_cache"]["dir"] == str(ssd_dir)
+                assert stats["ssd_cache"]["entries"] == 1
+                assert stats["ssd_cache"]["pending_snapshots"] == 0
+                assert stats["prompt_cache"]["entries"] >= 1
+                shutil.rmtree(ssd_dir)
+                ssd_dir.write_text("not a directory")  # the next write fails
+                complete(c, PROMPT + "lost")
+                failed = c.post("/admin/cache/flush")
+                assert failed.status_code == 503
+                report = failed.json()
+                assert (report["durable"], report["failedSpills"]) == (False, 1)
+                assert report["pendingSnapshots"] == 1
+                ssd_dir.unlink()
+                ssd_dir.mkdir()
+                retried = c.post("/admin/cache/flush")
+                assert retried.status_code == 200
+                assert (retried.json()["flushedSnapshots"], retried.json()["entries"]) == (1, 2)
+    finally:
+        engine.close()
+
+
+def test_sigterm_drains_the_stream_then_flushes(tiny_model_dir, tmp_path) -> None:
+    """A stream in flight when SIGTERM arrives finishes; its snapshot is on disk
+    when the process exits 0."""
+    port, ssd_dir = free_port(), tmp_path / "ssd"
+    argv = [sys.executable, "-m", "mlxspec", "serve", str(tiny_model_dir), "--port", str(port)]
+    argv += ["--ssd-cache", str(ssd_dir), "--batch", "1"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_healthy(base, 60)
+        body = {"prompt": PROMPT, "max_tokens": 150, "logit_bias": NO_EOS, "stream": True}
+        frames = []
+        with httpx.stream("POST", base + "/v1/completions", json=body, timeout=60) as response:
+            for line in response.iter_lines():
+                if not line.startswith("data: "):
+                    continue
+                if not frames:
+                    proc.send_signal(signal.SIGTERM)
+                frames.append(line.removeprefix("data: "))
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert frames[-1] == "[DONE]"
+    last = json.loads(frames[-2])
+    assert last["choices"][0]["finish_reason"] == "length"
+    assert last["usage"]["completion_tokens"] == 150
+    snapshots = [p for p in ssd_dir.iterdir() if p.suffix == ".safetensors"]
+    assert len(snapshots) == 1
+    _, tokens = read_snapshot_header(snapshots[0])
+    assert len(tokens) == last["usage"]["prompt_tokens"] + 150
+    with proc.stdout:
+        assert b"prompt cache flush: durable=True entries=1" in proc.stdout.read()
+
+
+def test_cache_flags() -> None:
+    from mlxspec.cli import parse_config
+    from mlxspec.config import ServeConfig
+
+    cfg = parse_config(
+        ["serve", "--prompt-cache-bytes", "512M", "--ssd-cache", "/x", "--ssd-cache-bytes", "2G"]
+    )
+    assert (cfg.prompt_cache_bytes, cfg.ssd_cache, cfg.ssd_cache_bytes) == (
+        512 << 20,
+        "/x",
+        2 << 30,
+    )
+    assert parse_config(["serve", "--prompt-cache-bytes", "0"]).prompt_cache_bytes == 0
+    assert parse_config(["serve", "--prompt-cache-bytes", "1024"]).prompt_cache_bytes == 1024
+    assert ServeConfig().prompt_cache_bytes == 1 << 30 and ServeConfig().ssd_cache is None
+
+
+@pytest.mark.parametrize("size", ["lots", "-1", "1X"])
+def test_bad_cache_size_exits_2(size: str) -> None:
+    from mlxspec.cli import parse_config
+
+    with pytest.raises(SystemExit) as err:
+        parse_config(["serve", "--prompt-cache-bytes", size])
+    assert err.value.code == 2
+
+
+def test_unusable_ssd_cache_dir_exits_2(tmp_path, capsys) -> None:
+    """Refused before the model load, with a one-line reason."""
+    from mlxspec.cli import serve
+    from mlxspec.config import ServeConfig
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    config = ServeConfig(port=free_port(), ssd_cache=str(blocker / "ssd"))
+    assert serve(config) == 2
+    assert capsys.readouterr().err == (
+        f"mlxspec: error: cannot use --ssd-cache {blocker / 'ssd'}: Not a directory\n"
+    )
