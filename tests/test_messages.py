@@ -327,6 +327,28 @@ IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png"
             {"max_tokens": 4, "messages": [{"role": "system", "content": "x"}]},
             None,
         ),
+        (
+            {
+                "max_tokens": 4,
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}],
+                    }
+                ],
+            },
+            "tool_use blocks belong in assistant turns",
+        ),
+        (
+            {
+                "max_tokens": 4,
+                "messages": [
+                    USER[0],
+                    {"role": "assistant", "content": [{"type": "tool_result", "tool_use_id": "t"}]},
+                ],
+            },
+            "tool_result blocks belong in user turns",
+        ),
         ({"max_tokens": 0, "messages": USER}, None),
         ({"max_tokens": 4, "messages": USER, "tool_choice": {"type": "tool"}}, None),
         ({"max_tokens": 4, "messages": USER, "top_p": 2}, None),

@@ -83,7 +83,7 @@ def to_chat_body(body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _system(system: str | list[Mapping[str, Any]] | None) -> list[dict[str, Any]]:
-    if system is None or system == [] or system == "":
+    if not system:
         return []
     if isinstance(system, str):
         return [{"role": "system", "content": system}]
