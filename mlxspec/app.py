@@ -28,7 +28,7 @@ from starlette.types import Receive, Scope, Send
 
 from .config import ServeConfig
 from .engine import ContextBudgetError, ContextLengthError, EngineRequestError, QueueFullError
-from .errors import ApiError, error_json, surface_for_path
+from .errors import ApiError, error_json, error_status, surface_for_path
 from .metrics import Metrics, RequestMetricsMiddleware, RouteLabels
 from .openapi import served_spec
 from .security import security_options
@@ -62,7 +62,7 @@ def _render(err: ApiError, req: ConnexionRequest | None = None) -> ConnexionResp
     """``err`` as an HTTP response in the envelope of the request's surface."""
     surface = surface_for_path(req.url.path) if req is not None else "openai"
     return ConnexionResponse(
-        status_code=err.status,
+        status_code=error_status(err, surface),
         mimetype="application/json",
         headers=err.headers,
         body=error_json(err, surface),

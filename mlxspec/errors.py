@@ -159,11 +159,40 @@ def anthropic_error_body(err: ApiError) -> dict[str, Any]:
     }
 
 
+#: Error kinds the System One surface reports as FastAPI-style 422 validation
+#: details (Jev System One API; the reference's ``/v1/systemone`` route).
+_SYSTEMONE_VALIDATION = frozenset({"invalid_request", "invalid_json"})
+
+
+def systemone_error_body(err: ApiError) -> dict[str, Any]:
+    """Render ``err`` for ``/v1/systemone``.
+
+    Request validation failures become ``{"detail": [{"loc", "msg", "type"}]}``
+    (sent with status 422, see :func:`error_status`): ``loc`` is ``"body"``
+    followed by the dotted ``param``'s parts, ``type`` is ``value_error``. Every
+    other error keeps OpenAI's envelope, as the reference does.
+    """
+    if err.kind not in _SYSTEMONE_VALIDATION:
+        return openai_error_body(err)
+    loc = ["body", *err.param.split(".")] if err.param else ["body"]
+    return {"detail": [{"loc": loc, "msg": err.message, "type": "value_error"}]}
+
+
 #: surface name -> envelope renderer. Every route belongs to one surface.
-RENDERERS = {"openai": openai_error_body, "anthropic": anthropic_error_body}
+RENDERERS = {
+    "openai": openai_error_body,
+    "anthropic": anthropic_error_body,
+    "systemone": systemone_error_body,
+}
+
+#: surface -> {error kind: status} where a surface answers with another status
+#: than the table's row.
+STATUS_OVERRIDES: dict[str, dict[str, int]] = {
+    "systemone": dict.fromkeys(_SYSTEMONE_VALIDATION, 422),
+}
 
 #: Path prefixes of non-OpenAI surfaces; every other path is "openai".
-SURFACE_PREFIXES = (("/v1/messages", "anthropic"),)
+SURFACE_PREFIXES = (("/v1/messages", "anthropic"), ("/v1/systemone", "systemone"))
 
 
 def surface_for_path(path: str) -> str:
@@ -172,6 +201,11 @@ def surface_for_path(path: str) -> str:
         if path == prefix or path.startswith(prefix + "/"):
             return surface
     return "openai"
+
+
+def error_status(err: ApiError, surface: str = "openai") -> int:
+    """The HTTP status of ``err`` on ``surface`` (:data:`STATUS_OVERRIDES`, else its row's)."""
+    return STATUS_OVERRIDES.get(surface, {}).get(err.kind, err.status)
 
 
 def error_body(err: ApiError, surface: str = "openai") -> dict[str, Any]:

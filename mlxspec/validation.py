@@ -13,7 +13,10 @@ Two rules go beyond JSON Schema, matching ``mlx_lm.server``'s
 ``isinstance`` checks: ``integer`` rejects non-integral JSON numbers such as
 ``2.0``, and ``NaN``/``Infinity`` literals are invalid JSON. A schema may
 carry ``x-mlxspec-error`` (a message, or a map from JSON Schema keyword to
-message) to give a field the reference's exact error text.
+message) to give a field the reference's exact error text; ``{field}`` in such
+a message becomes the field's dotted path (``questions.0.type``, ``body`` for
+the root). A request schema with ``x-mlxspec-param-style: dotted`` names
+fields that way in ``param`` too (the decision routes' convention).
 """
 
 from __future__ import annotations
@@ -130,11 +133,18 @@ def format_path(path: Iterable[Any]) -> str | None:
     return out or None
 
 
-def error_for(error: ValidationError) -> ApiError:
+def dotted_path(path: Iterable[Any]) -> str:
+    """Render a JSON path as ``questions.0.type``; ``body`` for the root."""
+    return ".".join(str(part) for part in path) or "body"
+
+
+def error_for(error: ValidationError, dotted: bool = False) -> ApiError:
     """Turn the best jsonschema error into a 400 naming the field.
 
     Args:
         error (ValidationError): from :func:`jsonschema.exceptions.best_match`.
+        dotted (bool): name the field as :func:`dotted_path` does instead of
+            :func:`format_path`. Default: ``False``.
 
     Returns:
         ApiError: ``invalid_request`` with ``param`` set to the field path.
@@ -146,10 +156,11 @@ def error_for(error: ValidationError) -> ApiError:
         path.append(missing)
         props = schema.get("properties", {})
         schema = props.get(missing, {}) if isinstance(props, dict) else {}
-    param = format_path(path)
+    param = dotted_path(path) if dotted else format_path(path)
     custom = _custom_message(error, schema)
     if custom is not None:
-        return ApiError("invalid_request", custom, param=param)
+        message = custom.replace("{field}", dotted_path(path))
+        return ApiError("invalid_request", message, param=param)
     if error.validator == "required":
         return ApiError("invalid_request", f"{param} is required", param=param)
     where = f"'{param}'" if param else "request body"
@@ -190,7 +201,7 @@ class RequestBodyValidator(JSONRequestBodyValidator):
             raise ApiError("invalid_request", "request body is required")
         error = best_match(validator_for(self._schema).iter_errors(body))
         if error is not None:
-            raise error_for(error)
+            raise error_for(error, self._schema.get("x-mlxspec-param-style") == "dotted")
         return None
 
 

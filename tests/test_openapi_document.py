@@ -25,6 +25,7 @@ HTTP_METHODS = {"get", "put", "post", "delete", "options", "head", "patch", "tra
 GENERATION_CODES = {"200", "400", "401", "415", "429", "499", "500"}
 #: GET routes behind the API key (all but /health).
 READ_CODES = {"200", "400", "401", "500"}
+FORWARD_CODES = {"200", "400", "401", "415", "499", "500"}  # scoring and embeddings: no queue
 OPERATIONS = [
     # method, path, operationId, router controller, tag, response codes
     (
@@ -89,11 +90,39 @@ OPERATIONS = [
         "admin",
         {"200", "400", "401", "500", "503"},
     ),
+    (
+        "post",
+        "/v1/decisions",
+        "createDecision",
+        "mlxspec.handlers.decisions",
+        "decisions",
+        FORWARD_CODES,
+    ),
+    (
+        "post",
+        "/v1/systemone",
+        "createSystemOneDecision",
+        "mlxspec.handlers.decisions",
+        "decisions",
+        FORWARD_CODES | {"422"},
+    ),
+    (
+        "post",
+        "/v1/embeddings",
+        "createEmbedding",
+        "mlxspec.handlers.embeddings",
+        "embeddings",
+        FORWARD_CODES,
+    ),
 ]
 
-#: Non-2xx responses that carry a report instead of an ``ErrorResponse``: the
-#: reference answers a not-yet-durable flush with the flush report itself.
-REPORT_RESPONSES = {("flushCache", "503"): "#/components/schemas/CacheFlushReport"}
+#: Non-2xx responses that carry another body than an ``ErrorResponse``: the
+#: reference answers a not-yet-durable flush with the flush report itself, and
+#: System One's validation errors are FastAPI's 422 details.
+REPORT_RESPONSES = {
+    ("flushCache", "503"): "#/components/schemas/CacheFlushReport",
+    ("createSystemOneDecision", "422"): "#/components/schemas/ValidationDetail",
+}
 
 EXTENSION_FIELDS = [
     "top_k",

@@ -27,6 +27,14 @@ MAX_MESSAGES = 4
 MAX_CHOICES = 2
 #: Routes that run the model.
 GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+#: Routes that run forward passes without generating (scoring, embeddings).
+FORWARD_PATHS = frozenset({"/v1/decisions", "/v1/systemone", "/v1/embeddings"})
+#: Characters kept of each string in a scoring/embedding request.
+FORWARD_STRING_CAP = 64
+#: Entries kept of each list or name->value map there (questions: 2).
+FORWARD_ENTRY_CAP = 4
+#: Keys whose values are name -> value maps (System One); other objects keep every key.
+_MAP_KEYS = frozenset({"questions", "criteria", "assets"})
 
 
 def _is_int(value: Any) -> bool:
@@ -138,6 +146,38 @@ def cheap_generation_body(body: Any) -> Any:
     return trim_prompt(cap_choices(cap_max_tokens(body)))
 
 
+def cheap_forward_body(body: Any) -> Any:
+    """Bound the forward passes of a decision or embedding request.
+
+    Every question (2 kept) scores every answer (4 kept per list or map) with
+    its own prompt, so counts multiply; strings are cut to
+    :data:`FORWARD_STRING_CAP` characters (``data_base64`` excepted, whose
+    pattern a cut would break). Kept counts never drop below the schemas'
+    minimums (at most 2), and objects keep all their keys, so validity is kept.
+
+    Args:
+        body (Any): a generated request body; non-objects are returned as is.
+
+    Returns:
+        Any: a new dict (or ``body`` itself when it is not a dict).
+    """
+    if not isinstance(body, dict):
+        return body
+    return {key: _shrink(value, key) for key, value in body.items()}
+
+
+def _shrink(value: Any, key: str | None) -> Any:
+    limit = 2 if key == "questions" else FORWARD_ENTRY_CAP
+    if isinstance(value, str):
+        return value if key == "data_base64" else value[:FORWARD_STRING_CAP]
+    if isinstance(value, list):
+        return [_shrink(item, None) for item in value[:limit]]
+    if isinstance(value, dict):
+        items = list(value.items())[:limit] if key in _MAP_KEYS else value.items()
+        return {k: _shrink(v, None if key in _MAP_KEYS else k) for k, v in items}
+    return value
+
+
 def register() -> None:
     """Register the ``before_call`` hook with schemathesis (global scope).
 
@@ -148,11 +188,17 @@ def register() -> None:
 
     @schemathesis.hook
     def before_call(context: Any, case: Any, kwargs: dict[str, Any]) -> None:
-        """Make every generation request cheap before it goes on the wire."""
-        if case.method.upper() == "POST" and case.operation.path in GENERATION_PATHS:
+        """Make every generation and forward request cheap before it goes on the wire."""
+        if case.method.upper() != "POST":
+            return
+        if case.operation.path in GENERATION_PATHS:
             cheap = cheap_generation_body(case.body)
-            if cheap is not case.body and cheap != case.body:
-                case.body = cheap
+        elif case.operation.path in FORWARD_PATHS:
+            cheap = cheap_forward_body(case.body)
+        else:
+            return
+        if cheap is not case.body and cheap != case.body:
+            case.body = cheap
 
 
 if os.environ.get("SCHEMATHESIS_HOOKS") == __name__:

@@ -2,12 +2,15 @@
 
 No HTTP lives here. Handlers import only the names exported below: the typed
 request/event boundary (:mod:`.types`), the :class:`Engine` and model
-resolution (:mod:`.loader`).
+resolution (:mod:`.loader`), and the non-generative forward paths: decision
+scoring (:func:`score_answers`) and embeddings (:func:`embed_texts`).
 """
 
 from .admission import AdmissionLimits, BudgetTooSmallError, ContextBudgetError, QueueFullError
+from .embedding import Embeddings, embed_texts
 from .generator import Engine, RequestHandle
 from .sampling import GenerationDefaults
+from .scoring import ScoredAnswers, score_answers
 from .ssd_cache import FLUSH_TIMEOUT_S
 from .types import (
     Cancelled,
@@ -37,6 +40,7 @@ __all__ = [
     "Constraint",
     "ContextLengthError",
     "Delta",
+    "Embeddings",
     "Engine",
     "EngineRequestError",
     "Event",
@@ -49,6 +53,9 @@ __all__ = [
     "PromptError",
     "RequestHandle",
     "SamplingParams",
+    "ScoredAnswers",
     "TokenLogprob",
     "TopLogprob",
+    "embed_texts",
+    "score_answers",
 ]

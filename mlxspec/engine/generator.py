@@ -15,17 +15,19 @@ and keep its KV cache there when it ends (:mod:`.prompt_cache`).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from .admission import Admission, AdmissionLimits
 from .batching import BatchLane
+from .embedding import is_embedding_model
 from .fit import ModelMemory, model_memory
 from .prompt import encode_text, normalize_messages, render_chat
 from .prompt_cache import (
@@ -55,6 +57,7 @@ from .types import (
 )
 
 log = logging.getLogger("mlxspec.engine")
+T = TypeVar("T")
 
 #: Prompt tokens per prefill chunk. Cancellation is noticed between chunks, so
 #: a smaller chunk frees the engine sooner when a client leaves mid-prefill.
@@ -107,6 +110,21 @@ class RequestHandle:
                 return
 
 
+class _Exclusive:
+    """A callable queued to run alone on the engine thread (see ``run_exclusive``)."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.fn, self.future = fn, concurrent.futures.Future()
+
+    def run(self) -> None:
+        # A caller that stopped waiting cancelled the future: skip the work.
+        if self.future.set_running_or_notify_cancel():
+            try:
+                self.future.set_result(self.fn())
+            except Exception as exc:  # delivered to the caller, never kills the thread
+                self.future.set_exception(exc)
+
+
 class Engine:
     """A loaded model plus the thread that runs its generations.
 
@@ -141,7 +159,7 @@ class Engine:
         self.tokenizer = tokenizer
         self.info = info
         self.defaults = defaults
-        self._jobs: queue.Queue[RequestHandle | None] = queue.Queue()
+        self._jobs: queue.Queue[RequestHandle | _Exclusive | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._eos = set(tokenizer.eos_token_ids)
         self._xtc_special = list(tokenizer.encode("\n")) + sorted(self._eos)
@@ -207,6 +225,7 @@ class Engine:
             created=int(time.time()),
             source=source,
             vocab_size=int(vocab) if vocab else None,
+            embedding=is_embedding_model(Path(path), model_id),
         )
         defaults = read_generation_config(Path(path)).merged(
             **(overrides or GenerationDefaults()).__dict__
@@ -289,6 +308,27 @@ class Engine:
         self._jobs.put(handle)
         return handle
 
+    async def run_exclusive(self, fn: Callable[[], T]) -> T:
+        """Run ``fn()`` on the engine thread between decode steps; await its result.
+
+        For MLX work outside generation (decision scoring, embeddings): the one
+        thread that owns MLX runs it, in queue order with submitted requests,
+        while the batch waits. Cancelling the awaiting task before ``fn`` starts
+        skips it; once started it runs to the end and its result is dropped.
+
+        Args:
+            fn (Callable[[], T]): the work; no arguments.
+
+        Returns:
+            T: what ``fn`` returned.
+
+        Raises:
+            Exception: whatever ``fn`` raised, re-raised in the caller.
+        """
+        job = _Exclusive(fn)
+        self._jobs.put(job)
+        return await asyncio.wrap_future(job.future)
+
     # Engine thread.
     def _run(self) -> None:
         lane = self._new_lane() if self.max_batch > 1 else None
@@ -314,7 +354,9 @@ class Engine:
         except queue.Empty:
             return True
         while handle is not None:
-            if handle.cancelled:
+            if isinstance(handle, _Exclusive):
+                handle.run()
+            elif handle.cancelled:
                 self._count("cancelled")
             elif lane is None or handle.request.sampling.seed is not None:
                 self._serial(handle)

@@ -237,6 +237,9 @@ class ModelInfo:
         source (str): where the weights came from (``local``, ``hf-cache``, ``gguf``, ``embedded``).
         vocab_size (int | None): rows of the output logits, so valid token ids
             are ``[0, vocab_size)``; ``None`` if unknown. Default: ``None``.
+        embedding (bool): the model is an embedding model (serves
+            ``/v1/embeddings``; see :func:`.embedding.is_embedding_model`).
+            Default: ``False``.
     """
 
     id: str
@@ -244,3 +247,4 @@ class ModelInfo:
     created: int
     source: str = "local"
     vocab_size: int | None = None
+    embedding: bool = False

@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from connexion.context import receive, scope
 
@@ -36,6 +36,7 @@ from mlxspec.errors import ApiError
 from mlxspec.metrics import GenerationWatch
 
 SYSTEM_FINGERPRINT = f"mlxspec-{__version__}"
+T = TypeVar("T")
 
 
 def current_engine() -> Engine:
@@ -186,6 +187,33 @@ async def cancel_on_disconnect(handle: RequestHandle) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
     handle.cancel()
+
+
+async def until_disconnect(work: Awaitable[T]) -> T:
+    """Await ``work`` unless the client disconnects first (then cancel it).
+
+    For handlers whose engine work is not a :class:`RequestHandle` (scoring,
+    embeddings through ``Engine.run_exclusive``).
+
+    Raises:
+        ApiError: ``cancelled`` (499) when the client left first.
+    """
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected())
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+    if task not in done:
+        raise ApiError("cancelled", "request cancelled")
+    return task.result()
+
+
+async def _disconnected() -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 async def outputs(handle: RequestHandle) -> AsyncIterator[Delta | Finished]:

@@ -23,6 +23,8 @@ def _served_model() -> dict[str, Any]:
             "text_completions": True,
             "streaming": True,
             "logprobs": True,
+            "decisions": True,
+            "embeddings": info.embedding,
         },
         "gen_defaults": {"temperature": d.temperature, "top_p": d.top_p, "top_k": d.top_k},
     }

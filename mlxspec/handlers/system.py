@@ -15,6 +15,10 @@ ENDPOINTS = [
     "POST /v1/completions",
     "POST /v1/messages",
     "POST /v1/messages/count_tokens",
+
+    "POST /v1/embeddings",
+    "POST /v1/decisions",
+    "POST /v1/systemone",
     "GET /v1/models",
     "GET /v1/models/{model_id}",
     "GET /health",

@@ -1,0 +1,61 @@
+"""``POST /v1/embeddings`` (operationId ``createEmbedding``): OpenAI's list shape.
+
+Only an embedding model serves it (``ModelInfo.embedding``); vectors come from
+:func:`mlxspec.engine.embed_texts` and are sent as JSON floats or, with
+``encoding_format: base64``, as base64 of little-endian float32 bytes (the
+OpenAI SDKs' default request).
+"""
+
+from __future__ import annotations
+
+import array
+import base64
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from mlxspec.engine import embed_texts
+from mlxspec.errors import ApiError
+
+from .common import JSON, current_engine, until_disconnect
+
+
+async def create_embedding(body: dict[str, Any]) -> Any:
+    """Embed ``input`` (a string or list of strings) with the served model.
+
+    Raises:
+        ApiError: the served model is not an embedding model (param ``model``).
+    """
+    engine = current_engine()
+    if not engine.info.embedding:
+        raise ApiError(
+            "invalid_request",
+            f"model '{engine.info.id}' is not an embedding model; serve an embedding model "
+            "(e.g. Qwen3-Embedding) to use /v1/embeddings",
+            param="model",
+        )
+    raw = body["input"]
+    texts = [raw] if isinstance(raw, str) else list(raw)
+    result = await until_disconnect(embed_texts(engine, texts, body.get("instruction")))
+    as_base64 = body.get("encoding_format") == "base64"
+    data = [
+        {"object": "embedding", "index": i, "embedding": encode_base64(v) if as_base64 else list(v)}
+        for i, v in enumerate(result.vectors)
+    ]
+    usage = {"prompt_tokens": result.tokens, "total_tokens": result.tokens}
+    return {"object": "list", "data": data, "model": engine.info.id, "usage": usage}, 200, JSON
+
+
+def encode_base64(vector: Sequence[float]) -> str:
+    """``vector`` as base64 of little-endian float32 bytes (OpenAI's ``base64`` format).
+
+    Args:
+        vector (Sequence[float]): the embedding.
+
+    Returns:
+        str: what ``numpy.frombuffer(base64.b64decode(s), dtype="<f4")`` reads back.
+    """
+    packed = array.array("f", vector)
+    if sys.byteorder == "big":
+        packed.byteswap()
+    return base64.b64encode(packed.tobytes()).decode("ascii")

@@ -1,0 +1,191 @@
+"""``POST /v1/embeddings`` on a tiny random Qwen3 embedding model.
+
+Vectors are compared with a direct mlx-lm forward of the same folder
+(``model.model`` hidden states, last token, L2-normalised); the official
+``openai`` SDK is exercised with float and its default base64 encoding. Every
+response is checked against the OpenAPI document.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import mlx.core as mx
+import openai
+import pytest
+
+from fixtures.tiny_embedding import build_tiny_qwen3_embedding
+from mlxspec.conformance.httpx_checks import checking_client
+from mlxspec.engine.embedding import is_embedding_model, query_text
+from mlxspec.handlers.embeddings import encode_base64
+from tests.conftest import LiveServer
+
+TEXTS = ["the cat sat on the mat", "hello"]
+
+
+@pytest.fixture(scope="module")
+def embedding_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_qwen3_embedding(tmp_path_factory.mktemp("emb") / "tiny-qwen3")
+
+
+@pytest.fixture(scope="module")
+def embedding_server(embedding_dir: Path) -> Iterator[LiveServer]:
+    from mlxspec.app import create_app
+    from mlxspec.engine import Engine
+
+    engine = Engine.load(embedding_dir, "tiny-qwen3-embedding")
+    engine.start()
+    with LiveServer(create_app(engine, validate_responses=True)) as server:
+        yield server
+    engine.close()
+
+
+@pytest.fixture()
+def emb_client(embedding_server: LiveServer) -> Iterator[httpx.Client]:
+    with checking_client(embedding_server.base, timeout=60) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def reference(embedding_dir: Path):
+    """Direct mlx-lm embedding: tokens, last-token pooled unit vector."""
+    from mlx_lm import load
+
+    model, tokenizer = load(str(embedding_dir))
+
+    def embed(text: str) -> tuple[list[float], int]:
+        tokens = tokenizer.encode(text)
+        hidden = model.model(mx.array(tokens)[None])[0, -1].astype(mx.float32)
+        return (hidden / mx.linalg.norm(hidden)).tolist(), len(tokens)
+
+    return embed
+
+
+def test_vectors_match_direct_forward(emb_client: httpx.Client, reference) -> None:
+    r = emb_client.post("/v1/embeddings", json={"input": TEXTS, "model": "anything"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    expected = [reference(t) for t in TEXTS]
+    assert body["object"] == "list"
+    assert body["model"] == "tiny-qwen3-embedding"
+    assert [(d["object"], d["index"]) for d in body["data"]] == [("embedding", 0), ("embedding", 1)]
+    for row, (vector, _) in zip(body["data"], expected, strict=True):
+        assert len(row["embedding"]) == 32
+        assert row["embedding"] == pytest.approx(vector, abs=1e-5)
+        assert math.sqrt(sum(x * x for x in row["embedding"])) == pytest.approx(1.0, abs=1e-5)
+    tokens = sum(n for _, n in expected)
+    assert body["usage"] == {"prompt_tokens": tokens, "total_tokens": tokens}
+
+
+def test_models_row_says_embeddings(emb_client: httpx.Client, client: httpx.Client) -> None:
+    embedding = emb_client.get("/v1/models").json()["data"][0]["capabilities"]
+    chat = client.get("/v1/models").json()["data"][0]["capabilities"]
+    assert (embedding["embeddings"], chat["embeddings"]) == (True, False)
+    assert embedding["decisions"] is chat["decisions"] is True
+
+
+def test_instruction_uses_qwen3_query_format(emb_client: httpx.Client, reference) -> None:
+    assert query_text("cats", "Find pets") == "Instruct: Find pets\nQuery:cats"
+    r = emb_client.post("/v1/embeddings", json={"input": "cats", "instruction": "Find pets"})
+    assert r.status_code == 200, r.text
+    vector, tokens = reference("Instruct: Find pets\nQuery:cats")
+    assert r.json()["data"][0]["embedding"] == pytest.approx(vector, abs=1e-5)
+    assert r.json()["usage"]["prompt_tokens"] == tokens
+
+
+def test_openai_sdk_float_and_default_base64(embedding_server: LiveServer, reference) -> None:
+    with openai.OpenAI(
+        base_url=f"{embedding_server.base}/v1",
+        api_key="not-needed",
+        max_retries=0,
+        http_client=checking_client(timeout=60),
+    ) as sdk:
+        floats = sdk.embeddings.create(model="m", input=TEXTS, encoding_format="float")
+        default = sdk.embeddings.create(model="m", input=TEXTS)  # the SDK asks for base64
+    for result in (floats, default):
+        assert [d.index for d in result.data] == [0, 1]
+        for row, text in zip(result.data, TEXTS, strict=True):
+            assert row.embedding == pytest.approx(reference(text)[0], abs=1e-5)
+    assert default.data[0].embedding == pytest.approx(floats.data[0].embedding, abs=1e-7)
+    assert default.usage.prompt_tokens == floats.usage.prompt_tokens > 0
+
+
+def test_base64_is_little_endian_float32() -> None:
+    assert encode_base64([1.0, -2.0]) == "AACAPwAAAMA="
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"input": 5}, "input"),
+        ({"input": []}, "input"),
+        ({"input": ["ok", 3]}, "input[1]"),
+        ({"input": [["nested"]]}, "input[0]"),
+        ({"model": "m"}, "input"),
+    ],
+)
+def test_bad_input_is_400(emb_client: httpx.Client, body, param) -> None:
+    r = emb_client.post("/v1/embeddings", json=body)
+    assert r.status_code == 400, r.text
+    assert r.json() == {
+        "error": {
+            "message": "`input` must be a string or array of strings",
+            "type": "invalid_request_error",
+            "param": param,
+            "code": None,
+        }
+    }
+
+
+def test_input_longer_than_the_context_is_400(emb_client: httpx.Client) -> None:
+    r = emb_client.post("/v1/embeddings", json={"input": ["ok", "a" * 300]})
+    assert r.status_code == 400, r.text
+    assert r.json() == {
+        "error": {
+            "message": "This model's maximum context length is 128 tokens, "
+            "but the input has 300 tokens.",
+            "type": "invalid_request_error",
+            "param": "input[1]",
+            "code": "context_length_exceeded",
+        }
+    }
+
+
+def test_bad_encoding_format_is_400(emb_client: httpx.Client) -> None:
+    r = emb_client.post("/v1/embeddings", json={"input": "x", "encoding_format": "int8"})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "encoding_format"
+
+
+def test_non_embedding_model_is_400(client: httpx.Client) -> None:
+    r = client.post("/v1/embeddings", json={"input": "hello"})
+    assert r.status_code == 400, r.text
+    assert r.json() == {
+        "error": {
+            "message": "model 'tiny-llama' is not an embedding model; serve an embedding "
+            "model (e.g. Qwen3-Embedding) to use /v1/embeddings",
+            "type": "invalid_request_error",
+            "param": "model",
+            "code": None,
+        }
+    }
+
+
+def test_embedding_model_detection(tmp_path: Path) -> None:
+    def folder(name: str, config: dict, *files: str) -> Path:
+        path = tmp_path / name
+        path.mkdir()
+        (path / "config.json").write_text(json.dumps(config))
+        for file in files:
+            (path / file).write_text("{}")
+        return path
+
+    causal = {"architectures": ["Qwen3ForCausalLM"]}
+    assert not is_embedding_model(folder("chat", causal), "org/chat-model")
+    assert is_embedding_model(folder("st", causal, "modules.json"), "org/st")
+    assert is_embedding_model(folder("bare", {"architectures": ["Qwen3Model"]}), "org/bare")
+    assert is_embedding_model(folder("named", causal), "Qwen/Qwen3-Embedding-0.6B")
