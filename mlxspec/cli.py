@@ -107,6 +107,8 @@ def _operations_flags(serve: argparse.ArgumentParser) -> None:
         default=[],
         help="comma-separated CORS origins, or '*' (repeatable; default: CORS off)",
     )
+
+
 def _add_cache_flags(serve: argparse.ArgumentParser) -> None:
     """Prompt cache flags (sizes as :func:`parse_bytes` reads them; 0 turns a cache off)."""
     defaults = ServeConfig()
@@ -211,6 +213,7 @@ def parse_config(argv: Sequence[str] | None = None) -> ServeConfig:
         ssd_cache=args.ssd_cache,
         ssd_cache_bytes=args.ssd_cache_bytes,
         logprobs_format=logprobs_format,
+        grammar=os.environ.get("MLXSPEC_GRAMMAR", "1") != "0",
     )
 
 
@@ -242,6 +245,7 @@ def load_engine(config: ServeConfig):  # noqa: ANN201 - returns mlxspec.engine.E
             prompt_cache_bytes=config.prompt_cache_bytes,
             ssd_cache=Path(config.ssd_cache) if config.ssd_cache else None,
             ssd_cache_bytes=config.ssd_cache_bytes,
+            grammar=config.grammar,
         )
     except BudgetTooSmallError as exc:
         raise ModelLoadError(str(exc)) from exc

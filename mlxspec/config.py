@@ -47,6 +47,9 @@ class ServeConfig:
         logprobs_format (str): ``"mlx"`` for mlx_lm.server's logprobs block
             (parity), ``"openai"`` for OpenAI's shapes (``token``/``bytes``,
             ``top_logprobs`` up to 20, logprobs in stream chunks). Default: ``"mlx"``.
+        grammar (bool): enforce structured output with xgrammar; ``False``
+            (environment ``MLXSPEC_GRAMMAR=0``) answers every constraint with the
+            degrade path. Default: ``True``.
     """
 
     model: str | None = None
@@ -69,3 +72,4 @@ class ServeConfig:
     ssd_cache: str | None = None
     ssd_cache_bytes: int = DEFAULT_SSD_CACHE_BYTES
     logprobs_format: str = "mlx"
+    grammar: bool = True

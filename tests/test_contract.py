@@ -385,7 +385,7 @@ def test_every_stream_documents_each_frame_kind() -> None:
             )
         assert kinds == {"done", "error", "chunk"}, path
         headers = SPEC["paths"][path]["post"]["responses"]["200"]["headers"]
-        assert set(headers) == {"Cache-Control", "X-Accel-Buffering"}
+        assert set(headers) == {"Cache-Control", "X-Accel-Buffering", "Warning"}
 
 
 def test_generation_routes_declare_every_status_the_app_can_give() -> None:

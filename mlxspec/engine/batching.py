@@ -17,6 +17,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from .grammar import GrammarCache
 from .prompt_cache import CacheNamespace, PromptCache
 from .rows import Row
 from .sampling import build_logits_processors, build_sampler
@@ -46,6 +47,8 @@ class BatchLane:
             finished KV caches kept. Default: ``None`` (no reuse).
         namespace (CacheNamespace | None): the engine's cache namespace
             (required with ``prompt_cache``). Default: ``None``.
+        grammars (GrammarCache | None): compiles requests' constraints into
+            per-row processors; ``None`` ignores constraints. Default: ``None``.
     """
 
     def __init__(
@@ -59,6 +62,7 @@ class BatchLane:
         prefill_step: int = 2048,
         prompt_cache: PromptCache | None = None,
         namespace: CacheNamespace | None = None,
+        grammars: GrammarCache | None = None,
     ) -> None:
         from mlx_lm.generate import BatchGenerator
 
@@ -66,6 +70,7 @@ class BatchLane:
         self._eos = eos
         self._xtc_special = xtc_special
         self._on_done = on_done
+        self._grammars = grammars
         self._gen = BatchGenerator(
             model,
             stop_tokens=[[t] for t in sorted(eos)],
@@ -86,15 +91,20 @@ class BatchLane:
         cache, cached = None, 0
         if self._cache is not None and self._namespace is not None:
             cache, cached = self._cache.fetch(self._namespace, req.prompt, req.session)
+        grammar = None if self._grammars is None else self._grammars.for_request(req.constraint)
+        # The grammar mask goes last: after penalties and logit_bias.
+        processors = build_logits_processors(req.logits) + ([grammar] if grammar else [])
         (uid,) = self._gen.insert(
             [list(req.prompt[cached:])],
             max_tokens=[max_tokens],
             caches=[cache],
             all_tokens=[list(req.prompt[:cached])],
             samplers=[build_sampler(req.sampling, self._xtc_special)],
-            logits_processors=[build_logits_processors(req.logits)],
+            logits_processors=[processors],
         )
-        self._rows[uid] = Row(handle, self._tokenizer, self._eos, lane="batched", cached=cached)
+        self._rows[uid] = Row(
+            handle, self._tokenizer, self._eos, lane="batched", cached=cached, grammar=grammar
+        )
 
     def step(self) -> None:
         """Drop cancelled requests, then run one prefill/decode step and route its tokens."""

@@ -15,11 +15,13 @@ and keep its KV cache there when it ends (:mod:`.prompt_cache`).
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import functools
 import logging
 import queue
 import threading
+import weakref
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -29,6 +31,7 @@ from .admission import Admission, AdmissionLimits
 from .batching import BatchLane
 from .embedding import is_embedding_model
 from .fit import ModelMemory, model_memory
+from .grammar import GrammarCache
 from .prompt import encode_text, normalize_messages, render_chat
 from .prompt_cache import (
     DEFAULT_PROMPT_CACHE_BYTES,
@@ -48,6 +51,7 @@ from .sampling import (
 from .ssd_cache import DEFAULT_SSD_CACHE_BYTES, SsdCache
 from .types import (
     Cancelled,
+    Constraint,
     ContextLengthError,
     Event,
     Failed,
@@ -62,6 +66,17 @@ T = TypeVar("T")
 #: Prompt tokens per prefill chunk. Cancellation is noticed between chunks, so
 #: a smaller chunk frees the engine sooner when a client leaves mid-prefill.
 PREFILL_STEP = 512
+
+
+#: Started engines, joined at interpreter exit: an engine thread still inside
+#: MLX while C++ static destructors run can abort the process (exit 134).
+_LIVE_ENGINES: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_live_engines() -> None:
+    for engine in list(_LIVE_ENGINES):
+        engine.close()
 
 
 class _PrefillCancelled(Exception):
@@ -139,6 +154,8 @@ class Engine:
             caps (:mod:`.admission`). Default: ``None`` (64 waiting, no caps).
         prompt_cache (PromptCache | None): kept KV caches for prefix reuse.
             Default: ``None`` (a RAM-only cache of the default budget).
+        grammar (bool): enforce constraints (structured output); ``False``
+            (``MLXSPEC_GRAMMAR=0``) reports every one as not enforced. Default: ``True``.
 
     Raises:
         BudgetTooSmallError: ``limits`` leave no room for any request.
@@ -153,6 +170,7 @@ class Engine:
         max_batch: int = 8,
         limits: AdmissionLimits | None = None,
         prompt_cache: PromptCache | None = None,
+        grammar: bool = True,
     ) -> None:
         self.model = model
         self.max_batch = max_batch
@@ -163,6 +181,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._eos = set(tokenizer.eos_token_ids)
         self._xtc_special = list(tokenizer.encode("\n")) + sorted(self._eos)
+        self.grammars = GrammarCache(tokenizer, info.vocab_size, self._eos, enabled=grammar)
         #: Requests by outcome, updated on the engine thread (read for /stats and tests).
         self.counters = {"completed": 0, "cancelled": 0, "failed": 0}
         #: Requests accepted by :meth:`submit` (each ends in one of ``counters``).
@@ -193,6 +212,7 @@ class Engine:
         prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES,
         ssd_cache: Path | None = None,
         ssd_cache_bytes: int = DEFAULT_SSD_CACHE_BYTES,
+        grammar: bool = True,
     ) -> Engine:
         """Load an MLX model folder with ``mlx_lm.load``.
 
@@ -209,6 +229,7 @@ class Engine:
             ssd_cache (Path | None): directory of the SSD tier. Default: ``None``.
             ssd_cache_bytes (int): disk budget of the SSD tier.
                 Default: :data:`~.ssd_cache.DEFAULT_SSD_CACHE_BYTES`.
+            grammar (bool): enforce constraints. Default: ``True``.
 
         Returns:
             Engine: not yet started; call :meth:`start`.
@@ -237,7 +258,14 @@ class Engine:
             log.warning("the prompt cache is off (budget 0): --ssd-cache is not used")
         cache = PromptCache(prompt_cache_bytes, ssd)
         return cls(
-            model, tokenizer, info, defaults, max_batch=max_batch, limits=limits, prompt_cache=cache
+            model,
+            tokenizer,
+            info,
+            defaults,
+            max_batch=max_batch,
+            limits=limits,
+            prompt_cache=cache,
+            grammar=grammar,
         )
 
     def start(self) -> None:
@@ -245,6 +273,7 @@ class Engine:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="mlxspec-engine", daemon=True)
             self._thread.start()
+            _LIVE_ENGINES.add(self)
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop the engine thread after the current request."""
@@ -252,6 +281,7 @@ class Engine:
             self._jobs.put(None)
             self._thread.join(timeout)
             self._thread = None
+        _LIVE_ENGINES.discard(self)
 
     # Prompt building (runs on the caller's thread; no MLX work).
     def chat_prompt(
@@ -279,6 +309,17 @@ class Engine:
                 f"has {prompt_tokens} tokens, leaving no room to generate.",
                 param=param,
             )
+
+    def grammar_problem(self, constraint: Constraint) -> str | None:
+        """Compile ``constraint`` into the grammar cache ahead of :meth:`submit`.
+
+        Thread-safe; a first compile can take a while, so call it off the event loop.
+
+        Returns:
+            str | None: ``None`` if the constraint will be enforced, else why not
+            (the handler's degrade path puts it in the ``Warning`` header).
+        """
+        return self.grammars.problem(constraint)
 
     @property
     def in_flight(self) -> int:
@@ -389,6 +430,7 @@ class Engine:
             prefill_step=PREFILL_STEP,
             prompt_cache=self.prompt_cache,
             namespace=self.cache_namespace,
+            grammars=self.grammars,
         )
 
     def _count(self, outcome: str) -> None:
@@ -417,10 +459,17 @@ class Engine:
         req = handle.request
         if req.sampling.seed is not None:
             mx.random.seed(req.sampling.seed)
+        grammar = self.grammars.for_request(req.constraint)
         cache, cached = self.prompt_cache.fetch(self.cache_namespace, req.prompt, req.session)
         if cache is None:
             cache = make_prompt_cache(self.model)
-        row = Row(handle, self.tokenizer, self._eos, lane="serial", cached=cached)
+        row = Row(handle, self.tokenizer, self._eos, lane="serial", cached=cached, grammar=grammar)
+        history = req.prompt[:cached]
+        processors = with_history(
+            build_logits_processors(req.logits), history, penalty_window(req.logits)
+        )
+        if grammar is not None:  # the mask goes last: after penalties and logit_bias
+            processors = [*processors, grammar]
 
         def progress(_done: int, _total: int) -> None:
             if handle.cancelled:
@@ -431,9 +480,7 @@ class Engine:
             self.model,
             max_tokens=self._budget(req),
             sampler=build_sampler(req.sampling, self._xtc_special),
-            logits_processors=with_history(
-                build_logits_processors(req.logits), req.prompt[:cached], penalty_window(req.logits)
-            ),
+            logits_processors=processors,
             prompt_cache=cache,
             prefill_step_size=PREFILL_STEP,
             prompt_progress_callback=progress,

@@ -18,6 +18,7 @@ from .types import Delta, Finished, GenerationRequest, TokenLogprob, TopLogprob
 
 if TYPE_CHECKING:
     from .generator import RequestHandle
+    from .grammar import GrammarProcessor
 
 
 #: Reported for a log-probability that is not finite (OpenAI's value for an
@@ -118,6 +119,8 @@ class Row:
         tokenizer: an mlx-lm ``TokenizerWrapper``.
         eos (set[int]): end-of-sequence token ids.
         lane (str): ``"serial"`` or ``"batched"``, reported in ``Finished``.
+        grammar (GrammarProcessor | None): the request's grammar, which also
+            ends it (``"stop"``) once only a stop token may follow. Default: ``None``.
         cached (int): prompt tokens served from the prompt cache, reported in
             ``Finished``. Default: ``0``.
     """
@@ -128,6 +131,7 @@ class Row:
         tokenizer: Any,
         eos: set[int],
         lane: str = "serial",
+        grammar: GrammarProcessor | None = None,
         cached: int = 0,
     ) -> None:
         self.handle = handle
@@ -139,6 +143,7 @@ class Row:
         self._detok = tokenizer.detokenizer
         self._stops = StopMatcher(self.request.stop)
         self._want_logprobs = self.request.logprobs or self.request.top_logprobs > 0
+        self._grammar = grammar
         self.count = 0
         self.done = False
         #: Called once just before ``Finished`` is emitted (the lanes keep the
@@ -153,8 +158,8 @@ class Row:
             logprobs (mx.array): shape ``(vocab,)``, the step's log-probabilities.
 
         Returns:
-            bool: True when the request ended here (EOS or a stop string); the
-            ``Finished`` event has then been emitted.
+            bool: True when the request ended here (EOS, a stop string or a
+            complete grammar); the ``Finished`` event has then been emitted.
         """
         self.count += 1
         lps = ()
@@ -173,6 +178,13 @@ class Row:
         if self._stops.stopped:
             self._finish("stop", flush=False)
             return True
+        if self._grammar is not None:
+            # Normally accepted already: the lanes run the processor for the next
+            # step before handing this token out.
+            self._grammar.advance(self.count - 1, token)
+            if self._grammar.done:
+                self._finish("stop", flush=True)
+                return True
         return False
 
     def finish_length(self) -> None:

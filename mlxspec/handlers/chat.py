@@ -18,6 +18,7 @@ from .choices import (
 )
 from .common import JSON, SYSTEM_FINGERPRINT, current_engine, new_id, now
 from .logprobs import chat_chunk_logprobs, chat_logprobs, current_format
+from .structured import structured_output
 from .turns import (
     ChatTurn,
     ReasoningDelta,
@@ -36,6 +37,7 @@ from .turns import (
 async def create_chat_completion(body: dict[str, Any]) -> Any:
     """Template the messages, generate ``n`` choices, answer as JSON or an SSE stream."""
     engine = current_engine()
+    body, warning = await structured_output(engine, body, chat=True)
     turns = open_turns(engine, body)
     fmt = current_format()
     head = {
@@ -50,7 +52,9 @@ async def create_chat_completion(body: dict[str, Any]) -> Any:
         chunks = stream_chunks(
             streams, lambda choice: {**head, "object": "chat.completion.chunk", "choices": [choice]}
         )
-        return sse.event_stream(sse.openai_events(chunks, on_close=cancel_all(handles)))
+        response = sse.event_stream(sse.openai_events(chunks, on_close=cancel_all(handles)))
+        response.headers.update(warning)
+        return response
     results = await gather_choices([collect_turn(t) for t in turns], handles)
     choices = [_choice(i, t, r, fmt) for i, (t, r) in enumerate(zip(turns, results, strict=True))]
     finished = [r.finished for r in results if r.finished is not None]
@@ -60,7 +64,7 @@ async def create_chat_completion(body: dict[str, Any]) -> Any:
         "choices": choices,
         "usage": choices_usage(finished),
     }
-    return body_out, 200, JSON
+    return body_out, 200, {**JSON, **warning}
 
 
 def open_turns(engine: Engine, body: dict[str, Any]) -> list[Turn]:

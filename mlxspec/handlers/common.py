@@ -9,6 +9,7 @@ this only applies defaults and precedence.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Mapping
@@ -20,6 +21,7 @@ from connexion.context import receive, scope
 from mlxspec import __version__
 from mlxspec.engine import (
     Cancelled,
+    Constraint,
     Delta,
     Engine,
     Failed,
@@ -112,7 +114,58 @@ def to_generation_request(
         logprobs=body.get("logprobs") is True or type(body.get("logprobs")) is int,
         top_logprobs=_top_logprobs(body),
         session=session,
+        constraint=to_constraint(body),
     )
+
+
+#: The body fields that ask for structured output (reference, "Structured output").
+STRUCTURED_FIELDS = (
+    "response_format",
+    "guided_grammar",
+    "guided_regex",
+    "guided_choice",
+    "structured_outputs",
+)
+
+
+def to_constraint(body: Mapping[str, Any]) -> Constraint | None:
+    """The grammar a validated chat or completion body asks the output to match.
+
+    Precedence when several fields are set (reference, "Structured output"):
+    ``guided_grammar`` > ``response_format`` ``json_schema`` > ``json_object`` >
+    ``structured_outputs`` > ``guided_regex`` > ``guided_choice``;
+    ``response_format: {"type": "text"}`` adds no constraint.
+
+    Args:
+        body (Mapping): the request body, already validated by the document.
+
+    Returns:
+        Constraint | None: ``None`` when the body asks for none. A schema's spec
+        is its JSON text with key order kept (xgrammar generates properties in
+        the order the schema lists them); a missing ``json_schema.schema`` means
+        any JSON value.
+    """
+    grammar = body.get("guided_grammar")
+    if grammar is not None:
+        return Constraint("ebnf", grammar)
+    fmt = body.get("response_format") or {}
+    if fmt.get("type") == "json_schema":
+        spec = fmt.get("json_schema") or {}
+        schema = spec.get("schema")
+        return Constraint(
+            "json_schema",
+            json.dumps({} if schema is None else schema),
+            any_whitespace=spec.get("any_whitespace") is not False,
+        )
+    if fmt.get("type") == "json_object":
+        return Constraint("json_object")
+    if body.get("structured_outputs") is not None:
+        return Constraint("json_schema", json.dumps(body["structured_outputs"]))
+    if body.get("guided_regex") is not None:
+        return Constraint("regex", body["guided_regex"])
+    if body.get("guided_choice") is not None:
+        return Constraint("choice", json.dumps(body["guided_choice"], ensure_ascii=False))
+    return None
 
 
 def _top_logprobs(body: Mapping[str, Any]) -> int:

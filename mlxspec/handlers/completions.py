@@ -29,11 +29,13 @@ from .common import (
     to_generation_request,
 )
 from .logprobs import CompletionLogprobs, current_format
+from .structured import structured_output
 
 
 async def create_completion(body: dict[str, Any]) -> Any:
     """Tokenize ``prompt`` as mlx-lm does, generate ``n`` choices, answer as JSON or SSE."""
     engine = current_engine()
+    body, warning = await structured_output(engine, body, chat=False)
     prompt = engine.text_prompt(body["prompt"])
     session = session_key(body, request_headers())
     first = to_generation_request(body, prompt, engine.defaults, engine.info, session)
@@ -51,7 +53,9 @@ async def create_completion(body: dict[str, Any]) -> Any:
     if body.get("stream"):
         streams = [_choice_chunks(req, handle, i, fmt) for i, (req, handle) in enumerate(runs)]
         chunks = stream_chunks(streams, lambda choice: {**head, "choices": [choice]})
-        return sse.event_stream(sse.openai_events(chunks, on_close=cancel_all(handles)))
+        response = sse.event_stream(sse.openai_events(chunks, on_close=cancel_all(handles)))
+        response.headers.update(warning)
+        return response
     results = await gather_choices([collect(h) for h in handles], handles)
     choices = []
     for index, ((request, _), result) in enumerate(zip(runs, results, strict=True)):
@@ -65,7 +69,8 @@ async def create_completion(body: dict[str, Any]) -> Any:
             }
         )
     finished = [r.finished for r in results if r.finished is not None]
-    return {**head, "choices": choices, "usage": choices_usage(finished)}, 200, JSON
+    out = {**head, "choices": choices, "usage": choices_usage(finished)}
+    return out, 200, {**JSON, **warning}
 
 
 async def _choice_chunks(
