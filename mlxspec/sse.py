@@ -11,6 +11,7 @@ streams are named events whose name is the payload's ``type``
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -133,6 +134,51 @@ async def anthropic_events(
     finally:
         if on_close is not None:
             on_close()
+
+
+#: Seconds of silence after which a stream sends a ``: keep-alive`` comment
+#: (while a long tool call is withheld, or a long prefill runs).
+KEEPALIVE_INTERVAL_S = 10.0
+
+
+async def with_keepalive(
+    payloads: AsyncIterator[Any], interval: float | None = None
+) -> AsyncIterator[Any]:
+    """Pass ``payloads`` through, adding :data:`KEEPALIVE` after each
+    ``interval`` seconds without one (reference, chat "Streaming": heartbeats
+    keep client idle timers from closing a call that is being buffered).
+
+    The pending ``__anext__`` is awaited with ``asyncio.wait``, never cancelled
+    by the timeout, so the source generator is not disturbed.
+
+    Args:
+        payloads (AsyncIterator): the stream's payloads.
+        interval (float | None): seconds of silence. Default: :data:`KEEPALIVE_INTERVAL_S`.
+
+    Yields:
+        The payloads, with ``KEEPALIVE`` bytes in the gaps.
+    """
+    wait = KEEPALIVE_INTERVAL_S if interval is None else interval
+    source = payloads.__aiter__()
+    pending: asyncio.Future | None = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(source.__anext__())
+            done, _ = await asyncio.wait({pending}, timeout=wait)
+            if not done:
+                yield KEEPALIVE
+                continue
+            try:
+                item = pending.result()
+            except StopAsyncIteration:
+                pending = None
+                return
+            pending = None
+            yield item
+    finally:
+        if pending is not None:
+            pending.cancel()
 
 
 def event_stream(frames: AsyncIterator[bytes]) -> StreamingResponse:

@@ -3,7 +3,9 @@
 Message normalisation follows ``mlx_lm.server.process_message_content``:
 text-part arrays are joined, ``content: null`` becomes ``""`` and tool-call
 ``arguments`` given as a JSON string are decoded to an object, because chat
-templates render ``arguments | tojson``. Media parts on a text-only model are
+templates render ``arguments | tojson``. Assistant ``reasoning`` is exposed as
+``reasoning_content`` (the name Qwen-style templates read) unless that is given,
+even empty (reference, chat request body). Media parts on a text-only model are
 a :class:`PromptError`, never silently dropped.
 """
 
@@ -38,6 +40,10 @@ def normalize_messages(messages: Sequence[Mapping[str, Any]], model_id: str) -> 
         msg["content"] = _content_text(msg.get("content"), model_id, f"messages[{i}].content")
         if msg.get("tool_calls"):
             msg["tool_calls"] = [_decode_arguments(tc) for tc in msg["tool_calls"]]
+        if isinstance(msg.get("reasoning"), str) and not isinstance(
+            msg.get("reasoning_content"), str
+        ):
+            msg["reasoning_content"] = msg["reasoning"]
         out.append(msg)
     return out
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from mlxspec import sse
@@ -52,7 +53,9 @@ async def create_chat_completion(body: dict[str, Any]) -> Any:
         chunks = stream_chunks(
             streams, lambda choice: {**head, "object": "chat.completion.chunk", "choices": [choice]}
         )
-        response = sse.event_stream(sse.openai_events(chunks, on_close=cancel_all(handles)))
+        # Keep-alive comments fill silences (a withheld tool call, a long prefill).
+        frames = sse.openai_events(sse.with_keepalive(chunks), on_close=cancel_all(handles))
+        response = sse.event_stream(frames)
         response.headers.update(warning)
         return response
     results = await gather_choices([collect_turn(t) for t in turns], handles)
@@ -71,7 +74,7 @@ def open_turns(engine: Engine, body: dict[str, Any]) -> list[Turn]:
     """Template once and submit the body's ``n`` choices (see :mod:`.choices`)."""
     first = open_turn(engine, body)
     runs = submit_choices(engine, first.request, first.handle, choice_count(body), "messages")
-    return [Turn(request, handle, first.options) for request, handle in runs]
+    return [dataclasses.replace(first, request=request, handle=handle) for request, handle in runs]
 
 
 def _choice(index: int, turn: Turn, result: ChatTurn, fmt: str) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from mlxspec.engine import Finished
 
 from .anthropic import to_chat_body
 from .common import JSON, current_engine
+from .tool_options import template_kwargs, turn_options
 from .turns import (
     ChatEvent,
     ChatTurn,
@@ -33,7 +34,6 @@ from .turns import (
     collect_turn,
     open_turn,
     turn_events,
-    turn_options,
 )
 
 
@@ -48,7 +48,9 @@ async def create_message(body: dict[str, Any]) -> Any:
         "model": engine.info.id,
     }
     if body.get("stream"):
-        frames = sse.anthropic_events(_stream(turn, head), on_close=turn.handle.cancel)
+        # Keep-alive comments while a prefill runs or a tool call is withheld.
+        payloads = sse.with_keepalive(_stream(turn, head))
+        frames = sse.anthropic_events(payloads, on_close=turn.handle.cancel)
         return sse.event_stream(frames)
     result = await collect_turn(turn)
     return message_body(head, result), 200, JSON
@@ -60,9 +62,11 @@ async def count_message_tokens(body: dict[str, Any]) -> Any:
     engine = current_engine()
     chat = to_chat_body(body)
     options = turn_options(chat)
-    # The same rule as open_turn: tools reach the template unless tool_choice is none.
+    # The same rules as open_turn: tools reach the template unless tool_choice is
+    # none, and the template variables come from template_kwargs.
     tools = list(options.tools) if options.tools and options.tool_choice != "none" else None
-    prompt = engine.chat_prompt(chat["messages"], tools, chat.get("chat_template_kwargs"))
+    template = str(getattr(engine.tokenizer, "chat_template", "") or "")
+    prompt = engine.chat_prompt(chat["messages"], tools, template_kwargs(chat, template))
     return {"input_tokens": len(prompt)}, 200, JSON
 
 

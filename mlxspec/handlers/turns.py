@@ -12,11 +12,33 @@ registries, so the three surfaces can never disagree about what the model said.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
+import secrets
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlxspec.engine import Delta, Engine, Finished, GenerationRequest, RequestHandle, TokenLogprob
+from mlxspec.engine import (
+    Delta,
+    Engine,
+    Finished,
+    GenerationRequest,
+    RequestHandle,
+    TokenLogprob,
+)
+from mlxspec.parsers import (
+    CallArguments,
+    CallBegin,
+    CallEnd,
+    Content,
+    ParserChoice,
+    ParserDelta,
+    Reasoning,
+    detect,
+    reasoning_parser_class,
+    tool_parser_class,
+)
 
 from .common import (
     cancel_on_disconnect,
@@ -24,6 +46,13 @@ from .common import (
     request_headers,
     session_key,
     to_generation_request,
+)
+from .tool_options import (
+    TurnOptions,
+    forcing_constraint,
+    template_kwargs,
+    tool_parser_name,
+    turn_options,
 )
 
 
@@ -93,22 +122,6 @@ class TurnEnd:
 ChatEvent = TextDelta | ReasoningDelta | ToolCallStart | ToolCallArguments | TurnEnd
 
 
-@dataclass(frozen=True)
-class TurnOptions:
-    """What the parsers need to know about a turn.
-
-    Args:
-        tools (tuple[dict, ...]): the request's OpenAI function tools. Default: ``()``.
-        tool_choice (Any): ``"auto"``, ``"none"``, ``"required"`` or
-            ``{"type": "function", "function": {"name": ...}}``. Default: ``"auto"``.
-        parallel_tool_calls (bool): allow more than one call. Default: ``True``.
-    """
-
-    tools: tuple[dict[str, Any], ...] = ()
-    tool_choice: Any = "auto"
-    parallel_tool_calls: bool = True
-
-
 @dataclass
 class ChatTurn:
     """A whole turn, collected (the non-streamed form of the events)."""
@@ -123,22 +136,35 @@ class ChatTurn:
 
 @dataclass
 class Turn:
-    """A submitted chat turn: the engine request, its handle and the options."""
+    """A submitted chat turn: the engine request, its handle and the options.
+
+    Args:
+        choice (ParserChoice): the model's tool-call and reasoning formats.
+        thinking (bool): the prompt left the thinking channel open, so the
+            output starts inside it.
+    """
 
     request: GenerationRequest
     handle: RequestHandle
     options: TurnOptions
+    choice: ParserChoice = ParserChoice()
+    thinking: bool = False
 
 
-def turn_options(body: Mapping[str, Any]) -> TurnOptions:
-    """The parser options of an OpenAI-shaped chat body (pure)."""
-    tools = tuple(body.get("tools") or ())
-    choice = body.get("tool_choice")
-    return TurnOptions(
-        tools=tools,
-        tool_choice="auto" if choice is None else choice,
-        parallel_tool_calls=body.get("parallel_tool_calls") is not False,
-    )
+@functools.lru_cache(maxsize=8)
+def _choice(engine: Engine) -> ParserChoice:
+    """The served model's parser formats, detected once per engine."""
+    return detect(engine.tokenizer)
+
+
+def _opens_thinking(engine: Engine, prompt: list[int], choice: ParserChoice) -> bool:
+    """True when the rendered prompt ends inside an open thinking channel
+    (templates that write ``<think>`` into the generation prompt)."""
+    if choice.reasoning is None:
+        return False
+    parser = reasoning_parser_class(choice.reasoning)
+    tail = engine.tokenizer.decode(list(prompt[-16:]))
+    return tail.rfind(parser.start) > tail.rfind(parser.end)
 
 
 def open_turn(engine: Engine, body: Mapping[str, Any], prompt_param: str = "messages") -> Turn:
@@ -158,14 +184,21 @@ def open_turn(engine: Engine, body: Mapping[str, Any], prompt_param: str = "mess
     Raises:
         PromptError: the template cannot render the messages.
         ContextLengthError: the prompt does not fit.
+        ApiError: an invalid or unenforceable ``tool_choice`` (400).
     """
     options = turn_options(body)
     tools = list(options.tools) if options.tools and options.tool_choice != "none" else None
-    prompt = engine.chat_prompt(body["messages"], tools, body.get("chat_template_kwargs"))
+    choice = _choice(engine)
+    kwargs = template_kwargs(body, str(getattr(engine.tokenizer, "chat_template", "") or ""))
+    prompt = engine.chat_prompt(body["messages"], tools, kwargs)
+    thinking = _opens_thinking(engine, prompt, choice)
     session = session_key(body, request_headers())
     request = to_generation_request(body, prompt, engine.defaults, engine.info, session)
+    if tools and options.tool_choice != "auto":
+        constraint = forcing_constraint(options, choice, thinking)
+        request = dataclasses.replace(request, constraint=constraint)
     handle = engine.submit(request, prompt_param=prompt_param)
-    return Turn(request, handle, options)
+    return Turn(request, handle, options, choice, thinking)
 
 
 async def turn_events(turn: Turn) -> AsyncIterator[ChatEvent]:
@@ -174,11 +207,98 @@ async def turn_events(turn: Turn) -> AsyncIterator[ChatEvent]:
     Raises:
         ApiError: ``server_error`` or ``cancelled`` from the engine (see ``outputs``).
     """
+    parser = TurnParser(turn.options, turn.choice, turn.thinking)
     async for event in outputs(turn.handle):
         if isinstance(event, Finished):
-            yield TurnEnd(event.finish_reason, event)
-        elif isinstance(event, Delta) and (event.text or event.logprobs):
-            yield TextDelta(event.text, event.logprobs)
+            for chat_event in parser.finish():
+                yield chat_event
+            yield TurnEnd(parser.finish_reason(event.finish_reason), event)
+        elif isinstance(event, Delta):
+            for chat_event in parser.feed(event.text, event.logprobs):
+                yield chat_event
+
+
+class TurnParser:
+    """Runs the reasoning and tool parsers over a turn's text (pure, synchronous).
+
+    Reasoning is split off first, then the content goes through the tool
+    parser. Token logprobs ride the next event that can carry them, so withheld
+    markup tokens keep their entries and their order.
+
+    Args:
+        options (TurnOptions): tools, ``tool_choice`` and ``parallel_tool_calls``.
+        choice (ParserChoice): the model's formats.
+        thinking (bool): the output starts inside the thinking channel. Default: ``False``.
+    """
+
+    def __init__(self, options: TurnOptions, choice: ParserChoice, thinking: bool = False):
+        self.reasoning = (
+            reasoning_parser_class(choice.reasoning)(thinking) if choice.reasoning else None
+        )
+        name = tool_parser_name(options, choice)
+        self.tools = tool_parser_class(name)(options.tools) if name else None
+        self.parallel = options.parallel_tool_calls
+        self.calls = 0
+        self.dropping = False
+        self.pending: list[TokenLogprob] = []
+
+    def feed(self, text: str, logprobs: tuple[TokenLogprob, ...] = ()) -> list[ChatEvent]:
+        """Events for the next piece of output text."""
+        self.pending.extend(logprobs)
+        return self._events(self._split(text, final=False))
+
+    def finish(self) -> list[ChatEvent]:
+        """Events for text still held at the end of output."""
+        events = self._events(self._split("", final=True))
+        if self.pending:
+            events.append(TextDelta("", tuple(self.pending)))
+            self.pending = []
+        return events
+
+    def finish_reason(self, engine_reason: str) -> str:
+        """``tool_calls`` when the model stopped after calling tools."""
+        return "tool_calls" if self.calls and engine_reason == "stop" else engine_reason
+
+    def _split(self, text: str, final: bool) -> list[ParserDelta]:
+        pieces: list[ParserDelta] = []
+        if self.reasoning is not None:
+            pieces += self.reasoning.feed(text) if text else []
+            pieces += self.reasoning.finish() if final else []
+        elif text:
+            pieces.append(Content(text))
+        if self.tools is None:
+            return pieces
+        out: list[ParserDelta] = []
+        for piece in pieces:
+            out += self.tools.feed(piece.text) if isinstance(piece, Content) else [piece]
+        return out + (self.tools.finish() if final else [])
+
+    def _take(self) -> tuple[TokenLogprob, ...]:
+        taken, self.pending = tuple(self.pending), []
+        return taken
+
+    def _events(self, deltas: list[ParserDelta]) -> list[ChatEvent]:
+        events: list[ChatEvent] = []
+        for delta in deltas:
+            if isinstance(delta, Content):
+                events.append(TextDelta(delta.text, self._take()))
+            elif isinstance(delta, Reasoning):
+                events.append(ReasoningDelta(delta.text, self._take()))
+            elif isinstance(delta, CallBegin):
+                self.dropping = not self.parallel and self.calls >= 1
+                if not self.dropping:
+                    events.append(ToolCallStart(self.calls, new_call_id(), delta.name))
+                    self.calls += 1
+            elif isinstance(delta, CallArguments) and not self.dropping:
+                events.append(ToolCallArguments(self.calls - 1, delta.fragment, self._take()))
+            elif isinstance(delta, CallEnd):
+                self.dropping = False
+        return events
+
+
+def new_call_id() -> str:
+    """A tool call id, ``call_`` and 24 hex digits."""
+    return "call_" + secrets.token_hex(12)
 
 
 async def collect_turn(turn: Turn) -> ChatTurn:
@@ -207,7 +327,7 @@ async def collect_turn(turn: Turn) -> ChatTurn:
             elif isinstance(event, ToolCallArguments):
                 arguments.setdefault(event.index, []).append(event.fragment)
                 out.logprobs.extend(event.logprobs)
-            else:
+            elif isinstance(event, TurnEnd):
                 out.finish_reason, out.finished = event.finish_reason, event.finished
     except asyncio.CancelledError:
         turn.handle.cancel()
