@@ -22,6 +22,7 @@ import pytest
 from conftest import LiveServer
 
 from fixtures.tool_models import ScriptedEngine, build_tool_model
+from mlxspec import sse
 from mlxspec.app import create_app
 from mlxspec.conformance.httpx_checks import checking_client
 
@@ -53,7 +54,7 @@ class Served:
     """A scripted tool-template engine behind a live server, and the SDK on it."""
 
     def __init__(self, engine: ScriptedEngine, server: LiveServer) -> None:
-        self.engine = engine
+        self.engine, self.base = engine, server.base
         self.sdk = anthropic.Anthropic(
             base_url=server.base,
             api_key="k",
@@ -201,3 +202,17 @@ def test_thinking_block_and_dropped_history(think: Served) -> None:
     # thinking: disabled closes the channel in the generation prompt.
     think.create(["ok"], messages=ASK, thinking={"type": "disabled"})
     assert think.engine.prompts[-1].endswith("<think>\n\n</think>\n\n")
+
+
+def test_keepalive_while_the_model_is_slow(hermes: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Silence longer than the keep-alive interval sends a comment frame, which
+    the SDK and the contract checker skip."""
+    monkeypatch.setattr(sse, "KEEPALIVE_INTERVAL_S", 0.05)
+    monkeypatch.setattr(hermes.engine, "delay", 0.3)
+    events, final = hermes.stream(["Slow", " answer."], messages=ASK)
+    assert final.content[0].text == "Slow answer."
+    hermes.engine.script = ["Slow."]
+    body = {"model": "m", "max_tokens": 8, "messages": ASK, "stream": True}
+    with checking_client(hermes.base, timeout=30) as client:
+        r = client.post("/v1/messages", json=body)
+    assert sse.KEEPALIVE in r.content
