@@ -120,7 +120,8 @@ def openai_error_json(err: ApiError) -> str:
     return json.dumps(openai_error_body(err), separators=(",", ":"))
 
 
-#: HTTP status -> Anthropic ``error.type`` (Anthropic API reference, "Errors").
+#: HTTP status -> Anthropic ``error.type`` (Anthropic API reference, "Errors";
+#: its 529 ``overloaded_error`` is our 503, a 499 cancel has no row of its own).
 _ANTHROPIC_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -128,21 +129,37 @@ _ANTHROPIC_TYPES = {
     404: "not_found_error",
     413: "request_too_large",
     429: "rate_limit_error",
+    500: "api_error",
     503: "overloaded_error",
 }
+
+
+def anthropic_error_type(status: int) -> str:
+    """Anthropic's ``error.type`` for an HTTP status.
+
+    Args:
+        status (int): the HTTP status of the error.
+
+    Returns:
+        str: the listed type, else ``api_error`` for a 5xx and
+        ``invalid_request_error`` for a 4xx (the reference's formatter).
+    """
+    fallback = "api_error" if status >= 500 else "invalid_request_error"
+    return _ANTHROPIC_TYPES.get(status, fallback)
 
 
 def anthropic_error_body(err: ApiError) -> dict[str, Any]:
     """Render ``err`` in Anthropic's envelope.
 
     Returns:
-        dict: ``{"type": "error", "error": {"type", "message"}}``; the type comes
-        from the status (``api_error`` for other 5xx, ``invalid_request_error``
-        for other 4xx), as Anthropic's "Errors" reference lists them.
+        dict: ``{"type": "error", "error": {"type", "message"}}`` with the type
+        of :func:`anthropic_error_type`; used for HTTP bodies and ``event: error``
+        stream frames alike.
     """
-    fallback = "api_error" if err.status >= 500 else "invalid_request_error"
-    kind = _ANTHROPIC_TYPES.get(err.status, fallback)
-    return {"type": "error", "error": {"type": kind, "message": err.message}}
+    return {
+        "type": "error",
+        "error": {"type": anthropic_error_type(err.status), "message": err.message},
+    }
 
 
 #: Error kinds the System One surface reports as FastAPI-style 422 validation

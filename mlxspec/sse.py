@@ -1,9 +1,12 @@
 """The one module that writes Server-Sent Events.
 
-Only this module produces ``data:`` lines, keep-alive comments, in-band error
-frames and the ``data: [DONE]`` terminator, and sets the stream headers
-(WHATWG HTML "Server-sent events" section 9.2 for the framing). Handlers give
-it an async iterator of JSON-able payloads.
+Only this module produces ``data:`` and ``event:`` lines, keep-alive comments,
+in-band error frames and the ``data: [DONE]`` terminator, and sets the stream
+headers (WHATWG HTML "Server-sent events" section 9.2 for the framing).
+Handlers give it an async iterator of JSON-able payloads: OpenAI streams are
+bare ``data:`` events ending in ``[DONE]`` (:func:`openai_events`); Anthropic
+streams are named events whose name is the payload's ``type``
+(:func:`anthropic_events`).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any
 
 from starlette.responses import StreamingResponse
 
-from .errors import ApiError, openai_error_json
+from .errors import ApiError, anthropic_error_body, openai_error_json
 
 log = logging.getLogger("mlxspec.sse")
 
@@ -28,6 +31,11 @@ HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 #: Line breaks for ``str.splitlines`` (so for httpx's ``iter_lines`` and
 #: httpx-sse) that JSON leaves raw; escaped, they cannot split a frame.
 _LINE_BREAKS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"})
+
+
+def _json_line(payload: Any) -> bytes:
+    text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    return text.translate(_LINE_BREAKS).encode()
 
 
 def data_frame(payload: Any) -> bytes:
@@ -43,8 +51,7 @@ def data_frame(payload: Any) -> bytes:
     Returns:
         bytes: ``b"data: <json>\\n\\n"``, UTF-8.
     """
-    text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
-    return b"data: " + text.translate(_LINE_BREAKS).encode() + b"\n\n"
+    return b"data: " + _json_line(payload) + b"\n\n"
 
 
 def error_frame(err: ApiError) -> bytes:
@@ -84,10 +91,12 @@ async def openai_events(
 
 
 def named_frame(event: str, payload: Any) -> bytes:
-    """Encode one named event: an ``event:`` line, then the ``data:`` line.
+    """Encode one named event: an ``event:`` line, then one ``data:`` line
+    escaped as in :func:`data_frame`.
 
     Args:
-        event (str): the event name, e.g. ``response.output_text.delta``; one line.
+        event (str): the event name, e.g. ``response.output_text.delta`` or
+            ``message_start``; one line.
         payload: any JSON-serialisable value.
 
     Returns:
@@ -101,12 +110,43 @@ def named_frame(event: str, payload: Any) -> bytes:
     return b"event: " + event.encode() + b"\n" + data_frame(payload)
 
 
+async def anthropic_events(
+    payloads: AsyncIterator[Any], on_close: Callable[[], None] | None = None
+) -> AsyncIterator[bytes]:
+    """Frame an Anthropic Messages stream: each payload as a named event.
+
+    The event name is the payload's ``type`` (Anthropic's "Streaming Messages":
+    ``event: message_start`` carries ``{"type": "message_start", ...}``); there
+    is no terminator beyond ``message_stop``. A failure mid-stream becomes one
+    ``event: error`` frame with Anthropic's error envelope and the stream ends.
+    ``on_close`` always runs, as in :func:`openai_events`.
+
+    Args:
+        payloads (AsyncIterator[dict | bytes]): stream events, each with a
+            ``type``; ``bytes`` (a keep-alive comment) pass through as they are.
+        on_close (Callable | None): cleanup, e.g. ``handle.cancel``. Default: ``None``.
+
+    Yields:
+        bytes: SSE frames.
+    """
+
+    async def pairs() -> AsyncIterator[tuple[str, Any] | bytes]:
+        async for payload in payloads:
+            yield payload if isinstance(payload, bytes) else (payload["type"], payload)
+
+    def on_error(err: ApiError) -> list[tuple[str, Any]]:
+        return [("error", anthropic_error_body(err))]
+
+    async for frame in named_events(pairs(), on_error, on_close):
+        yield frame
+
+
 async def named_events(
     frames: AsyncIterator[tuple[str, Any] | bytes],
     on_error: Callable[[ApiError], Iterable[tuple[str, Any]]],
     on_close: Callable[[], None] | None = None,
 ) -> AsyncIterator[bytes]:
-    """Frame a stream of named events (OpenAI Responses style): no ``[DONE]``.
+    """Frame a stream of named events (OpenAI Responses, Anthropic): no ``[DONE]``.
 
     The protocol's own terminal event ends the stream. A failure mid-stream is
     handed to ``on_error``, whose events (e.g. ``error`` then

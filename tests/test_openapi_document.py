@@ -44,6 +44,22 @@ OPERATIONS = [
         "completions",
         GENERATION_CODES,
     ),
+    (
+        "post",
+        "/v1/messages",
+        "createMessage",
+        "mlxspec.handlers.messages",
+        "messages",
+        GENERATION_CODES,
+    ),
+    (
+        "post",
+        "/v1/messages/count_tokens",
+        "countMessageTokens",
+        "mlxspec.handlers.messages",
+        "messages",
+        {"200", "400", "401", "415", "500"},
+    ),
     ("get", "/v1/models", "listModels", "mlxspec.handlers.models", "models", READ_CODES),
     (
         "get",
@@ -257,13 +273,14 @@ def test_operation_routing_and_responses(
                 f"{operation_id} {code} {media_type} has no example"
             )
         if code != "200":
+            envelope = "AnthropicErrorResponse" if tag == "messages" else "ErrorResponse"
             expected = REPORT_RESPONSES.get(
-                (operation_id, code), "#/components/schemas/ErrorResponse"
+                (operation_id, code), f"#/components/schemas/{envelope}"
             )
             assert response["content"]["application/json"]["schema"] == {"$ref": expected}
 
 
-@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/v1/messages"])
 def test_generation_routes_declare_json_and_sse(path: str) -> None:
     op = SPEC["paths"][path]["post"]
     body = op["requestBody"]
@@ -344,20 +361,23 @@ def test_every_operation_has_examples() -> None:
 )
 def test_example_matches_its_schema(media_type: str, schema_ptr: str, value: Any) -> None:
     _validator(schema_ptr).validate(value)
-    if media_type == "text/event-stream" and value["data"] != "[DONE]":
-        # contentSchema is an annotation in 2020-12; check the frame's JSON explicitly.
-        payload = json.loads(value["data"])
-        target = "ErrorResponse" if "error" in payload else None
-        if "event" in value:  # a named-event stream: data.type repeats the event name
-            assert payload["type"] == value["event"]
+    if media_type != "text/event-stream" or value["data"] == "[DONE]":
+        return
+    # contentSchema is an annotation in 2020-12; check the frame's JSON explicitly.
+    payload = json.loads(value["data"])
+    if "event" in value:  # a named-event stream: the JSON's type is the event name
+        assert payload["type"] == value["event"]
+        if "messages" in schema_ptr:  # Anthropic Messages
+            anthropic_error = value["event"] == "error"
+            target = "AnthropicErrorResponse" if anthropic_error else "AnthropicStreamEvent"
+        else:
             target = "ResponseStreamEvent"
-        if target is None:
-            target = (
-                "ChatCompletionChunk"
-                if payload["id"].startswith("chatcmpl-")
-                else "CompletionChunk"
-            )
-        _validator(f"#/components/schemas/{target}").validate(payload)
+    elif "error" in payload:
+        target = "ErrorResponse"
+    else:
+        chat = payload["id"].startswith("chatcmpl-")
+        target = "ChatCompletionChunk" if chat else "CompletionChunk"
+    _validator(f"#/components/schemas/{target}").validate(payload)
 
 
 def test_parameter_examples_match_their_schema() -> None:

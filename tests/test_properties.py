@@ -126,6 +126,25 @@ def test_engine_row_text_equals_decode(tiny_engine, data: st.DataObject) -> None
     assert_faithful([e.text for e in handle.events[:-1]], tokenizer.decode(tokens))
 
 
+def test_engine_row_reports_the_stop_sequence(tiny_engine) -> None:
+    """``Finished.stop_sequence`` names the stop string that ended the row, and
+    is ``None`` when EOS or the budget ended it."""
+    tokenizer = tiny_engine.tokenizer
+    eos = set(tokenizer.eos_token_ids)
+    tokens = tokenizer.encode("hello world")
+    outcomes = []
+    for stops in (("\u0000", "lo w"), ()):
+        handle = _Events(GenerationRequest(prompt=(1,), stop=stops))
+        row = Row(handle, tokenizer, eos)  # type: ignore[arg-type]
+        ended = any(row.push(token, None) for token in tokens)
+        if not ended:
+            row.push(min(eos), None)
+        finished = handle.events[-1]
+        text = "".join(e.text for e in handle.events[:-1])
+        outcomes.append((text, finished.finish_reason, finished.stop_sequence))
+    assert outcomes == [("hel", "stop", "lo w"), ("hello world", "stop", None)]
+
+
 def test_first_leading_space_is_dropped_as_mlx_lm_does(tiny_engine) -> None:
     """A completion of "The capital is" that decodes to " Paris" streams "Paris" in
     mlx-lm (and so in mlxspec, stream and non-stream alike); later spaces stay."""

@@ -15,6 +15,14 @@ def run(stops: list[str], pieces: list[str]) -> tuple[list[str], bool]:
     return out, m.stopped
 
 
+def matched(stops: list[str], pieces: list[str]) -> str | None:
+    m = StopMatcher(stops)
+    for piece in pieces:
+        m.feed(piece)
+    m.flush()
+    return m.matched
+
+
 def reference(stops: list[str], text: str) -> tuple[str, bool]:
     """Non-streamed result: cut at the earliest occurrence of any stop."""
     hits = [i for i in (text.find(s) for s in stops if s) if i >= 0]
@@ -50,6 +58,16 @@ def test_no_stops_passes_text_through() -> None:
     assert run([""], ["a"]) == (["a", ""], False)
 
 
+def test_matched_names_the_stop_that_fired() -> None:
+    assert matched(["bb", "a"], ["xxbba"]) == "bb"
+    assert matched(["END", "\n\n"], ["Hi\n", "\nthere"]) == "\n\n"
+    assert matched(["ab", "abc"], ["xabc"]) == "abc"  # both start there: the longer
+    assert matched(["ab", "abc"], ["xab", "c"]) == "ab"
+    assert matched(["###"], ["abc#", "##"]) == "###"  # found by flush
+    assert matched(["###"], ["abc#", "#"]) is None
+    assert matched([], ["a"]) is None
+
+
 def test_nothing_after_stop() -> None:
     m = StopMatcher(["x"])
     assert m.feed("ax") == "a"
@@ -73,6 +91,10 @@ def test_any_chunking_equals_non_streamed(text: str, stops: list[str], cuts: lis
     expected, expect_stop = reference(stops, text)
     assert "".join(out) == expected
     assert stopped == expect_stop
+    # The reported stop occurs right where the output was cut.
+    found = matched(stops, pieces)
+    assert (found is not None) == expect_stop
+    assert found is None or text.startswith(found, len(expected))
     # No emitted prefix ever contains a stop string.
     emitted = ""
     for piece in out:

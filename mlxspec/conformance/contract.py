@@ -11,7 +11,10 @@ stream), every frame is ``event: <name>`` plus ``data: <payload>`` instead and
 the payload's ``type`` repeats the name. Responses outside any operation
 follow the conventions of the document's description: unknown paths answer
 404 and undeclared methods 405 with ``Allow``, both with an ``ErrorResponse``
-body; every error body agrees with :data:`mlxspec.errors.ERROR_TABLE`.
+body; every error body agrees with :data:`mlxspec.errors.ERROR_TABLE`. Paths of the
+Anthropic surface (``/v1/messages...``) follow its own rules instead
+(:mod:`mlxspec.conformance.anthropic_contract`): ``AnthropicErrorResponse``
+bodies and its event grammar.
 
 :mod:`mlxspec.conformance.httpx_checks` runs these checks on every response an
 httpx client (or the openai SDK over one) receives.
@@ -34,7 +37,7 @@ from openapi_core.validation.response.validators import V31ResponseHeadersValida
 from openapi_core.validation.schemas import oas31_schema_validators_factory
 from openapi_core.validation.schemas.exceptions import InvalidSchemaValue
 
-from mlxspec.errors import ERROR_TABLE
+from mlxspec.errors import ERROR_TABLE, surface_for_path
 from mlxspec.openapi import load_spec
 
 __all__ = [
@@ -164,7 +167,8 @@ def check_response(
     template, view_args = match
     operations = {m for m in load_spec()["paths"][template] if m.isalpha()}
     if method.lower() not in operations:
-        _check_method_not_allowed(operations, status, headers, body_bytes, where)
+        surface = surface_for_path(path)
+        _check_method_not_allowed(operations, status, headers, body_bytes, where, surface)
         return
     request = MockRequest(
         HOST, method, path, path_pattern=template, view_args=view_args, data=request_body
@@ -201,19 +205,23 @@ def _check_operation(
     _check_stream_flag(request.body, content, mimetype, status, where)
     if body is None:
         return
+    surface = surface_for_path(template)
     if mimetype == SSE:
         # openapi-core would read the stream as one event: check frame by frame.
-        check_event_stream(content / SSE / "schema", body, where)
+        if surface == "anthropic":
+            _check_named_event_stream(content / SSE / "schema", body, where)
+        else:
+            check_event_stream(content / SSE / "schema", body, where)
         if headers.get("cache-control") != "no-cache":
             raise _fail(where, "an event stream must be sent with Cache-Control: no-cache")
         return
     errors = list(api.iter_response_errors(request, response))
     if errors:
         raise _fail(where, "; ".join(_describe(e) for e in errors))
-    # Error statuses carry an ErrorResponse (its schema requires "error"), except
+    # Error statuses carry an error envelope (the schemas require "error"), except
     # where the document declares another body (the flush route's 503 report).
     if status >= 400 and "error" in _json(body, where):
-        _check_error_row(status, body, where)
+        _check_error_row(status, body, where, surface)
 
 
 def _check_stream_flag(
@@ -245,7 +253,7 @@ def _check_outside(
     redirect to a documented path, or a 404 ``ErrorResponse``."""
     if path in UNDOCUMENTED_GET:
         if method != "GET":
-            _check_method_not_allowed({"get"}, status, headers, body, where)
+            _check_method_not_allowed({"get"}, status, headers, body, where, "openai")
         elif status != 200 or (body is not None and _json(body, where).get("paths") is None):
             raise _fail(where, "the OpenAPI document route must answer 200 with the document")
         return
@@ -256,11 +264,16 @@ def _check_outside(
         raise _fail(where, f"redirect to {target!r} is not the documented {path.rstrip('/')!r}")
     if status != 404:
         raise _fail(where, "a path outside the document must answer 404")
-    _check_error_body(status, headers, body, where)
+    _check_error_body(status, headers, body, where, surface_for_path(path))
 
 
 def _check_method_not_allowed(
-    operations: set[str], status: int, headers: httpx.Headers, body: bytes | None, where: str
+    operations: set[str],
+    status: int,
+    headers: httpx.Headers,
+    body: bytes | None,
+    where: str,
+    surface: str,
 ) -> None:
     if status != 405:
         raise _fail(where, f"method not declared here (only {sorted(operations)}): expected 405")
@@ -268,19 +281,28 @@ def _check_method_not_allowed(
     expected = operations | ({"head"} if "get" in operations else set())
     if allow != expected:
         raise _fail(where, f"Allow {headers.get('allow')!r} should list {sorted(expected)}")
-    _check_error_body(status, headers, body, where)
+    _check_error_body(status, headers, body, where, surface)
 
 
-def _check_error_body(status: int, headers: httpx.Headers, body: bytes | None, where: str) -> None:
+def _check_error_body(
+    status: int, headers: httpx.Headers, body: bytes | None, where: str, surface: str
+) -> None:
+    """An error outside the operations: JSON in the envelope of the path's surface."""
     if _mimetype(headers) != "application/json":
         raise _fail(where, f"errors are application/json, got {_mimetype(headers)!r}")
     if body is None:
         return
-    _validate(_schema("ErrorResponse"), _json(body, where), where)
-    _check_error_row(status, body, where)
+    schema = "AnthropicErrorResponse" if surface == "anthropic" else "ErrorResponse"
+    _validate(_schema(schema), _json(body, where), where)
+    _check_error_row(status, body, where, surface)
 
 
-def _check_error_row(status: int, body: bytes, where: str) -> None:
+def _check_error_row(status: int, body: bytes, where: str, surface: str = "openai") -> None:
+    if surface == "anthropic":
+        from . import anthropic_contract  # imported here: it imports this module
+
+        anthropic_contract.check_error_type(status, body, where)
+        return
     payload = _json(body, where)
     if isinstance(payload, dict) and "detail" in payload and "error" not in payload:
         return  # FastAPI's 422 (/v1/systemone): its declared schema was checked above
@@ -441,6 +463,19 @@ def _check_named_stream(event_schema: SchemaPath, body: bytes, where: str) -> No
             raise _fail(
                 where, f"frame {i}: sequence_number {data['sequence_number']}, expected {i}"
             )
+
+
+def _check_named_event_stream(event_schema: SchemaPath, body: bytes, where: str) -> None:
+    """An Anthropic stream: each ``event:``/``data:`` frame against the event
+    schema and its ``contentSchema``, then the event grammar."""
+    from . import anthropic_contract  # imported here: it imports this module
+
+    events = []
+    for i, (name, payload) in enumerate(anthropic_contract.split_named_events(body, where)):
+        _validate(event_schema, {"event": name, "data": payload}, f"{where} frame {i}")
+        _frame_kind(event_schema, payload, f"{where} frame {i}")  # checks the contentSchema
+        events.append((name, json.loads(payload)))
+    anthropic_contract.check_stream_order(events, where)
 
 
 def _frame_kind(event_schema: SchemaPath, payload: str, where: str) -> str:

@@ -4,12 +4,17 @@
 whose response hook runs :func:`mlxspec.conformance.contract.check_response`:
 status and headers as soon as they arrive, the body once it has been read to
 its end (a stream the caller abandons early is not body-checked). The official
-``openai`` SDK accepts these clients as ``http_client``.
+``openai`` SDK accepts these clients as ``http_client``; the ``anthropic`` SDK
+(2.x) takes clients of ``httpx2``, a fork with httpx's API, built by passing
+``http=httpx2``.
 """
 
 from __future__ import annotations
 
+import functools
+import sys
 from collections.abc import AsyncIterator, Callable, Iterator
+from types import ModuleType
 from typing import Any
 
 import httpx
@@ -19,11 +24,16 @@ from .contract import check_response
 __all__ = ["async_check_hook", "check_hook", "checking_async_client", "checking_client"]
 
 
+def _module(response: Any) -> ModuleType:
+    """The httpx-compatible package a response comes from (``httpx`` or ``httpx2``)."""
+    return sys.modules[type(response).__module__.partition(".")[0]]
+
+
 def _check_exchange(response: httpx.Response, body: bytes | None) -> None:
     request = response.request
     try:
         request_body: bytes | None = request.content
-    except httpx.RequestNotRead:
+    except _module(response).RequestNotRead:
         request_body = None
     if response.headers.get("content-encoding", "identity") != "identity":
         body = None  # raw bytes are still encoded; mlxspec never compresses
@@ -37,7 +47,7 @@ def _check_exchange(response: httpx.Response, body: bytes | None) -> None:
     )
 
 
-class _RecordingStream(httpx.SyncByteStream):
+class _RecordingStream:
     """Pass the body through; check the exchange once it has been read to the end.
 
     Only the first pass is recorded: the openai SDK drains ``response.stream``
@@ -59,7 +69,7 @@ class _RecordingStream(httpx.SyncByteStream):
         self.inner.close()
 
 
-class _AsyncRecordingStream(httpx.AsyncByteStream):
+class _AsyncRecordingStream:
     """Async twin of :class:`_RecordingStream`."""
 
     def __init__(self, inner: Any, done: Callable[[bytes], None]) -> None:
@@ -77,6 +87,15 @@ class _AsyncRecordingStream(httpx.AsyncByteStream):
         await self.inner.aclose()
 
 
+@functools.cache
+def _stream_types(module: ModuleType) -> tuple[type, type]:
+    """The recording streams as byte streams of ``module``: a client only
+    iterates streams of its own package's base classes."""
+    sync = type("RecordingStream", (_RecordingStream, module.SyncByteStream), {})
+    async_ = type("AsyncRecordingStream", (_AsyncRecordingStream, module.AsyncByteStream), {})
+    return sync, async_
+
+
 def check_hook(response: httpx.Response) -> None:
     """httpx response hook: check status and headers now, the body once read.
 
@@ -86,7 +105,8 @@ def check_hook(response: httpx.Response) -> None:
         _check_exchange(response, response.content)
         return
     _check_exchange(response, None)
-    response.stream = _RecordingStream(response.stream, lambda b: _check_exchange(response, b))
+    recording = _stream_types(_module(response))[0]
+    response.stream = recording(response.stream, lambda b: _check_exchange(response, b))
 
 
 async def async_check_hook(response: httpx.Response) -> None:
@@ -95,25 +115,30 @@ async def async_check_hook(response: httpx.Response) -> None:
         _check_exchange(response, response.content)
         return
     _check_exchange(response, None)
-    response.stream = _AsyncRecordingStream(response.stream, lambda b: _check_exchange(response, b))
+    recording = _stream_types(_module(response))[1]
+    response.stream = recording(response.stream, lambda b: _check_exchange(response, b))
 
 
-def checking_client(base_url: str = "", **kwargs: Any) -> httpx.Client:
+def checking_client(base_url: str = "", *, http: ModuleType = httpx, **kwargs: Any) -> httpx.Client:
     """An ``httpx.Client`` that checks every response against the document.
 
     Args:
         base_url (str): e.g. ``http://127.0.0.1:8080``. Default: ``""``.
-        **kwargs: passed to ``httpx.Client`` (``timeout``, ...).
+        http (ModuleType): the httpx-compatible package whose ``Client`` to
+            build (``httpx2`` for the anthropic SDK 2.x). Default: ``httpx``.
+        **kwargs: passed to ``Client`` (``timeout``, ...).
 
     Returns:
         httpx.Client: raises :class:`ContractViolation` from the call (or from
         reading the body) that received a non-conforming response.
     """
-    return httpx.Client(base_url=base_url, event_hooks={"response": [check_hook]}, **kwargs)
+    return http.Client(base_url=base_url, event_hooks={"response": [check_hook]}, **kwargs)
 
 
-def checking_async_client(base_url: str = "", **kwargs: Any) -> httpx.AsyncClient:
-    """:func:`checking_client` for asyncio (``httpx.AsyncClient``)."""
-    return httpx.AsyncClient(
+def checking_async_client(
+    base_url: str = "", *, http: ModuleType = httpx, **kwargs: Any
+) -> httpx.AsyncClient:
+    """:func:`checking_client` for asyncio (``AsyncClient``)."""
+    return http.AsyncClient(
         base_url=base_url, event_hooks={"response": [async_check_hook]}, **kwargs
     )

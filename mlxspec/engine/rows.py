@@ -205,6 +205,12 @@ class Row:
         prompt = len(self.request.prompt)
         if self.before_finish is not None:
             self.before_finish()
-        self.handle.emit(
-            Finished(reason, prompt, self.count, cached_tokens=self.cached, lane=self.lane)  # type: ignore[arg-type]
+        finished = Finished(
+            reason,  # type: ignore[arg-type]
+            prompt,
+            self.count,
+            cached_tokens=self.cached,
+            lane=self.lane,
+            stop_sequence=self._stops.matched,
         )
+        self.handle.emit(finished)

@@ -15,22 +15,24 @@ class StopMatcher:
     """Incremental stop-string matcher.
 
     Feed decoded text pieces in order; each call returns the text that is now
-    safe to emit. Once a stop string is found, ``stopped`` is true and the
-    output ends just before the earliest match.
+    safe to emit. Once a stop string is found, ``stopped`` is true, ``matched``
+    is that stop string and the output ends just before the earliest match.
 
     Args:
         stops (Sequence[str]): stop strings; empty strings are ignored.
 
     Example:
         >>> m = StopMatcher(["\\n\\n"])
-        >>> m.feed("Hi\\n"), m.feed("\\nthere"), m.stopped
-        ('Hi', '', True)
+        >>> m.feed("Hi\\n"), m.feed("\\nthere"), m.stopped, m.matched
+        ('Hi', '', True, '\\n\\n')
     """
 
     def __init__(self, stops: Sequence[str]) -> None:
         self._stops = tuple(s for s in stops if s)
         self._held = ""
         self.stopped = False
+        #: The stop string that ended the output (Anthropic's ``stop_sequence``).
+        self.matched: str | None = None
 
     def feed(self, text: str) -> str:
         """Add ``text`` and return what can be emitted now.
@@ -48,7 +50,7 @@ class StopMatcher:
         start = len(buf) - self._partial_suffix_len(buf)
         # A longer stop that starts before ``cut`` may still complete: wait for it.
         if cut >= 0 and cut <= start:
-            self.stopped = True
+            self._stop_at(buf, cut)
             self._held = ""
             return buf[:cut]
         self._held = buf[start:]
@@ -62,9 +64,15 @@ class StopMatcher:
             return ""
         cut = self._earliest_match(held)
         if cut >= 0:
-            self.stopped = True
+            self._stop_at(held, cut)
             return held[:cut]
         return held
+
+    def _stop_at(self, buf: str, cut: int) -> None:
+        """Record the stop at ``buf[cut:]``: the longest one when several start
+        there (the one a longer candidate was waited for)."""
+        self.stopped = True
+        self.matched = max((s for s in self._stops if buf.startswith(s, cut)), key=len)
 
     def _earliest_match(self, buf: str) -> int:
         """Index of the earliest occurrence of any stop in ``buf``, or -1."""

@@ -176,6 +176,9 @@ class Finished:
         completion_tokens (int): generated tokens, counting the EOS token as mlx-lm does.
         cached_tokens (int): prompt tokens reused from a prompt cache. Default: ``0``.
         lane (str): ``"serial"`` or ``"batched"``: how the request ran. Default: ``"serial"``.
+        stop_sequence (str | None): the request's stop string that ended the
+            output, ``None`` when EOS or the token budget did (Anthropic's
+            ``stop_sequence``). Default: ``None``.
     """
 
     finish_reason: FinishReason
@@ -183,6 +186,7 @@ class Finished:
     completion_tokens: int
     cached_tokens: int = 0
     lane: str = "serial"
+    stop_sequence: str | None = None
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,8 @@ ENDPOINTS = [
     "POST /v1/completions",
     "POST /v1/responses",
     "GET /v1/responses/{response_id}",
+    "POST /v1/messages",
+    "POST /v1/messages/count_tokens",
     "POST /v1/embeddings",
     "POST /v1/decisions",
     "POST /v1/systemone",

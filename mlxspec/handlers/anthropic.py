@@ -1,0 +1,173 @@
+"""Anthropic Messages request -> OpenAI chat body: the pure translation.
+
+:func:`to_chat_body` is the one function that turns a validated ``/v1/messages``
+(or ``/v1/messages/count_tokens``) body into the OpenAI-shaped chat body that
+:func:`mlxspec.handlers.turns.open_turn` takes, so Anthropic requests share the
+chat path's templating, tool parsing and sampling. The document has already
+checked shapes (roles, block fields, image sources, no audio blocks); this only
+maps names and structure (Anthropic's "Messages" API reference for the fields).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+#: Fields copied unchanged: Anthropic's sampling fields, mlx-lm's extras (no
+#: ``logit_bias``: the protocol has none) and the prompt-cache session labels.
+PASSTHROUGH = (
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "min_p",
+    "xtc_probability",
+    "xtc_threshold",
+    "repetition_penalty",
+    "repetition_context_size",
+    "presence_penalty",
+    "presence_context_size",
+    "frequency_penalty",
+    "frequency_context_size",
+    "session_id",
+    "prompt_cache_key",
+)
+
+#: Prior-turn reasoning the client sends back; a template must not see it again.
+_DROPPED_BLOCKS = {"thinking", "redacted_thinking"}
+
+
+def to_chat_body(body: Mapping[str, Any]) -> dict[str, Any]:
+    """Translate an Anthropic Messages body into an OpenAI chat completion body.
+
+    ``system`` becomes a leading system message; ``tool_use`` blocks become the
+    assistant's ``tool_calls`` (``input`` as JSON text); ``tool_result`` blocks
+    become ``tool`` messages placed before the rest of their user turn (Anthropic
+    requires them first); ``image`` blocks become ``image_url`` parts (a
+    ``data:`` URL for base64), which a text-only model answers with a 400 naming
+    it; ``thinking`` blocks are dropped. Tools without both ``name`` and
+    ``input_schema`` (server tools) are dropped; ``tool_choice`` maps ``auto`` ->
+    ``"auto"``, ``any`` -> ``"required"``, ``tool`` -> the named function,
+    ``none`` -> ``"none"``, and ``disable_parallel_tool_use`` ->
+    ``parallel_tool_calls: false``; ``thinking`` sets the template variable
+    ``enable_thinking``; ``stop_sequences`` become ``stop``.
+
+    Args:
+        body (Mapping): a request body validated against ``CreateMessageRequest``
+            or ``CountMessageTokensRequest``.
+
+    Returns:
+        dict: a new chat body; ``body`` is not mutated.
+    """
+    messages = _system(body.get("system"))
+    for message in body["messages"]:
+        messages.extend(_turn(message))
+    chat: dict[str, Any] = {"messages": messages}
+    chat.update((k, body[k]) for k in PASSTHROUGH if body.get(k) is not None)
+    if body.get("stop_sequences"):
+        chat["stop"] = list(body["stop_sequences"])
+    tools = [_tool(t) for t in body.get("tools") or () if "name" in t and "input_schema" in t]
+    if tools:
+        chat["tools"] = tools
+    choice = body.get("tool_choice")
+    if choice is not None:
+        chat["tool_choice"] = _tool_choice(choice)
+        if choice.get("disable_parallel_tool_use") is True:
+            chat["parallel_tool_calls"] = False
+    thinking = body.get("thinking")
+    if thinking is not None:
+        chat["chat_template_kwargs"] = {"enable_thinking": thinking["type"] != "disabled"}
+    return chat
+
+
+def _system(system: str | list[Mapping[str, Any]] | None) -> list[dict[str, Any]]:
+    if not system:
+        return []
+    if isinstance(system, str):
+        return [{"role": "system", "content": system}]
+    return [{"role": "system", "content": [_text_part(b["text"]) for b in system]}]
+
+
+def _turn(message: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One Anthropic turn as OpenAI messages (a user turn with tool results
+    becomes ``tool`` messages, then a user message with what remains)."""
+    role, content = message["role"], message["content"]
+    if isinstance(content, str):
+        return [{"role": role, "content": content}]
+    parts: list[dict[str, Any]] = []
+    tool_calls: list[dict[str, Any]] = []
+    results: list[dict[str, Any]] = []
+    for block in content:
+        kind = block["type"]
+        if kind in _DROPPED_BLOCKS:
+            continue
+        if kind == "tool_use":
+            tool_calls.append(_tool_call(block))
+        elif kind == "tool_result":
+            results.append(_tool_message(block))
+        else:
+            parts.append(_part(block))
+    if role == "assistant":
+        if not parts and not tool_calls:
+            return [{"role": "assistant", "content": ""}]
+        reply: dict[str, Any] = {"role": "assistant", "content": parts or None}
+        if tool_calls:
+            reply["tool_calls"] = tool_calls
+        return [reply]
+    if parts or not results:
+        results.append({"role": "user", "content": parts})
+    return results
+
+
+def _text_part(text: str) -> dict[str, Any]:
+    return {"type": "text", "text": text}
+
+
+def _part(block: Mapping[str, Any]) -> dict[str, Any]:
+    """A content block as an OpenAI content part. Types the chat path does not
+    know pass through unchanged, for the prompt builder to reject by name."""
+    if block["type"] == "text":
+        return _text_part(block["text"])
+    if block["type"] == "image":
+        source = block["source"]
+        url = (
+            f"data:{source['media_type']};base64,{source['data']}"
+            if source["type"] == "base64"
+            else source["url"]
+        )
+        return {"type": "image_url", "image_url": {"url": url}}
+    return dict(block)
+
+
+def _tool_call(block: Mapping[str, Any]) -> dict[str, Any]:
+    arguments = json.dumps(block["input"], ensure_ascii=False)
+    return {
+        "id": block["id"],
+        "type": "function",
+        "function": {"name": block["name"], "arguments": arguments},
+    }
+
+
+def _tool_message(block: Mapping[str, Any]) -> dict[str, Any]:
+    content = block.get("content")
+    if content is None:
+        content = ""
+    elif not isinstance(content, str):
+        content = [_part(b) for b in content]
+    return {"role": "tool", "tool_call_id": block["tool_use_id"], "content": content}
+
+
+def _tool(tool: Mapping[str, Any]) -> dict[str, Any]:
+    function: dict[str, Any] = {"name": tool["name"], "parameters": tool["input_schema"]}
+    if tool.get("description") is not None:
+        function["description"] = tool["description"]
+    return {"type": "function", "function": function}
+
+
+def _tool_choice(choice: Mapping[str, Any]) -> Any:
+    kind = choice["type"]
+    if kind == "tool":
+        return {"type": "function", "function": {"name": choice["name"]}}
+    return {"auto": "auto", "any": "required", "none": "none"}[kind]
