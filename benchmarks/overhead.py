@@ -127,8 +127,13 @@ def plot(result: dict, dest: Path) -> None:
     bars = ax.bar(labels, values, color="#4c72b0")
     for bar, label in zip(bars, labels, strict=True):
         ratio = result["ratio_to_stream_generate"][label]
-        ax.annotate(f"x{ratio:.2f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                    ha="center", va="bottom", fontsize=8)
+        ax.annotate(
+            f"x{ratio:.2f}",
+            (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+            ha="center",
+            va="bottom",
+            fontsize=8,
+        )
     ax.set_ylabel("decode tokens/s (one stream)")
     ax.set_title(f"{result['name']}: {result['device']}", fontsize=9)
     ax.tick_params(axis="x", labelsize=8)
@@ -177,7 +182,10 @@ def main() -> None:
     for label, fn in runs.items():
         rates = [fn() for _ in range(args.repeats)]
         results[label] = max(rates)
-        print(f"{label:16s} {results[label]:8.1f} tok/s  (runs: {', '.join(f'{r:.1f}' for r in rates)})")
+        print(
+            f"{label:16s} {results[label]:8.1f} tok/s  "
+            f"(runs: {', '.join(f'{r:.1f}' for r in rates)})"
+        )
     anchor = results["stream_generate"]
     ratios = {k: round(v / anchor, 3) for k, v in results.items()}
     print("ratio to stream_generate:", ratios)

@@ -383,5 +383,8 @@ def test_reasoning_effort_values(client: httpx.Client) -> None:
         r,
         400,
         param="reasoning_effort",
-        message="reasoning_effort must be one of 'none', 'minimal', 'low', 'medium', 'high', 'xhigh'",
+        message=(
+            "reasoning_effort must be one of "
+            "'none', 'minimal', 'low', 'medium', 'high', 'xhigh'"
+        ),
     )

@@ -337,7 +337,11 @@ def test_every_error_example_is_a_row_of_the_error_table() -> None:
     for name, status, response in _responses():
         media = response.get("content", {}).get("application/json")
         # /metrics is text; the flush route's 503 is its report, not an ErrorResponse
-        if media is None or status == "200" or media["schema"] != {"$ref": "#/components/schemas/ErrorResponse"}:
+        if (
+            media is None
+            or status == "200"
+            or media["schema"] != {"$ref": "#/components/schemas/ErrorResponse"}
+        ):
             continue
         for example in media["examples"].values():
             err = example["value"]["error"]

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import json
-
 import asyncio
+import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any

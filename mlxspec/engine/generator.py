@@ -21,8 +21,8 @@ import functools
 import logging
 import queue
 import threading
-import weakref
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, TypeVar

@@ -5,7 +5,8 @@ They borrow counters and sizes and never touch MLX (no engine work, no lock):
 model fits this machine and the decode rate its memory bandwidth allows;
 ``/metrics`` the Prometheus registry. Sections other components own appear
 when present: ``prompt_cache`` when the engine has a ``prompt_cache`` with
-``stats()`` (and ``ssd_cache`` when it has an SSD tier), ``response_store`` when the app state holds one with ``stats()``.
+``stats()`` (and ``ssd_cache`` when it has an SSD tier), ``response_store``
+when the app state holds one with ``stats()``.
 """
 
 from __future__ import annotations
