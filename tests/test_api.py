@@ -384,7 +384,6 @@ def test_reasoning_effort_values(client: httpx.Client) -> None:
         400,
         param="reasoning_effort",
         message=(
-            "reasoning_effort must be one of "
-            "'none', 'minimal', 'low', 'medium', 'high', 'xhigh'"
+            "reasoning_effort must be one of 'none', 'minimal', 'low', 'medium', 'high', 'xhigh'"
         ),
     )
