@@ -45,6 +45,8 @@ def build_prompt(tokenizer, n_tokens: int, salt: int) -> str:
 
 
 def server_command(kind: str, model: str, port: int, batch: int) -> list[str]:
+    if kind == "mlxspec-nocache":  # the prompt cache's baseline: every prompt prefilled
+        return [*server_command("mlxspec", model, port, batch), "--prompt-cache-bytes", "0"]
     if kind == "mlxspec":
         return [
             sys.executable,
@@ -348,6 +350,19 @@ def summarise(report: dict) -> None:
             f"{kind:8} multi-turn TTFT later/turn1 = {mt['ratio']:.2f} "
             f"(turn1 {mt['turn1_ttft']:.3f}s, later p50 {mt['later_ttft_p50']:.3f}s, "
             f"cached tokens per turn {cached})"
+        )
+    if {"mlxspec", "mlxspec-nocache"} <= servers.keys():
+        cached = servers["mlxspec"]["multi_turn"]["turns"]
+        fresh = servers["mlxspec-nocache"]["multi_turn"]["turns"]
+        per_turn = [a["ttft"] / max(b["ttft"], 1e-9) for a, b in zip(cached, fresh, strict=True)]
+        report["prompt_cache_ttft_ratio"] = {
+            "per_turn": per_turn,
+            "later_turns_p50": pct(per_turn[1:], 0.5),
+        }
+        print(
+            "prompt cache: TTFT with / without the cache per turn "
+            + ", ".join(f"{r:.2f}" for r in per_turn)
+            + f" (later turns p50 {report['prompt_cache_ttft_ratio']['later_turns_p50']:.2f})"
         )
     for r in report.get("ratios_mlxspec_over_mlx_lm", []):
         print(
