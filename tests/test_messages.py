@@ -283,6 +283,14 @@ def test_count_tokens_equals_the_prompt_length(
     assert r.json() == {"input_tokens": 21}
 
 
+@pytest.mark.parametrize("stop", [5, -1, 1.5, True, "x", {"a": 1}])
+def test_count_tokens_ignores_generation_fields_of_any_type(client: httpx.Client, stop) -> None:
+    # a fresh user found a 500 here: stop_sequences was read but never validated
+    r = client.post(COUNT, json={"messages": USER, "stop_sequences": stop, "top_k": "x"})
+    assert r.status_code == 200, r.text
+    assert r.json() == {"input_tokens": 21}
+
+
 # --- errors: Anthropic's envelope, from validation and from the engine ------------
 
 

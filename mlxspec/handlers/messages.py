@@ -56,11 +56,28 @@ async def create_message(body: dict[str, Any]) -> Any:
     return message_body(head, result), 200, JSON
 
 
+#: The fields that shape a Messages prompt (the document's AnthropicPromptParameters).
+PROMPT_FIELDS = frozenset(
+    {
+        "model",
+        "system",
+        "messages",
+        "tools",
+        "tool_choice",
+        "thinking",
+        "session_id",
+        "prompt_cache_key",
+    }
+)
+
+
 async def count_message_tokens(body: dict[str, Any]) -> Any:
     """``{"input_tokens": n}``: the length of the prompt ``createMessage`` would
     run for the same body (same translation and template), without generating."""
     engine = current_engine()
-    chat = to_chat_body(body)
+    # Only the prompt's fields (the ones AnthropicPromptParameters validates) are
+    # read: generation fields are not validated on this route, so never used.
+    chat = to_chat_body({k: v for k, v in body.items() if k in PROMPT_FIELDS})
     options = turn_options(chat)
     # The same rules as open_turn: tools reach the template unless tool_choice is
     # none, and the template variables come from template_kwargs.
