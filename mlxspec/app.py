@@ -147,7 +147,56 @@ class _WithEngine:
             elif method in ("GET", "HEAD"):
                 kept = [(k, v) for k, v in headers if k != b"content-type"]
                 scope = {**scope, "headers": kept}
+            if method == "POST":
+                limit = getattr(self.config, "max_body_bytes", None)
+                body = await _read_capped(receive, limit)
+                if body is None:
+                    await _too_large(scope, send, limit)
+                    return
+                receive = _replay(body, receive)
         await self.app(scope, receive, send)
+
+
+async def _read_capped(receive: Receive, limit: int | None) -> bytes | None:
+    """The whole request body, or ``None`` once it exceeds ``limit`` bytes (read
+    here, before Connexion parses and validates it on the event loop, so an
+    oversized body costs no parsing)."""
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break  # the client left; the app sees an empty body, then the disconnect
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if limit is not None and size > limit:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that yields ``body`` once, then the real channel (disconnects)."""
+    sent = False
+
+    async def replay() -> Any:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+async def _too_large(scope: Scope, send: Send, limit: int | None) -> None:
+    err = ApiError("payload_too_large", f"request body exceeds {limit} bytes")
+    payload = error_json(err, surface_for_path(scope.get("path", ""))).encode()
+    headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
+    headers.append((b"content-length", str(len(payload)).encode()))
+    await send({"type": "http.response.start", "status": err.status, "headers": headers})
+    await send({"type": "http.response.body", "body": payload})
 
 
 def create_app(engine: Any, config: Any = None, *, validate_responses: bool = False) -> Any:

@@ -107,6 +107,12 @@ def _operations_flags(serve: argparse.ArgumentParser) -> None:
         default=[],
         help="comma-separated CORS origins, or '*' (repeatable; default: CORS off)",
     )
+    serve.add_argument(
+        "--max-body-bytes",
+        type=parse_bytes,
+        default=ServeConfig().max_body_bytes,
+        help="largest request body; larger ones get 413 unread (default 16M)",
+    )
 
 
 def _add_cache_flags(serve: argparse.ArgumentParser) -> None:
@@ -209,6 +215,7 @@ def parse_config(argv: Sequence[str] | None = None) -> ServeConfig:
         memory_budget=args.memory_budget,
         api_key=args.api_key or None,  # an empty key would lock every client out
         allowed_origins=tuple(o for group in args.allowed_origins for o in group),
+        max_body_bytes=args.max_body_bytes,
         prompt_cache_bytes=args.prompt_cache_bytes,
         ssd_cache=args.ssd_cache,
         ssd_cache_bytes=args.ssd_cache_bytes,

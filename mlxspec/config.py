@@ -37,6 +37,8 @@ class ServeConfig:
         api_key (str | None): when set, every route but ``/health`` and the
             document needs ``Authorization: Bearer`` or ``x-api-key`` with it.
             Kept out of ``repr``. Default: ``None``.
+        max_body_bytes (int): largest request body; a larger one is answered
+            413 before anything parses it. Default: 16 MiB.
         allowed_origins (tuple[str, ...]): CORS origins (``"*"`` for any);
             empty turns CORS off. Default: ``()``.
         prompt_cache_bytes (int): RAM budget of the prompt cache (prefix KV
@@ -67,6 +69,7 @@ class ServeConfig:
     memory_budget: int | None = None
     api_key: str | None = field(default=None, repr=False)
     allowed_origins: tuple[str, ...] = ()
+    max_body_bytes: int = 16 * 2**20
     # Prompt cache.
     prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES
     ssd_cache: str | None = None

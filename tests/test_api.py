@@ -69,6 +69,11 @@ def test_api_index_and_document(client: httpx.Client) -> None:
     assert index["name"] == "mlxspec" and index["model"] == "tiny-llama"
     assert "POST /v1/chat/completions" in index["endpoints"]
     doc = client.get("/openapi.json").json()
+    operations = {
+        f"{method.upper()} {path}" for path, item in doc["paths"].items() for method in item
+    }
+    assert set(index["endpoints"]) == operations | {"GET /openapi.json"}
+    assert "DELETE /v1/responses/{response_id}" in index["endpoints"]
     assert doc["openapi"].startswith("3.1")
     assert "/v1/chat/completions" in doc["paths"]
 

@@ -393,13 +393,14 @@ def test_every_stream_documents_each_frame_kind() -> None:
 
 
 def test_generation_routes_declare_every_status_the_app_can_give() -> None:
-    # 400 (schema, JSON, context window, context cap), 401 (API key), 415 (Content-Type),
-    # 429 (queue), 499 (client left), 500.
+    # 400 (schema, JSON, context window, context cap), 401 (API key), 413 (body size),
+    # 415 (Content-Type), 429 (queue), 499 (client left), 500.
     for path in (CHAT, COMP):
         assert set(SPEC["paths"][path]["post"]["responses"]) == {
             "200",
             "400",
             "401",
+            "413",
             "415",
             "429",
             "499",

@@ -22,10 +22,11 @@ REGISTRY = Registry().with_resource(
 )
 HTTP_METHODS = {"get", "put", "post", "delete", "options", "head", "patch", "trace"}
 
-GENERATION_CODES = {"200", "400", "401", "415", "429", "499", "500"}
+GENERATION_CODES = {"200", "400", "401", "413", "415", "429", "499", "500"}
 #: GET routes behind the API key (all but /health).
 READ_CODES = {"200", "400", "401", "500"}
-FORWARD_CODES = {"200", "400", "401", "415", "499", "500"}  # scoring and embeddings: no queue
+#: Scoring and embeddings: no generation queue, so no 429.
+FORWARD_CODES = {"200", "400", "401", "413", "415", "499", "500"}
 OPERATIONS = [
     # method, path, operationId, router controller, tag, response codes
     (
@@ -58,7 +59,7 @@ OPERATIONS = [
         "countMessageTokens",
         "mlxspec.handlers.messages",
         "messages",
-        {"200", "400", "401", "415", "500"},
+        {"200", "400", "401", "413", "415", "500"},
     ),
     ("get", "/v1/models", "listModels", "mlxspec.handlers.models", "models", READ_CODES),
     (
@@ -104,7 +105,7 @@ OPERATIONS = [
         "closeCacheSession",
         "mlxspec.handlers.admin",
         "admin",
-        {"200", "400", "401", "415", "500"},
+        {"200", "400", "401", "413", "415", "500"},
     ),
     (
         "post",

@@ -7,27 +7,21 @@ from typing import Any
 from starlette.responses import Response
 
 from mlxspec import __version__
+from mlxspec.openapi import load_spec
 
 from .common import current_engine
 
-ENDPOINTS = [
-    "POST /v1/chat/completions",
-    "POST /v1/completions",
-    "POST /v1/responses",
-    "GET /v1/responses/{response_id}",
-    "POST /v1/messages",
-    "POST /v1/messages/count_tokens",
-    "POST /v1/embeddings",
-    "POST /v1/decisions",
-    "POST /v1/systemone",
-    "GET /v1/models",
-    "GET /v1/models/{model_id}",
-    "GET /health",
-    "GET /stats",
-    "GET /fit",
-    "GET /metrics",
-    "GET /openapi.json",
-]
+
+def _endpoints() -> list[str]:
+    """``"METHOD /path"`` of every operation in the document, plus the document
+    itself: read from the document, so the index cannot drift from it."""
+    methods = ("get", "post", "put", "patch", "delete")
+    paths = load_spec()["paths"]
+    routes = [f"{m.upper()} {path}" for path, item in paths.items() for m in methods if m in item]
+    return [*routes, "GET /openapi.json"]
+
+
+ENDPOINTS = _endpoints()
 
 
 HEALTH_BODY = b'{"status": "ok"}'
