@@ -210,7 +210,8 @@ def test_conversation_with_system_tools_and_tool_results(
     sdk: anthropic.Anthropic, client: httpx.Client
 ) -> None:
     """A tool round trip's second request runs on the chat path (the tiny
-    template ignores tools; the tool-template e2e lives with the tool parsers)."""
+    template ignores tools, so both describe them in the system message; the
+    tool-template e2e lives with the tool parsers)."""
     messages = [
         {"role": "user", "content": "weather in Paris?"},
         {
@@ -258,6 +259,16 @@ def test_conversation_with_system_tools_and_tool_results(
                     ],
                 },
                 {"role": "tool", "tool_call_id": "toolu_1", "content": "18C"},
+            ],
+            "tools": [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": "get_weather",
+                        "description": "Weather.",
+                        "parameters": {"type": "object"},
+                    },
+                }
             ],
             "max_tokens": 3,
             **GREEDY,

@@ -86,3 +86,34 @@ def test_no_template_is_a_prompt_error() -> None:
     tok.chat_template = None
     with pytest.raises(PromptError, match="no chat template"):
         render_chat(tok, [])
+
+
+TOOL = {
+    "type": "function",
+    "function": {"name": "get_weather", "parameters": {"type": "object"}},
+}
+
+
+def test_tools_reach_a_template_that_ignores_them_as_a_system_message(tiny_engine) -> None:
+    # A fresh user found the embedded model's template silently dropping `tools`.
+    from mlxspec.engine.prompt import template_renders_tools, with_tool_instruction
+
+    tok = tiny_engine.tokenizer
+    assert not template_renders_tools(tok.chat_template)
+    user = [{"role": "user", "content": "hi"}]
+    ids = tiny_engine.chat_prompt(user, [TOOL])
+    text = tok.decode(ids)
+    assert text.startswith(
+        '<|im_start|>system\nFunctions you may call:\n[{"name":"get_weather",'
+        '"parameters":{"type":"object"}}]\nTo call one, reply <tool_call>'
+    )
+    assert len(ids) > len(tiny_engine.chat_prompt(user))
+    merged = with_tool_instruction([{"role": "system", "content": "Be brief."}, *user], [TOOL])
+    assert merged[0]["content"].startswith("Be brief.\n\nFunctions you may call:")
+    assert merged[1:] == user
+
+
+def test_a_template_that_renders_tools_gets_them_as_is() -> None:
+    from mlxspec.engine.prompt import template_renders_tools
+
+    assert template_renders_tools("{% for t in tools %}{{ t }}{% endfor %}")

@@ -207,8 +207,8 @@ def test_function_tools_and_tool_choice_are_accepted(sdk) -> None:
         {
             "type": "function",
             "name": "get_weather",
-            "description": "Weather for a city.",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+            "description": "Weather.",
+            "parameters": {"type": "object"},  # the tiny model's window is 256 tokens
             "strict": False,
         },
         {"type": "web_search"},

@@ -381,8 +381,11 @@ class _Tok:
         ("[AVAILABLE_TOOLS][TOOL_CALLS]", ParserChoice("mistral")),
         ("<|python_tag|>{{ x }}", ParserChoice("llama3_json")),
         ("[func_name1(params_name1=params_value1)]", ParserChoice("pythonic_bare")),
-        ("<|im_start|>{{ m }}<think>", ParserChoice(None, "think")),
-        ("plain {{ m }}", ParserChoice()),
+        # templates that never read `tools` get the Hermes convention the prompt then uses
+        ("<|im_start|>{{ m }}<think>", ParserChoice("hermes", "think")),
+        ("plain {{ m }}", ParserChoice("hermes")),
+        # a template that renders tools in a format we do not know is not parsed
+        ("{% for t in tools %}{{ t }}{% endfor %}{{ m }}", ParserChoice()),
     ],
 )
 def test_detect_from_template(template: str, choice: ParserChoice) -> None:

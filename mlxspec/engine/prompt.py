@@ -110,6 +110,8 @@ def render_chat(
     """
     if not getattr(tokenizer, "chat_template", None):
         raise PromptError("model has no chat template; use /v1/completions", param="messages")
+    if tools and not template_renders_tools(tokenizer.chat_template):
+        messages, tools = with_tool_instruction(messages, tools), None
     try:
         text = tokenizer.apply_chat_template(
             messages,
@@ -124,6 +126,47 @@ def render_chat(
     if not tokens:  # e.g. a chat_template_kwargs "chat_template" that renders nothing
         raise PromptError("the chat template rendered an empty prompt", param="messages")
     return tokens
+
+
+def template_renders_tools(template: Any) -> bool:
+    """Whether a chat template reads the ``tools`` variable at all (a template
+    that does not would silently drop the request's tool definitions).
+
+    Args:
+        template: the tokenizer's ``chat_template`` (a string, or a list/dict of
+            named templates as some tokenizer configs store them).
+    """
+    return "tools" in str(template)
+
+
+#: The instruction that carries tools to a model whose template ignores them:
+#: the Hermes ``<tool_call>`` convention, which the hermes parser then reads.
+TOOL_INSTRUCTION = (
+    "Functions you may call:\n{tools}\n"
+    'To call one, reply <tool_call>{{"name":...,"arguments":{{...}}}}</tool_call>'
+)
+
+
+def with_tool_instruction(messages: list[dict], tools: list) -> list[dict]:
+    """``messages`` with the tool definitions described in the leading system
+    message (merged into an existing one), for templates that do not render
+    ``tools`` (llama.cpp's server does the same for such templates).
+
+    Args:
+        messages (list[dict]): normalized chat messages.
+        tools (list): OpenAI tool definitions.
+
+    Returns:
+        list[dict]: a new list; ``messages`` is not mutated.
+    """
+    described = [t.get("function", t) for t in tools]
+    listed = json.dumps(described, ensure_ascii=False, separators=(",", ":"))
+    text = TOOL_INSTRUCTION.format(tools=listed)
+    if messages and messages[0].get("role") == "system":
+        first = dict(messages[0])
+        first["content"] = f"{first.get('content') or ''}\n\n{text}".strip()
+        return [first, *messages[1:]]
+    return [{"role": "system", "content": text}, *messages]
 
 
 def dedupe_bos(tokens: list[int], bos_id: int | None) -> list[int]:

@@ -125,7 +125,8 @@ def detect(tokenizer: Any) -> ParserChoice:
     Tool format: mlx-lm's own inference first (``TokenizerWrapper.tool_parser``,
     from ``tool_parser_type`` in tokenizer_config.json or the chat template),
     then the template markers mlx-lm does not look for (Hermes without
-    ``tool_call.name``, Llama 3 JSON, Llama pythonic). Reasoning: mlx-lm's
+    ``tool_call.name``, Llama 3 JSON, Llama pythonic); a template that never
+    reads ``tools`` gets Hermes, the convention the prompt then uses. Reasoning: mlx-lm's
     ``think_start`` (a think token in the vocabulary) or ``<think>`` in the template.
 
     Args:
@@ -144,6 +145,10 @@ def detect(tokenizer: Any) -> ParserChoice:
         tool = _FROM_MLX_LM.get(short, short if short in TOOL_PARSERS else None)
     if tool is None:
         tool = _tool_from_template(template)
+    if tool is None and "tools" not in template:
+        # the template drops tools, so the prompt describes them with the Hermes
+        # convention (engine.prompt.with_tool_instruction): read replies that way
+        tool = "hermes"
     start = getattr(tokenizer, "think_start", None)
     if not isinstance(start, str):
         start = next((m for m in _THINK_MARKERS if m in template), None)
