@@ -336,7 +336,20 @@ def serve(config: ServeConfig) -> int:
             )
     finally:
         _stop_engine(engine)
-    return 0
+    _exit_after_shutdown()
+    return 0  # not reached
+
+
+def _exit_after_shutdown() -> None:
+    """End the process once the requests are drained, the engine thread is
+    joined and the prompt cache is durable, skipping interpreter teardown: MLX's
+    C++ teardown at exit can abort ("terminate called without an active
+    exception", SIGABRT) while a helper thread it knows is still alive, which
+    would turn a clean shutdown into exit status -6."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 class _ShutdownSignal(Exception):
