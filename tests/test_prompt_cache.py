@@ -4,6 +4,7 @@ eviction, namespaces, sessions and the SSD tier across a restart."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -269,3 +270,39 @@ def test_ssd_disk_budget_keeps_the_newest_snapshot(tiny_engine, tmp_path) -> Non
     (path,) = list(ssd.directory.iterdir())
     assert read_snapshot_header(path)[1] == tuple(tiny_engine.text_prompt("cccc dddd"))
     assert SsdCache(ssd.directory).stats()["entries"] == 1  # the index rebuilt from disk
+
+
+def test_n_siblings_share_one_prefill(tiny_model_dir) -> None:
+    """``shared_prefill`` (the n choices of one body): the prompt is prefilled
+    once into the cache and every sibling starts from it, same text as alone."""
+    cache = PromptCache(64 << 20)
+    engine = make_engine(tiny_model_dir, 4, cache)
+    plain = make_engine(tiny_model_dir, 1, PromptCache(0))
+    try:
+        base = request(engine, "shared prefill for three choices, once", logits=NO_EOS)
+        siblings = [replace(base, shared_prefill=True) for _ in range(3)]
+        together = run_concurrently(engine, siblings)
+        prompt = len(base.prompt)
+        # every sibling, the first included, starts from the one kept prefill
+        assert [f.cached_tokens for _, f in together] == [prompt - 1] * 3
+        assert cache.stats()["misses"] == 0 and cache.stats()["hits"] == 3
+        assert [t for t, _ in together] == [run(plain, base)[0]] * 3
+        assert {f.lane for _, f in together} == {"batched"}
+    finally:
+        engine.close()
+        plain.close()
+
+
+def test_shared_prefill_flag_follows_n() -> None:
+    from mlxspec.engine import GenerationDefaults
+    from mlxspec.handlers.common import to_generation_request
+
+    def flag(body: dict) -> bool:
+        return to_generation_request(body, [1, 2, 3], GenerationDefaults()).shared_prefill
+
+    assert (flag({}), flag({"n": 1}), flag({"n": None}), flag({"n": 2})) == (
+        False,
+        False,
+        False,
+        True,
+    )

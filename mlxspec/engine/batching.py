@@ -66,6 +66,8 @@ class BatchLane:
     ) -> None:
         from mlx_lm.generate import BatchGenerator
 
+        self._model = model
+        self._prefill_step = prefill_step
         self._tokenizer = tokenizer
         self._eos = eos
         self._xtc_special = xtc_special
@@ -90,6 +92,8 @@ class BatchLane:
         req = handle.request
         cache, cached = None, 0
         if self._cache is not None and self._namespace is not None:
+            if req.shared_prefill:
+                self._prefill_once(req.prompt, req.session)
             cache, cached = self._cache.fetch(self._namespace, req.prompt, req.session)
         grammar = None if self._grammars is None else self._grammars.for_request(req.constraint)
         # The grammar mask goes last: after penalties and logit_bias.
@@ -105,6 +109,29 @@ class BatchLane:
         self._rows[uid] = Row(
             handle, self._tokenizer, self._eos, lane="batched", cached=cached, grammar=grammar
         )
+
+    def _prefill_once(self, prompt: tuple[int, ...], session: str | None) -> None:
+        """Keep the KV cache of ``prompt[:-1]`` in the prompt cache unless it is
+        there already, so the ``n`` sibling requests of one body prefill the
+        prompt once and each starts from a copy (their ``fetch`` hits it).
+
+        Runs the prefill here, in ``prefill_step`` chunks (mlx-lm's model call
+        with a ``make_prompt_cache`` cache); a cache too large for the budget is
+        not kept, and each sibling then prefills as usual.
+        """
+        import mlx.core as mx
+        from mlx_lm.models.cache import make_prompt_cache
+
+        assert self._cache is not None and self._namespace is not None
+        head = prompt[:-1]
+        if len(head) < 2 or self._cache.covered(self._namespace, prompt) >= len(head):
+            return
+        cache = make_prompt_cache(self._model)
+        tokens = mx.array(head, dtype=mx.uint32)[None]
+        for start in range(0, len(head), self._prefill_step):
+            self._model(tokens[:, start : start + self._prefill_step], cache=cache)
+            mx.eval([c.state for c in cache])
+        self._cache.store(self._namespace, head, cache, session)
 
     def step(self) -> None:
         """Drop cancelled requests, then run one prefill/decode step and route its tokens."""

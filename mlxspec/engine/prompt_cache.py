@@ -172,6 +172,15 @@ class PromptCache:
                 self._counts["hit_tokens"] += found[1]
         return found
 
+    def covered(self, namespace: CacheNamespace, prompt: Sequence[int]) -> int:
+        """How many leading tokens of ``prompt`` the best kept RAM entry holds: a
+        lookup only (no copy; no hit or miss counted, one prefix scan). ``0``
+        when disabled."""
+        if not self.enabled:
+            return 0
+        with self._lock:
+            return self._best_in_ram(namespace, prompt, None)[1]
+
     def _best_in_ram(
         self, namespace: CacheNamespace, prompt: Sequence[int], session: str | None
     ) -> tuple[Key | None, int]:

@@ -102,6 +102,10 @@ class GenerationRequest:
         session (str | None): prompt-cache session label (``session_id``,
             ``prompt_cache_key`` or an affinity header). Default: ``None``.
         constraint (Constraint | None): grammar the output must match. Default: ``None``.
+        shared_prefill (bool): sibling requests on the same prompt follow (the
+            ``n`` choices of one request): the batched lane prefills the prompt
+            once into the prompt cache and every sibling starts from it.
+            Default: ``False``.
     """
 
     prompt: tuple[int, ...]
@@ -113,6 +117,7 @@ class GenerationRequest:
     top_logprobs: int = 0
     session: str | None = None
     constraint: Constraint | None = None
+    shared_prefill: bool = False
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,12 @@
 """``n`` choices per request, shared by chat and text completions.
 
 Each choice is its own engine request on the same prompt; the engine batches
-them (continuous batching), so they decode together. Prefill is not shared
-yet: every choice prefills the prompt (a prompt cache with prefix reuse
-removes that cost). With a ``seed``, choice i samples with ``seed + i`` so the
-choices differ and the whole request stays reproducible; greedy decoding
-gives n identical choices, as it should.
+them (continuous batching), so they decode together. The requests are marked
+``shared_prefill``: the batched lane prefills the prompt once into the prompt
+cache and every choice starts from that KV cache (seeded choices run one after
+another on the serial lane and find the previous choice's cache). With a
+``seed``, choice i samples with ``seed + i`` so the choices differ and the
+whole request stays reproducible; greedy decoding gives n identical choices.
 """
 
 from __future__ import annotations

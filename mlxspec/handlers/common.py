@@ -115,6 +115,8 @@ def to_generation_request(
         top_logprobs=_top_logprobs(body),
         session=session,
         constraint=to_constraint(body),
+        # n > 1: the choices are sibling requests on one prompt (handlers.choices)
+        shared_prefill=int(body.get("n") or 1) > 1,
     )
 
 
