@@ -14,26 +14,11 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from .common import SAMPLER_FIELDS, SESSION_FIELDS
+
 #: Fields copied unchanged: Anthropic's sampling fields, mlx-lm's extras (no
 #: ``logit_bias``: the protocol has none) and the prompt-cache session labels.
-PASSTHROUGH = (
-    "max_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "seed",
-    "min_p",
-    "xtc_probability",
-    "xtc_threshold",
-    "repetition_penalty",
-    "repetition_context_size",
-    "presence_penalty",
-    "presence_context_size",
-    "frequency_penalty",
-    "frequency_context_size",
-    "session_id",
-    "prompt_cache_key",
-)
+PASSTHROUGH = ("max_tokens", *SAMPLER_FIELDS, *SESSION_FIELDS)
 
 #: Prior-turn reasoning the client sends back; a template must not see it again.
 _DROPPED_BLOCKS = {"thinking", "redacted_thinking"}

@@ -41,6 +41,28 @@ SYSTEM_FINGERPRINT = f"mlxspec-{__version__}"
 T = TypeVar("T")
 
 
+#: mlx_lm.server's sampler and penalty fields: the chat-shaped surfaces
+#: (Anthropic Messages, Responses) carry them onto the chat body unchanged.
+SAMPLER_FIELDS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "repetition_penalty",
+    "repetition_context_size",
+    "presence_penalty",
+    "presence_context_size",
+    "frequency_penalty",
+    "frequency_context_size",
+    "xtc_probability",
+    "xtc_threshold",
+)
+
+#: The body fields that label a prompt-cache session (see :func:`session_key`).
+SESSION_FIELDS = ("session_id", "prompt_cache_key")
+
+
 def current_engine() -> Engine:
     """The engine serving this request (placed in the ASGI scope by the app)."""
     return scope["state"]["engine"]

@@ -16,28 +16,17 @@ from typing import Any
 
 from mlxspec.response_store import Conversation
 
+from .common import SAMPLER_FIELDS, SESSION_FIELDS
+
 #: Fields carried to the chat body as they are: the sampler and penalty
 #: extensions, stop strings, the parser switches and the cache-session labels.
 CARRIED_FIELDS = (
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "seed",
+    *SAMPLER_FIELDS,
     "logit_bias",
-    "repetition_penalty",
-    "repetition_context_size",
-    "presence_penalty",
-    "presence_context_size",
-    "frequency_penalty",
-    "frequency_context_size",
-    "xtc_probability",
-    "xtc_threshold",
     "stop",
     "parallel_tool_calls",
     "chat_template_kwargs",
-    "session_id",
-    "prompt_cache_key",
+    *SESSION_FIELDS,
 )
 
 #: Content part types that carry text, and the key holding it.

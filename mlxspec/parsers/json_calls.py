@@ -225,15 +225,28 @@ class JsonCallsBlock:
         self.pos = colon + 1
         return key
 
+    def _read_key(self) -> str | None:
+        """:meth:`_key`, marking the call broken on a malformed key; ``None``
+        when there is no key yet (wait) or it is broken."""
+        key = self._key()
+        if key is False:
+            self.broken = True
+        return key if isinstance(key, str) else None
+
+    def _close_arguments(self, out: list[ParserDelta]) -> None:
+        """Close the arguments object, emitting whatever the writer still holds."""
+        assert self.writer is not None
+        fragment = self.writer.close()
+        if fragment:
+            out.append(CallArguments(fragment))
+
     def _env_key(self, out: list[ParserDelta]) -> bool:
         if self._skip(_WS + ",") == "}":
             self.pos += 1
             self._end_call(out)
             return True
-        key = self._key()
-        if key is False:
-            self.broken = True
-        if not isinstance(key, str):
+        key = self._read_key()
+        if key is None:
             return False
         self.key, self.state = key, "env_value"
         return True
@@ -275,8 +288,7 @@ class JsonCallsBlock:
         if self.writer is None:  # an envelope with no name is not a call
             self.broken = True
             return
-        fragment = self.writer.close()
-        out += [CallArguments(fragment)] if fragment else []
+        self._close_arguments(out)
         out.append(CallEnd())
         self.writer, self.state = None, "between"
 
@@ -285,13 +297,10 @@ class JsonCallsBlock:
         if self._skip(_WS + ",") == "}":
             self.pos += 1
             self.state = "env_key"
-            fragment = self.writer.close()
-            out += [CallArguments(fragment)] if fragment else []
+            self._close_arguments(out)
             return True
-        key = self._key()
-        if key is False:
-            self.broken = True
-        if not isinstance(key, str):
+        key = self._read_key()
+        if key is None:
             return False
         self.arg_key, self.state = key, "arg_value"
         return True
