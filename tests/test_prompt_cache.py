@@ -306,3 +306,51 @@ def test_shared_prefill_flag_follows_n() -> None:
         False,
         True,
     )
+
+
+def test_worth_using_needs_a_tenth_of_the_prompt_or_1024_tokens() -> None:
+    cache = PromptCache(1 << 20)
+    assert (cache.min_hit_fraction, cache.min_hit_tokens) == (0.1, 1024)
+    assert [cache.worth_using(c, 1029) for c in (0, 25, 102, 103, 1028)] == [
+        False,
+        False,
+        False,
+        True,
+        True,
+    ]
+    assert cache.worth_using(1024, 20_000) and not cache.worth_using(1023, 20_000)
+    assert PromptCache(1 << 20, min_hit_fraction=0.5).worth_using(10, 30) is False
+
+
+def test_a_hit_too_small_to_pay_is_a_miss(tiny_engine) -> None:
+    """Only a short head in common (under 10% of the prompt): no copy is handed
+    out, the request prefills from scratch and counts as a miss."""
+    ns = CacheNamespace("tiny-llama")
+    cache = PromptCache(1 << 30)
+    run_into(tiny_engine, cache, SHARED + "first")
+    tokens = tiny_engine.text_prompt(SHARED + "first")
+    filler = [tokens[-1]] * 100
+    assert cache.fetch(ns, tokens[:5] + filler) == (None, 0)
+    kv, got = cache.fetch(ns, tokens[:20] + filler)  # 20 of 120 tokens
+    assert got == 20 and kv is not None and kv[0].offset == 20
+    stats = cache.stats()
+    assert (stats["hits"], stats["misses"], stats["hit_tokens"]) == (1, 1, 20)
+    lenient = PromptCache(1 << 30, min_hit_tokens=5)
+    run_into(tiny_engine, lenient, SHARED + "first")
+    assert lenient.fetch(ns, tokens[:5] + filler)[1] == 5
+
+
+def test_kept_entries_are_evaluated_without_blocking_the_store(tiny_engine) -> None:
+    """``store`` queues the compaction (``async_eval``); what it keeps holds
+    exactly the stored tokens and serves a later exact hit."""
+    import mlx.core as mx
+
+    ns = CacheNamespace("tiny-llama")
+    cache = PromptCache(1 << 30)
+    run_into(tiny_engine, cache, SHARED)
+    tokens = tiny_engine.text_prompt(SHARED)
+    kv, got = cache.fetch(ns, tokens)
+    assert got == len(tokens) - 1
+    mx.eval([c.state for c in kv])
+    assert [c.keys.shape[2] for c in kv] == [len(tokens)] * len(kv)
+    assert cache.stats()["bytes"] == sum(c.nbytes for c in kv)

@@ -39,6 +39,11 @@ from .types import LogitsParams
 #: Default RAM budget for kept KV caches, bytes (``--prompt-cache-bytes``).
 DEFAULT_PROMPT_CACHE_BYTES = 1 << 30
 
+#: A hit is used only when it covers at least this fraction of the prompt...
+MIN_HIT_FRACTION = 0.1
+#: ...or at least this many tokens (see :meth:`PromptCache.worth_using`).
+MIN_HIT_TOKENS = 1024
+
 
 class CacheNamespace(NamedTuple):
     """What must match for a kept KV cache to be valid for a request.
@@ -72,10 +77,17 @@ def cache_length(cache: list[Any]) -> int | None:
     return int(offsets.pop())
 
 
-def _compact(cache: list[Any]) -> None:
-    """Shrink KV buffers to the tokens they hold and evaluate them, on the
-    engine thread, so kept entries waste no step padding and the SSD writer
-    thread only serializes finished arrays (it runs no MLX computation)."""
+def _compact(cache: list[Any], wait: bool) -> None:
+    """Shrink KV buffers to the tokens they hold, so kept entries waste no step
+    padding, and schedule their evaluation (engine thread).
+
+    ``wait=False`` queues the copy with ``mx.async_eval`` instead of blocking:
+    in the serial lane ``generate_step`` has the next decode step in flight
+    when a request ends, and ``mx.eval`` here waited for it (a whole decode
+    step, ~0.2 s on the embedded model on this CPU) before the request's
+    ``Finished`` went out. ``wait=True`` is for the SSD writer thread, which
+    only serializes finished arrays (it runs no MLX computation).
+    """
     import mlx.core as mx
     from mlx_lm.models.cache import KVCache
 
@@ -83,7 +95,11 @@ def _compact(cache: list[Any]) -> None:
         if type(c) is KVCache and c.keys is not None and c.offset < c.keys.shape[2]:
             c.keys = mx.contiguous(c.keys[..., : c.offset, :])
             c.values = mx.contiguous(c.values[..., : c.offset, :])
-    mx.eval([c.state for c in cache])
+    state = [c.state for c in cache]
+    if wait:
+        mx.eval(state)
+    else:
+        mx.async_eval(state)
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -103,13 +119,25 @@ class PromptCache:
         max_bytes (int): RAM budget in bytes; ``0`` disables the cache (no
             lookups, nothing kept). Default: :data:`DEFAULT_PROMPT_CACHE_BYTES`.
         ssd (SsdCache | None): durable tier for snapshots. Default: ``None``.
+        min_hit_fraction (float): smallest share of the prompt a hit must
+            cover to be used. Default: :data:`MIN_HIT_FRACTION`.
+        min_hit_tokens (int): a hit covering this many tokens is used whatever
+            its share. Default: :data:`MIN_HIT_TOKENS`.
     """
 
-    def __init__(self, max_bytes: int = DEFAULT_PROMPT_CACHE_BYTES, ssd: SsdCache | None = None):
+    def __init__(
+        self,
+        max_bytes: int = DEFAULT_PROMPT_CACHE_BYTES,
+        ssd: SsdCache | None = None,
+        min_hit_fraction: float = MIN_HIT_FRACTION,
+        min_hit_tokens: int = MIN_HIT_TOKENS,
+    ):
         from mlx_lm.models.cache import PromptTrie
 
         self.max_bytes = max_bytes
         self.ssd = ssd
+        self.min_hit_fraction = min_hit_fraction
+        self.min_hit_tokens = min_hit_tokens
         self._trie = PromptTrie()
         self._entries: OrderedDict[Key, _Entry] = OrderedDict()
         self._sessions: dict[str, Key] = {}
@@ -163,7 +191,10 @@ class PromptCache:
                 tokens, cache = restored
                 covered = common_prefix(tokens, prompt)
                 key, entry = (namespace, tokens), self._keep(namespace, tokens, cache)
-        found = self._private_copy(key, entry, min(covered, len(prompt) - 1))
+        usable = min(covered, len(prompt) - 1)
+        if not self.worth_using(usable, len(prompt)):
+            usable = 0  # a miss: prefilling from scratch is cheaper
+        found = self._private_copy(key, entry, usable)
         with self._lock:
             if found[0] is None:
                 self._counts["misses"] += 1
@@ -171,6 +202,35 @@ class PromptCache:
                 self._counts["hits"] += 1
                 self._counts["hit_tokens"] += found[1]
         return found
+
+    def worth_using(self, cached: int, prompt_tokens: int) -> bool:
+        """Whether a hit of ``cached`` tokens pays for itself on a prompt of
+        ``prompt_tokens``: it covers at least ``min_hit_fraction`` of the
+        prompt or at least ``min_hit_tokens`` tokens.
+
+        A hit is not free: with it, the prefill of the rest runs on new
+        attention shapes (query length, key length and the kept buffer's
+        strides), and mlx-cuda builds a cuDNN attention graph per new shape
+        (``SDPACacheKey`` in mlx's ``backend/cuda/scaled_dot_product_attention``).
+        On the H200 (7.4B, ``benchmarks/README.md``) a 25-token hit on a
+        1029-token prompt (the chat template's head, 2.4%) took TTFT from
+        0.12 s to 1.35 s in the batched lane and from 0.094 s to 0.249 s in the
+        serial lane, while a hit on 1029 of 1140 tokens cost ~0.15 s in all.
+        Saving 10% of a prompt, or 1024 tokens (~0.1 s of 7.4B prefill on
+        the H200), is where a hit starts to pay for that. On this CPU the
+        copy and trim cost 1-3 ms (``benchmarks/hit_path.py``), so the rule is
+        set by the GPU.
+
+        Args:
+            cached (int): prompt tokens the hit would serve.
+            prompt_tokens (int): the prompt's length.
+
+        Returns:
+            bool: True if the hit should be used.
+        """
+        if cached <= 0:
+            return False
+        return cached >= self.min_hit_tokens or cached >= self.min_hit_fraction * prompt_tokens
 
     def covered(self, namespace: CacheNamespace, prompt: Sequence[int]) -> int:
         """How many leading tokens of ``prompt`` the best kept RAM entry holds: a
@@ -247,7 +307,7 @@ class PromptCache:
 
         if not self.enabled or len(tokens) < 2 or cache_length(cache) != len(tokens):
             return
-        _compact(cache)
+        _compact(cache, wait=self.ssd is not None)
         key_tokens = tuple(tokens)
         self._keep(namespace, key_tokens, cache, session)
         if self.ssd is not None:
