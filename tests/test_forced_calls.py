@@ -34,6 +34,7 @@ from mlxspec.handlers.turns import (
     TurnParser,
 )
 from mlxspec.parsers import ParserChoice
+from tests.helpers import scripted_tool_server
 
 WEATHER = {
     "type": "function",
@@ -416,9 +417,8 @@ def test_uncompilable_forcing_grammar_degrades_on_every_surface(real: Real) -> N
 
 @pytest.fixture(scope="module")
 def scripted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ScriptedEngine, Any]]:
-    folder = build_tool_model(tmp_path_factory.mktemp("scripted") / "hermes", "hermes")
-    engine = ScriptedEngine(folder)
-    with LiveServer(create_app(engine, validate_responses=True)) as server:
+    folder = tmp_path_factory.mktemp("scripted") / "hermes"
+    with scripted_tool_server(folder, "hermes") as (engine, server):
         with checking_client(server.base, timeout=30) as client:
             yield engine, client
 
