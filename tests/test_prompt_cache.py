@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from mlxspec.engine import Delta, Engine, Finished, GenerationRequest, LogitsParams
-from mlxspec.engine.prompt_cache import CacheNamespace, PromptCache, with_history
+from mlxspec.engine.prompt_cache import CacheNamespace, PromptCache, bucket_tail, with_history
 from mlxspec.engine.ssd_cache import SsdCache, read_snapshot_header
 
 #: Forbid EOS (token 2, ``<|im_end|>``) so every run generates its full budget.
@@ -354,3 +354,26 @@ def test_kept_entries_are_evaluated_without_blocking_the_store(tiny_engine) -> N
     mx.eval([c.state for c in kv])
     assert [c.keys.shape[2] for c in kv] == [len(tokens)] * len(kv)
     assert cache.stats()["bytes"] == sum(c.nbytes for c in kv)
+
+
+def test_bucket_tail_rounds_the_prefill_up_to_a_power_of_two() -> None:
+    # H200 turn 2: 1029 of 1140 tokens cached, 110 to prefill -> 128
+    assert bucket_tail(1029, 1140) == 1011
+    assert [bucket_tail(u, 100) for u in (99, 98, 97, 96, 95)] == [99, 98, 97, 95, 95]
+    assert (bucket_tail(488, 1000), bucket_tail(487, 1000)) == (487, 487)  # 511, 512 -> 512
+    assert bucket_tail(400, 1000) == 400  # 599 to prefill: over the largest bucket
+    assert (bucket_tail(30, 40), bucket_tail(5, 40)) == (23, 0)  # 9 -> 16; 34 -> 64 > 39
+
+
+def test_tails_are_bucketed_only_when_asked(tiny_engine) -> None:
+    ns = CacheNamespace("tiny-llama")
+    tokens = tiny_engine.text_prompt(SHARED + "first")
+    prompt = tokens + [tokens[-1]] * 10  # 11 tokens after the kept ones
+    plain = PromptCache(1 << 30)
+    assert plain.bucket_tails is False  # MLX computes on the CPU here
+    run_into(tiny_engine, plain, SHARED + "first")
+    assert plain.fetch(ns, prompt)[1] == len(tokens)
+    bucketed = PromptCache(1 << 30, bucket_tails=True)
+    run_into(tiny_engine, bucketed, SHARED + "first")
+    kv, got = bucketed.fetch(ns, prompt)
+    assert got == len(prompt) - 1 - 16 and kv[0].offset == got

@@ -43,6 +43,35 @@ DEFAULT_PROMPT_CACHE_BYTES = 1 << 30
 MIN_HIT_FRACTION = 0.1
 #: ...or at least this many tokens (see :meth:`PromptCache.worth_using`).
 MIN_HIT_TOKENS = 1024
+#: Longest uncached tail rounded up to a power of two (see :func:`bucket_tail`).
+MAX_TAIL_BUCKET = 512
+
+
+def bucket_tail(usable: int, prompt_tokens: int) -> int:
+    """Move a hit's boundary back so the prefill after it has a power-of-two length.
+
+    Both lanes prefill the uncached tail but its last token (that one runs as
+    the first decode step), so the prefill is ``prompt_tokens - usable - 1``
+    tokens. On mlx-cuda a forward pass on a token count not seen before plans
+    its matrix products first: on the H200 (7.4B, 1024 cached tokens) the
+    first pass of a new length took 50-90 ms against 10-20 ms for a repeat,
+    and a repeated length over a new cache length 12-18 ms with
+    ``MLX_CUDA_USE_CUDNN_SDPA=0`` (cuDNN's attention plans per query *and*
+    key length, ~50 ms each, so there only its graph cache helps). Rounding
+    the tail up to 1, 2, 4 ... ``MAX_TAIL_BUCKET`` tokens keeps that set small,
+    at the price of re-running fewer tokens than the tail had.
+
+    Args:
+        usable (int): cached tokens the hit would serve.
+        prompt_tokens (int): the prompt's length.
+
+    Returns:
+        int: the cached tokens to use (``<= usable``; ``0`` for none).
+    """
+    prefill = prompt_tokens - usable - 1
+    if prefill <= 0 or prefill > MAX_TAIL_BUCKET:
+        return usable
+    return max(prompt_tokens - 1 - (1 << (prefill - 1).bit_length()), 0)
 
 
 class CacheNamespace(NamedTuple):
@@ -123,6 +152,9 @@ class PromptCache:
             cover to be used. Default: :data:`MIN_HIT_FRACTION`.
         min_hit_tokens (int): a hit covering this many tokens is used whatever
             its share. Default: :data:`MIN_HIT_TOKENS`.
+        bucket_tails (bool | None): trim hits with :func:`bucket_tail`.
+            Default: ``None`` (on when MLX computes on a GPU, where kernels
+            are planned per shape; on the CPU it would only add prefill).
     """
 
     def __init__(
@@ -131,6 +163,7 @@ class PromptCache:
         ssd: SsdCache | None = None,
         min_hit_fraction: float = MIN_HIT_FRACTION,
         min_hit_tokens: int = MIN_HIT_TOKENS,
+        bucket_tails: bool | None = None,
     ):
         from mlx_lm.models.cache import PromptTrie
 
@@ -138,6 +171,11 @@ class PromptCache:
         self.ssd = ssd
         self.min_hit_fraction = min_hit_fraction
         self.min_hit_tokens = min_hit_tokens
+        if bucket_tails is None:
+            import mlx.core as mx
+
+            bucket_tails = mx.default_device().type == mx.gpu
+        self.bucket_tails = bucket_tails
         self._trie = PromptTrie()
         self._entries: OrderedDict[Key, _Entry] = OrderedDict()
         self._sessions: dict[str, Key] = {}
@@ -192,6 +230,8 @@ class PromptCache:
                 covered = common_prefix(tokens, prompt)
                 key, entry = (namespace, tokens), self._keep(namespace, tokens, cache)
         usable = min(covered, len(prompt) - 1)
+        if self.bucket_tails:
+            usable = bucket_tail(usable, len(prompt))
         if not self.worth_using(usable, len(prompt)):
             usable = 0  # a miss: prefilling from scratch is cheaper
         found = self._private_copy(key, entry, usable)
