@@ -121,7 +121,7 @@ OPERATIONS = [
         "createDecision",
         "mlxspec.handlers.decisions",
         "decisions",
-        FORWARD_CODES,
+        GENERATION_CODES,
     ),
     (
         "post",
@@ -129,7 +129,7 @@ OPERATIONS = [
         "createSystemOneDecision",
         "mlxspec.handlers.decisions",
         "decisions",
-        FORWARD_CODES | {"422"},
+        GENERATION_CODES | {"422"},
     ),
     (
         "post",

@@ -16,6 +16,8 @@ Runs on the submitting thread (the event loop); no MLX work.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from .fit import ModelMemory
@@ -88,6 +90,9 @@ class Admission:
         self.window = window
         #: Requests refused so far, by reason (read by /stats and /metrics).
         self.rejected = {"queue_full": 0, "context_over_budget": 0}
+        #: Admitted requests that are not generations (decision scoring) and
+        #: have not ended; the engine counts them in its ``in_flight``.
+        self.held = 0
         caps = [] if limits.max_context is None else [limits.max_context]
         if limits.memory_budget is not None:
             if memory is None:
@@ -132,6 +137,29 @@ class Admission:
                 f"this server's context limit of {limit} tokens.",
                 param=param,
             )
+        self._check_queue(in_flight)
+
+    @contextmanager
+    def hold(self, in_flight: int) -> Iterator[None]:
+        """Admit one request that generates nothing (decision scoring) for the
+        duration of the ``with`` block: it takes a place in the queue exactly as
+        a generation does (the reference reserves one per decision request).
+
+        Args:
+            in_flight (int): requests submitted and not yet ended (the engine's
+                ``in_flight``, which includes :attr:`held`).
+
+        Raises:
+            QueueFullError: ``max_queue`` requests are already waiting.
+        """
+        self._check_queue(in_flight)
+        self.held += 1
+        try:
+            yield
+        finally:
+            self.held -= 1
+
+    def _check_queue(self, in_flight: int) -> None:
         if self.waiting(in_flight + 1) > self.limits.max_queue:  # it would wait past the end
             self.rejected["queue_full"] += 1
             raise QueueFullError(
