@@ -7,15 +7,58 @@ templates render ``arguments | tojson``. Assistant ``reasoning`` is exposed as
 ``reasoning_content`` (the name Qwen-style templates read) unless that is given,
 even empty (reference, chat request body). Media parts on a text-only model are
 a :class:`PromptError`, never silently dropped.
+
+Building a prompt is CPU work proportional to its size (a multi-megabyte body
+takes seconds), so handlers run it through :func:`off_loop` on a few
+dedicated threads instead of the event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import functools
 import json
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from .types import PromptError
+
+T = TypeVar("T")
+
+#: Threads that build prompts. More than the cores would not build faster; a
+#: few let a small prompt start while a huge one is still being tokenized.
+PROMPT_THREADS = 4
+_BUILDERS = concurrent.futures.ThreadPoolExecutor(PROMPT_THREADS, "mlxspec-prompt")
+
+
+async def off_loop(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run prompt building (``fn(*args, **kwargs)``) on a prompt thread and
+    await it, so the event loop keeps serving other clients meanwhile.
+
+    Thread safety, with the engine thread detokenizing through the same
+    tokenizer: template rendering reads only its arguments, and a Hugging Face
+    fast tokenizer encodes and decodes under a shared borrow of its Rust core
+    (``encode_batch``, which also releases the GIL). Only switching truncation
+    or padding borrows it exclusively (the "Already borrowed" error);
+    transformers switches them on an encode only when they differ from the
+    requested state, which is settled by the encode the engine's constructor
+    makes, and nothing here asks for truncation or padding.
+
+    Args:
+        fn (Callable[..., T]): the work, e.g. ``Engine.chat_prompt``.
+        *args: positional arguments of ``fn``.
+        **kwargs: keyword arguments of ``fn``.
+
+    Returns:
+        T: what ``fn`` returned.
+
+    Raises:
+        Exception: whatever ``fn`` raised (e.g. :class:`PromptError`).
+    """
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(_BUILDERS, functools.partial(fn, *args, **kwargs))
+
 
 _MEDIA_PARTS = {"image_url", "image", "input_audio", "audio", "audio_url", "video_url", "video"}
 

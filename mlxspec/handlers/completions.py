@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from mlxspec import sse
-from mlxspec.engine import Finished, GenerationRequest, RequestHandle
+from mlxspec.engine import Finished, GenerationRequest, RequestHandle, off_loop
 
 from .choices import (
     ChoiceStream,
@@ -36,7 +36,7 @@ async def create_completion(body: dict[str, Any]) -> Any:
     """Tokenize ``prompt`` as mlx-lm does, generate ``n`` choices, answer as JSON or SSE."""
     engine = current_engine()
     body, warning = await structured_output(engine, body, chat=False)
-    prompt = engine.text_prompt(body["prompt"])
+    prompt = await off_loop(engine.text_prompt, body["prompt"])
     session = session_key(body, request_headers())
     first = to_generation_request(body, prompt, engine.defaults, engine.info, session)
     handle = engine.submit(first, prompt_param="prompt")

@@ -63,7 +63,7 @@ async def create_response(body: dict[str, Any]) -> Any:
     chat, conversation = to_chat_body(body, previous)
     chat, warning = await structured_output(engine, chat, chat=True)
     try:
-        turn = open_turn(engine, chat, prompt_param="input")
+        turn = await open_turn(engine, chat, prompt_param="input")
     except PromptError as exc:
         # its param indexes the translated chat messages, which the client never saw
         raise ApiError("invalid_request", exc.message, param="input") from exc

@@ -26,6 +26,7 @@ from mlxspec.engine import (
     GenerationRequest,
     RequestHandle,
     TokenLogprob,
+    off_loop,
 )
 from mlxspec.parsers import (
     CallArguments,
@@ -167,8 +168,10 @@ def _opens_thinking(engine: Engine, prompt: list[int], choice: ParserChoice) -> 
     return tail.rfind(parser.start) > tail.rfind(parser.end)
 
 
-def open_turn(engine: Engine, body: Mapping[str, Any], prompt_param: str = "messages") -> Turn:
-    """Template an OpenAI-shaped chat body and submit it to the engine.
+async def open_turn(
+    engine: Engine, body: Mapping[str, Any], prompt_param: str = "messages"
+) -> Turn:
+    """Template an OpenAI-shaped chat body (off the event loop) and submit it.
 
     Args:
         engine (Engine): the serving engine.
@@ -190,7 +193,7 @@ def open_turn(engine: Engine, body: Mapping[str, Any], prompt_param: str = "mess
     tools = list(options.tools) if options.tools and options.tool_choice != "none" else None
     choice = _choice(engine)
     kwargs = template_kwargs(body, str(getattr(engine.tokenizer, "chat_template", "") or ""))
-    prompt = engine.chat_prompt(body["messages"], tools, kwargs)
+    prompt = await off_loop(engine.chat_prompt, body["messages"], tools, kwargs)
     thinking = _opens_thinking(engine, prompt, choice)
     session = session_key(body, request_headers())
     request = to_generation_request(body, prompt, engine.defaults, engine.info, session)
