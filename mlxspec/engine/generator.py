@@ -32,6 +32,7 @@ from .batching import BatchLane
 from .embedding import is_embedding_model
 from .fit import ModelMemory, model_memory
 from .grammar import GrammarCache
+from .loader import weights_fingerprint
 from .prompt import encode_text, normalize_messages, render_chat
 from .prompt_cache import (
     DEFAULT_PROMPT_CACHE_BYTES,
@@ -191,8 +192,9 @@ class Engine:
         self.admission = Admission(limits, max_batch, info.context_window, memory)
         #: Prefix KV reuse across requests (``stats()`` feeds ``GET /stats``).
         self.prompt_cache = prompt_cache if prompt_cache is not None else PromptCache()
-        #: Everything that changes KV numbers: no adapters or KV quantisation yet.
-        self.cache_namespace = CacheNamespace(info.id)
+        #: Everything that changes KV numbers: the model and its weights (no adapters
+        #: or KV quantisation yet).
+        self.cache_namespace = CacheNamespace(info.id, weights=info.weights)
 
     @functools.cached_property
     def memory(self) -> ModelMemory:
@@ -247,6 +249,7 @@ class Engine:
             source=source,
             vocab_size=int(vocab) if vocab else None,
             embedding=is_embedding_model(Path(path), model_id),
+            weights=weights_fingerprint(Path(path)),
         )
         defaults = read_generation_config(Path(path)).merged(
             **(overrides or GenerationDefaults()).__dict__

@@ -47,11 +47,15 @@ class CacheNamespace(NamedTuple):
         model (str): the served model id.
         adapter (str | None): the LoRA adapter in use, if any.
         kv_quant (str): the KV cache precision (``"bf16"`` for none).
+        weights (str | None): the weight files' fingerprint
+            (:func:`~.loader.weights_fingerprint`), so that entries kept on disk
+            for other weights at the same path are never restored. Default: ``None``.
     """
 
     model: str
     adapter: str | None = None
     kv_quant: str = "bf16"
+    weights: str | None = None
 
 
 Key = tuple[CacheNamespace, tuple[int, ...]]

@@ -245,6 +245,8 @@ class ModelInfo:
         embedding (bool): the model is an embedding model (serves
             ``/v1/embeddings``; see :func:`.embedding.is_embedding_model`).
             Default: ``False``.
+        weights (str | None): fingerprint of the weight files
+            (:func:`.loader.weights_fingerprint`); ``None`` if unknown. Default: ``None``.
     """
 
     id: str
@@ -253,3 +255,4 @@ class ModelInfo:
     source: str = "local"
     vocab_size: int | None = None
     embedding: bool = False
+    weights: str | None = None
