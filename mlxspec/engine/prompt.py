@@ -136,7 +136,11 @@ def render_chat(
     """Render messages with the chat template and tokenize, as mlx_lm.server does.
 
     The rendered text is encoded without adding special tokens (the template
-    writes its own), then a doubled BOS is reduced to one.
+    writes its own), then a doubled BOS is reduced to one. With
+    ``continue_final_message`` among ``template_kwargs`` the last message (an
+    assistant prefill) is left open for the model to continue, instead of
+    closed and followed by a new generation prompt (transformers'
+    ``apply_chat_template`` option, as vLLM exposes it).
 
     Args:
         tokenizer: an ``mlx_lm`` ``TokenizerWrapper`` (or HF tokenizer).
@@ -155,15 +159,22 @@ def render_chat(
         raise PromptError("model has no chat template; use /v1/completions", param="messages")
     if tools and not template_renders_tools(tokenizer.chat_template):
         messages, tools = with_tool_instruction(messages, tools), None
+    kwargs = dict(template_kwargs or {})
+    continuing = bool(kwargs.get("continue_final_message"))
     try:
         text = tokenizer.apply_chat_template(
             messages,
             tools=tools or None,
-            add_generation_prompt=True,
+            add_generation_prompt=not continuing,
             tokenize=False,
-            **dict(template_kwargs or {}),
+            **kwargs,
         )
     except Exception as exc:  # jinja2 TemplateError, TypeError from bad values
+        if continuing:  # transformers' message would quote the whole rendered prompt
+            raise PromptError(
+                "prompt build failed: the chat template cannot continue the final message",
+                param="messages",
+            ) from exc
         raise PromptError(f"prompt build failed: {exc}", param="messages") from exc
     tokens = dedupe_bos(tokenizer.encode(text, add_special_tokens=False), tokenizer.bos_token_id)
     if not tokens:  # e.g. a chat_template_kwargs "chat_template" that renders nothing

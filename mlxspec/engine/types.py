@@ -106,6 +106,9 @@ class GenerationRequest:
             ``n`` choices of one request): the batched lane prefills the prompt
             once into the prompt cache and every sibling starts from it.
             Default: ``False``.
+        continuation (bool): the prompt ends inside text the output continues
+            (an assistant prefill), so the output keeps a leading space, which
+            mlx-lm's detokenizers drop at the start of an answer. Default: ``False``.
     """
 
     prompt: tuple[int, ...]
@@ -118,6 +121,7 @@ class GenerationRequest:
     session: str | None = None
     constraint: Constraint | None = None
     shared_prefill: bool = False
+    continuation: bool = False
 
 
 @dataclass(frozen=True)
