@@ -145,3 +145,12 @@ def test_real_model_continues_the_prefill(real_server: str) -> None:
         )
     # The reply goes on from "is"; a new turn would restate the sentence instead.
     assert m.content[0].text.startswith(" Paris")
+
+
+def test_chat_completions_continue_on_request(client, tiny_engine) -> None:
+    expected = len(tiny_engine.tokenizer.encode(OPEN, add_special_tokens=False))
+    kwargs = {"continue_final_message": True}
+    body = {"messages": [USER, PREFILL], "max_tokens": 2, "chat_template_kwargs": kwargs}
+    r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens"] == expected
