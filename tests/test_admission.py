@@ -228,6 +228,34 @@ def test_decisions_take_a_queue_place_and_get_429_when_it_is_full(tiny_model_dir
         engine.close()
 
 
+def test_embeddings_take_a_queue_place_too(tmp_path: Path) -> None:
+    from fixtures.tiny_embedding import build_tiny_qwen3_embedding
+
+    folder = build_tiny_qwen3_embedding(tmp_path / "tiny-qwen3")
+    engine = Engine.load(folder, "tiny-qwen3-embedding", max_batch=1, limits=AdmissionLimits(1))
+    app = create_app(engine, validate_responses=True)
+    body = {"model": "m", "input": "hello"}
+
+    async def go() -> None:
+        transport = httpx.ASGITransport(app=app)
+        async with checking_async_client("http://t", transport=transport, timeout=60) as c:
+            held = [asyncio.ensure_future(c.post("/v1/embeddings", json=body)) for _ in range(2)]
+            await _until(lambda: engine.in_flight == 2)
+            refused = await c.post("/v1/embeddings", json=body)
+            engine.start()
+            done = await asyncio.gather(*held)
+        assert (refused.status_code, refused.headers["retry-after"]) == (429, "1")
+        assert refused.json() == QUEUE_FULL
+        assert [r.status_code for r in done] == [200, 200]
+        assert done[0].json()["data"] == done[1].json()["data"]
+
+    try:
+        asyncio.run(go())
+        assert (engine.in_flight, engine.admission.held) == (0, 0)
+    finally:
+        engine.close()
+
+
 @pytest.fixture(scope="module")
 def capped_engine(tiny_model_dir: Path) -> Iterator[Engine]:
     engine = Engine.load(tiny_model_dir, "tiny-llama", limits=AdmissionLimits(max_context=24))

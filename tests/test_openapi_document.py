@@ -26,7 +26,6 @@ GENERATION_CODES = {"200", "400", "401", "413", "415", "429", "499", "500"}
 #: GET routes behind the API key (all but /health).
 READ_CODES = {"200", "400", "401", "500"}
 #: Scoring and embeddings: no generation queue, so no 429.
-FORWARD_CODES = {"200", "400", "401", "413", "415", "499", "500"}
 OPERATIONS = [
     # method, path, operationId, router controller, tag, response codes
     (
@@ -137,7 +136,7 @@ OPERATIONS = [
         "createEmbedding",
         "mlxspec.handlers.embeddings",
         "embeddings",
-        FORWARD_CODES,
+        GENERATION_CODES,
     ),
 ]
 
