@@ -19,7 +19,6 @@ from .choices import (
 )
 from .common import JSON, SYSTEM_FINGERPRINT, current_engine, new_id, now
 from .logprobs import chat_chunk_logprobs, chat_logprobs, current_format
-from .structured import structured_output
 from .turns import (
     ChatTurn,
     ReasoningDelta,
@@ -38,8 +37,8 @@ from .turns import (
 async def create_chat_completion(body: dict[str, Any]) -> Any:
     """Template the messages, generate ``n`` choices, answer as JSON or an SSE stream."""
     engine = current_engine()
-    body, warning = await structured_output(engine, body, chat=True)
     turns = await open_turns(engine, body)
+    warning = turns[0].warning
     fmt = current_format()
     head = {
         "id": new_id("chatcmpl"),
