@@ -89,8 +89,10 @@ def test_health_answers_while_a_big_prompt_is_built(tiny_server, tiny_engine) ->
         "tokens, leaving no room to generate."
     )
     assert health.status_code == 200
-    assert outcome["seconds"] > 2.0  # the build really took a while...
-    assert waited < 1.0, f"/health waited {waited:.2f}s"  # ...and did not hold /health
+    # Built on the loop, /health waited for the rest of the build (~3 s of ~4 here).
+    seconds = outcome["seconds"]
+    assert isinstance(seconds, float) and seconds > 1.0
+    assert waited < seconds / 4, f"/health waited {waited:.2f}s of a {seconds:.2f}s build"
 
 
 def test_big_prompts_built_while_others_stream_raise_nothing(tiny_server) -> None:
