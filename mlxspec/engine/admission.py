@@ -90,7 +90,7 @@ class Admission:
         self.window = window
         #: Requests refused so far, by reason (read by /stats and /metrics).
         self.rejected = {"queue_full": 0, "context_over_budget": 0}
-        #: Admitted requests that are not generations (decision scoring) and
+        #: Admitted requests that are not generations (decisions, embeddings) and
         #: have not ended; the engine counts them in its ``in_flight``.
         self.held = 0
         caps = [] if limits.max_context is None else [limits.max_context]
@@ -141,7 +141,7 @@ class Admission:
 
     @contextmanager
     def hold(self, in_flight: int) -> Iterator[None]:
-        """Admit one request that generates nothing (decision scoring) for the
+        """Admit one request that generates nothing (decisions, embeddings) for the
         duration of the ``with`` block: it takes a place in the queue exactly as
         a generation does (the reference reserves one per decision request).
 

@@ -328,7 +328,7 @@ class Engine:
     def in_flight(self) -> int:
         """Requests submitted and not yet ended (running or waiting)."""
         ended = self.counters["completed"] + self.counters["cancelled"] + self.counters["failed"]
-        return self.submitted - ended + self.admission.held  # held: decisions
+        return self.submitted - ended + self.admission.held  # decisions, embeddings
 
     def submit(self, request: GenerationRequest, prompt_param: str = "messages") -> RequestHandle:
         """Queue ``request``; iterate the returned handle for its events.
