@@ -166,3 +166,28 @@ def test_encoding_on_threads_while_detokenizing_raises_nothing(tiny_engine) -> N
         reader.join(60)
     assert [list(g) for g in got] == expected
     assert decoded and set(decoded) == {tokenizer.decode(stream)}
+
+
+def test_engine_settles_truncation_and_padding_before_any_request(
+    tiny_model_dir, tiny_engine, tmp_path
+) -> None:
+    """Switching truncation or padding borrows the Rust tokenizer exclusively
+    ("Already borrowed" beside a decode on the engine thread); transformers
+    switches them off on the first encode, which the engine's constructor makes."""
+    import shutil
+
+    from tokenizers import Tokenizer
+
+    from mlxspec.engine import Engine
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, folder)
+    raw = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    raw.enable_truncation(max_length=8)
+    raw.enable_padding(length=8)
+    raw.save(str(folder / "tokenizer.json"))
+    engine = Engine.load(folder, "tiny-llama", max_batch=1)
+    backend = engine.tokenizer._tokenizer._tokenizer  # mlx-lm wrapper -> transformers -> Rust
+    assert (backend.truncation, backend.padding) == (None, None)
+    text = SENTENCE * 4
+    assert engine.text_prompt(text) == tiny_engine.text_prompt(text)  # not cut to 8 tokens
