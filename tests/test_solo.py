@@ -127,7 +127,7 @@ def prompt(engine: Engine, text: str = "the quick brown fox jumps") -> tuple[int
 
 
 # ------------------------------------------------- the move itself, at every point
-@pytest.mark.parametrize("steps", [0, 1, 2, 3, 4, 5, 9, 20])
+@pytest.mark.parametrize("steps", [0, 1, 2, 3, 4, 5, 7, 9, 13, 20])
 @pytest.mark.parametrize(
     "kind",
     ["greedy", "penalties", "grammar", "stop", "logprobs"],
@@ -137,7 +137,9 @@ def test_handoff_at_any_step_gives_the_solo_output(
 ) -> None:
     """The prompt (24 tokens) takes 2 prefill chunks of 8 before ``generate_step``
     gets the last 8 and yields the first token, so 0-2 steps move it before or
-    mid-prefill and later ones mid-decode."""
+    mid-prefill and later ones mid-decode. At 7 steps the stop string completes
+    on the token sampled ahead, at 13 the 12-token budget does: the request ends
+    in the handoff itself."""
     base = prompt(batch_engine)
     assert len(base) == 24
     # logprobs on: every token arrives in a Delta (text may be held back).
