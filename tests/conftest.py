@@ -89,6 +89,16 @@ def client(tiny_server: LiveServer) -> Iterator[httpx.Client]:
         yield c
 
 
+@pytest.fixture()
+def sdk(tiny_server: LiveServer) -> Iterator[object]:
+    """The official ``openai`` SDK on the tiny live server, checking every
+    response like ``client`` (modules may override it for another server)."""
+    from tests.helpers import openai_sdk  # it imports LiveServer from here
+
+    with openai_sdk(tiny_server.base) as c:
+        yield c
+
+
 @pytest.fixture(scope="session")
 def real_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``mlxspec serve`` on the embedded default model, in a subprocess.

@@ -22,6 +22,7 @@ from mlxspec.conformance.httpx_checks import checking_client
 from mlxspec.engine import TokenLogprob, TopLogprob
 from mlxspec.engine.types import GenerationRequest
 from mlxspec.handlers.logprobs import CompletionLogprobs, token_text
+from tests.helpers import assert_invalid_request, openai_sdk
 
 CHAT = "/v1/chat/completions"
 COMP = "/v1/completions"
@@ -33,16 +34,6 @@ MESSAGES = [{"role": "user", "content": "hello"}]
 
 def sse_data(r: httpx.Response) -> list[str]:
     return [line[6:] for line in r.text.split("\n") if line.startswith("data: ")]
-
-
-def assert_error(r: httpx.Response, param: str, message: str) -> None:
-    assert r.status_code == 400, r.text
-    assert r.json()["error"] == {
-        "message": message,
-        "type": "invalid_request_error",
-        "param": param,
-        "code": None,
-    }
 
 
 @pytest.fixture(scope="module")
@@ -65,12 +56,7 @@ def oclient(openai_server) -> Iterator[httpx.Client]:
 
 @pytest.fixture()
 def sdk(openai_server) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(
-        base_url=f"{openai_server.base}/v1",
-        api_key="not-needed",
-        max_retries=0,
-        http_client=checking_client(timeout=60),
-    ) as client:
+    with openai_sdk(openai_server.base) as client:
         yield client
 
 
@@ -232,7 +218,7 @@ def test_not_requested_is_null_and_minus_one_is_unset(client: httpx.Client) -> N
 def test_mlx_invalid_values_get_mlx_lm_messages(
     client: httpx.Client, path, prompt, field, value, message
 ) -> None:
-    assert_error(client.post(path, json={**prompt, field: value}), field, message)
+    assert_invalid_request(client.post(path, json={**prompt, field: value}), field, message)
 
 
 # --- --logprobs-format openai ----------------------------------------------------
@@ -253,13 +239,13 @@ def test_openai_limits(oclient: httpx.Client) -> None:
     ok = oclient.post(CHAT, json={"messages": MESSAGES, "max_tokens": 1, "top_logprobs": 20})
     assert len(ok.json()["choices"][0]["logprobs"]["content"][0]["top_logprobs"]) == 20
     r = oclient.post(CHAT, json={"messages": MESSAGES, "top_logprobs": 21})
-    assert_error(r, "top_logprobs", "top_logprobs must be at most 20")
+    assert_invalid_request(r, "top_logprobs", "top_logprobs must be at most 20")
     r = oclient.post(CHAT, json={"messages": MESSAGES, "logprobs": 2})
-    assert_error(r, "logprobs", "logprobs must be of type bool")
+    assert_invalid_request(r, "logprobs", "logprobs must be of type bool")
     r = oclient.post(COMP, json={"prompt": "hi", "logprobs": 6})
-    assert_error(r, "logprobs", "logprobs must be at most 5")
+    assert_invalid_request(r, "logprobs", "logprobs must be at most 5")
     r = oclient.post(COMP, json={"prompt": "hi", "logprobs": "2"})
-    assert_error(r, "logprobs", "logprobs must be of type bool or int")
+    assert_invalid_request(r, "logprobs", "logprobs must be of type bool or int")
 
 
 def test_openai_legacy_integer_logprobs_on_completions(sdk: openai.OpenAI, client) -> None:
@@ -273,7 +259,7 @@ def test_openai_legacy_integer_logprobs_on_completions(sdk: openai.OpenAI, clien
     assert [len(top) for top in both.choices[0].logprobs.top_logprobs] == [1, 1, 1]
     # The mlx format keeps mlx-lm's boolean.
     r = client.post(COMP, json={"prompt": "hi", "logprobs": 2})
-    assert_error(r, "logprobs", "logprobs must be of type bool")
+    assert_invalid_request(r, "logprobs", "logprobs must be of type bool")
 
 
 def test_openai_chat_shape_through_the_sdk(sdk: openai.OpenAI) -> None:

@@ -14,6 +14,7 @@ import pytest
 
 from mlxspec.conformance.contract import ContractViolation
 from mlxspec.conformance.httpx_checks import checking_client
+from mlxspec.handlers.common import SAMPLER_FIELDS
 from mlxspec.openapi import load_spec
 
 SPEC = load_spec()
@@ -164,21 +165,15 @@ def test_messages_document_section() -> None:
     own = create["allOf"][1]["properties"]
     assert create["allOf"][1]["required"] == ["max_tokens"]
     assert "logit_bias" not in own
-    extras = [
-        "seed",
-        "min_p",
-        "xtc_probability",
-        "xtc_threshold",
-        "repetition_penalty",
-        "repetition_context_size",
-        "presence_penalty",
-        "presence_context_size",
-        "frequency_penalty",
-        "frequency_context_size",
-    ]
+    anthropic_fields = ("max_tokens", "temperature", "top_p", "top_k", "stop_sequences", "stream")
+    # Fields borrowed from the chat parameters that Anthropic's API lacks are ours,
+    # and they must cover every sampler field the translation carries.
+    chat_fields = schemas["GenerationParameters"]["properties"]
+    extras = [f for f in own if f in chat_fields and f not in anthropic_fields]
+    assert set(SAMPLER_FIELDS) - set(anthropic_fields) <= set(extras)
     for field in extras:
         assert own[field]["x-mlxspec-extension"] is True, field
-    for field in ("max_tokens", "temperature", "top_p", "top_k", "stop_sequences", "stream"):
+    for field in anthropic_fields:
         assert "x-mlxspec-extension" not in own[field], field
     prompt = schemas["AnthropicPromptParameters"]["properties"]
     assert prompt["session_id"]["x-mlxspec-extension"] is True

@@ -21,10 +21,10 @@ import httpx2
 import pytest
 from conftest import LiveServer
 
-from fixtures.tool_models import ScriptedEngine, build_tool_model
+from fixtures.tool_models import ScriptedEngine
 from mlxspec import sse
-from mlxspec.app import create_app
 from mlxspec.conformance.httpx_checks import checking_client
+from tests.helpers import scripted_tool_server
 
 WEATHER = {
     "name": "get_weather",
@@ -74,8 +74,7 @@ class Served:
 
 
 def _serve(tmp: Path, style: str) -> Iterator[Served]:
-    engine = ScriptedEngine(build_tool_model(tmp / style, style))
-    with LiveServer(create_app(engine, validate_responses=True)) as server:
+    with scripted_tool_server(tmp / style, style) as (engine, server):
         served = Served(engine, server)
         yield served
         served.sdk.close()

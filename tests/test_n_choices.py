@@ -11,9 +11,9 @@ import httpx
 import openai
 import pytest
 
-from mlxspec.conformance.httpx_checks import checking_client
 from mlxspec.engine import Finished, GenerationRequest, SamplingParams
 from mlxspec.handlers.choices import choice_request, choices_usage
+from tests.helpers import assert_invalid_request
 
 CHAT = "/v1/chat/completions"
 COMP = "/v1/completions"
@@ -24,16 +24,6 @@ ROUTES = [(CHAT, {"messages": MESSAGES}), (COMP, {"prompt": "hello"})]
 
 def text_of(path: str, choice: dict) -> str:
     return choice["message"]["content"] if path == CHAT else choice["text"]
-
-
-def assert_error(r: httpx.Response, param: str, message: str) -> None:
-    assert r.status_code == 400, r.text
-    assert r.json()["error"] == {
-        "message": message,
-        "type": "invalid_request_error",
-        "param": param,
-        "code": None,
-    }
 
 
 def test_choice_seeds_are_offset_and_wrap() -> None:
@@ -134,19 +124,13 @@ def test_streamed_choices_carry_their_index(client: httpx.Client, path, prompt) 
         assert sorted(roles) == [0, 1]
 
 
-def test_sdk_parses_n_choices(tiny_server) -> None:
-    with openai.OpenAI(
-        base_url=f"{tiny_server.base}/v1",
-        api_key="x",
-        max_retries=0,
-        http_client=checking_client(timeout=60),
-    ) as sdk:
-        r = sdk.chat.completions.create(
-            model="any", messages=MESSAGES, n=2, max_tokens=3, logit_bias=NO_EOS
-        )
-        assert [c.index for c in r.choices] == [0, 1]
-        assert r.choices[0].message.content == r.choices[1].message.content
-        assert r.usage.completion_tokens == 6
+def test_sdk_parses_n_choices(sdk: openai.OpenAI) -> None:
+    r = sdk.chat.completions.create(
+        model="any", messages=MESSAGES, n=2, max_tokens=3, logit_bias=NO_EOS
+    )
+    assert [c.index for c in r.choices] == [0, 1]
+    assert r.choices[0].message.content == r.choices[1].message.content
+    assert r.usage.completion_tokens == 6
 
 
 @pytest.mark.parametrize("path,prompt", ROUTES)
@@ -155,7 +139,7 @@ def test_sdk_parses_n_choices(tiny_server) -> None:
     [(0, "n must be at least 1"), (17, "n must be at most 16"), ("2", "n must be of type int")],
 )
 def test_n_bounds(client: httpx.Client, path, prompt, value, message) -> None:
-    assert_error(client.post(path, json={**prompt, "n": value}), "n", message)
+    assert_invalid_request(client.post(path, json={**prompt, "n": value}), "n", message)
 
 
 @pytest.mark.parametrize(
@@ -173,7 +157,7 @@ def test_n_bounds(client: httpx.Client, path, prompt, value, message) -> None:
 def test_unsupported_completion_fields_are_refused(
     client: httpx.Client, field, value, message
 ) -> None:
-    assert_error(client.post(COMP, json={"prompt": "hi", field: value}), field, message)
+    assert_invalid_request(client.post(COMP, json={"prompt": "hi", field: value}), field, message)
 
 
 def test_neutral_values_of_unsupported_fields_are_accepted(client: httpx.Client) -> None:

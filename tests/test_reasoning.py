@@ -6,12 +6,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import LiveServer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fixtures.tool_models import ScriptedEngine, build_tool_model
-from mlxspec.app import create_app
 from mlxspec.conformance.httpx_checks import checking_client
 from mlxspec.engine import TokenLogprob
 from mlxspec.engine.prompt import normalize_messages
@@ -25,6 +22,7 @@ from mlxspec.handlers.turns import (
     TurnParser,
 )
 from mlxspec.parsers import Content, ParserChoice, Reasoning, reasoning_parser_class
+from tests.helpers import scripted_tool_server
 
 
 def split(text: str, cuts: list[int], thinking: bool = False) -> tuple[str, str]:
@@ -136,8 +134,7 @@ def test_reasoning_alias_in_history() -> None:
 
 @pytest.fixture(scope="module")
 def think(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    engine = ScriptedEngine(build_tool_model(tmp_path_factory.mktemp("think") / "m", "think"))
-    with LiveServer(create_app(engine, validate_responses=True)) as server:
+    with scripted_tool_server(tmp_path_factory.mktemp("think") / "m", "think") as (engine, server):
         with checking_client(server.base, timeout=30) as client:
             yield engine, client
 

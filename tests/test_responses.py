@@ -10,31 +10,18 @@ EOS token forbidden make outputs deterministic.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import httpx
 import openai
 import pytest
 
 from mlxspec.conformance.contract import split_named_event_stream
-from mlxspec.conformance.httpx_checks import checking_client
 from mlxspec.engine import Constraint
 from mlxspec.handlers.structured import instruction
 
 NO_EOS = {"2": -1e9}  # the tiny model's EOS id
 ONLY_EOS = {"2": 1e9}
 FIXED = {"model": "any", "max_output_tokens": 8, "temperature": 0}
-
-
-@pytest.fixture()
-def sdk(tiny_server) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(
-        base_url=f"{tiny_server.base}/v1",
-        api_key="not-needed",
-        max_retries=0,
-        http_client=checking_client(timeout=60),
-    ) as client:
-        yield client
 
 
 def create(sdk: openai.OpenAI, bias: dict = NO_EOS, **fields):

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from mlxspec.conformance.httpx_checks import checking_client
+from tests.helpers import openai_sdk
 
 pytestmark = pytest.mark.real_model
 
@@ -19,12 +19,7 @@ GREEDY = {"model": "m", "temperature": 0, "max_output_tokens": 16}
 
 @pytest.fixture(scope="module")
 def sdk(real_server: str) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(
-        base_url=f"{real_server}/v1",
-        api_key="not-needed",
-        max_retries=0,
-        http_client=checking_client(timeout=120),
-    ) as client:
+    with openai_sdk(real_server, timeout=120) as client:
         yield client
 
 

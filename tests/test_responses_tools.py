@@ -10,11 +10,9 @@ from typing import Any
 
 import openai
 import pytest
-from conftest import LiveServer
 
-from fixtures.tool_models import ScriptedEngine, build_tool_model
-from mlxspec.app import create_app
-from mlxspec.conformance.httpx_checks import checking_client
+from fixtures.tool_models import ScriptedEngine
+from tests.helpers import openai_sdk, scripted_tool_server
 
 WEATHER = {
     "type": "function",
@@ -33,14 +31,8 @@ TOOL_CALL = [
 
 
 def _serve(tmp, style: str) -> Iterator[tuple[ScriptedEngine, openai.OpenAI]]:
-    engine = ScriptedEngine(build_tool_model(tmp / style, style))
-    with LiveServer(create_app(engine, validate_responses=True)) as server:
-        with openai.OpenAI(
-            base_url=server.base + "/v1",
-            api_key="unused",
-            max_retries=0,
-            http_client=checking_client(timeout=30),
-        ) as sdk:
+    with scripted_tool_server(tmp / style, style) as (engine, server):
+        with openai_sdk(server.base, timeout=30) as sdk:
             yield engine, sdk
 
 

@@ -10,27 +10,15 @@ forbidden. ``tests/test_real_model.py`` covers the real model.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import openai
 import pytest
 
-from mlxspec.conformance.httpx_checks import checking_async_client, checking_client
+from mlxspec.conformance.httpx_checks import checking_async_client
 
 NO_EOS = {"2": -1e9}  # the tiny model's EOS id
 MESSAGES = [{"role": "user", "content": "hello"}]
 FIXED = {"model": "any", "max_tokens": 8, "temperature": 0, "logit_bias": NO_EOS}
-
-
-@pytest.fixture()
-def sdk(tiny_server) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(
-        base_url=f"{tiny_server.base}/v1",
-        api_key="not-needed",
-        max_retries=0,
-        http_client=checking_client(timeout=60),
-    ) as client:
-        yield client
 
 
 def async_sdk(tiny_server) -> openai.AsyncOpenAI:

@@ -23,6 +23,7 @@ from fixtures.tool_models import ScriptedEngine, build_tool_model
 from mlxspec import sse
 from mlxspec.app import create_app
 from mlxspec.conformance.httpx_checks import checking_client
+from tests.helpers import openai_sdk, scripted_tool_server
 
 WEATHER = {
     "type": "function",
@@ -53,16 +54,11 @@ class Served:
         return self.client.post("/v1/chat/completions", json={"messages": ASK, **body})
 
     def sdk(self) -> openai.OpenAI:
-        return openai.OpenAI(
-            base_url=self.server.base + "/v1",
-            api_key="unused",
-            http_client=checking_client(timeout=30),
-        )
+        return openai_sdk(self.server.base, timeout=30)
 
 
 def _serve(tmp: Path, style: str) -> Iterator[Served]:
-    engine = ScriptedEngine(build_tool_model(tmp / style, style))
-    with LiveServer(create_app(engine, validate_responses=True)) as server:
+    with scripted_tool_server(tmp / style, style) as (engine, server):
         served = Served(engine, server)
         yield served
         served.client.close()

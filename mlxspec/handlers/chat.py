@@ -19,7 +19,6 @@ from .choices import (
 )
 from .common import JSON, SYSTEM_FINGERPRINT, current_engine, new_id, now
 from .logprobs import chat_chunk_logprobs, chat_logprobs, current_format
-from .structured import structured_output
 from .turns import (
     ChatTurn,
     ReasoningDelta,
@@ -38,8 +37,8 @@ from .turns import (
 async def create_chat_completion(body: dict[str, Any]) -> Any:
     """Template the messages, generate ``n`` choices, answer as JSON or an SSE stream."""
     engine = current_engine()
-    body, warning = await structured_output(engine, body, chat=True)
-    turns = open_turns(engine, body)
+    turns = await open_turns(engine, body)
+    warning = turns[0].warning
     fmt = current_format()
     head = {
         "id": new_id("chatcmpl"),
@@ -70,9 +69,9 @@ async def create_chat_completion(body: dict[str, Any]) -> Any:
     return body_out, 200, {**JSON, **warning}
 
 
-def open_turns(engine: Engine, body: dict[str, Any]) -> list[Turn]:
+async def open_turns(engine: Engine, body: dict[str, Any]) -> list[Turn]:
     """Template once and submit the body's ``n`` choices (see :mod:`.choices`)."""
-    first = open_turn(engine, body)
+    first = await open_turn(engine, body)
     runs = submit_choices(engine, first.request, first.handle, choice_count(body), "messages")
     return [dataclasses.replace(first, request=request, handle=handle) for request, handle in runs]
 

@@ -28,6 +28,7 @@ from .turns import (
     ReasoningDelta,
     TextDelta,
     ToolCallArguments,
+    ToolCallCut,
     ToolCallStart,
     Turn,
     TurnEnd,
@@ -38,9 +39,10 @@ from .turns import (
 
 
 async def create_message(body: dict[str, Any]) -> Any:
-    """Translate, generate, and answer as an Anthropic ``Message`` or event stream."""
+    """Translate, generate, and answer as an Anthropic ``Message`` or event stream
+    (with a ``Warning`` header when a forced tool call's grammar is not enforced)."""
     engine = current_engine()
-    turn = open_turn(engine, to_chat_body(body))
+    turn = await open_turn(engine, to_chat_body(body))
     head = {
         "id": f"msg_{uuid.uuid4().hex}",
         "type": "message",
@@ -51,9 +53,11 @@ async def create_message(body: dict[str, Any]) -> Any:
         # Keep-alive comments while a prefill runs or a tool call is withheld.
         payloads = sse.with_keepalive(_stream(turn, head))
         frames = sse.anthropic_events(payloads, on_close=turn.handle.cancel)
-        return sse.event_stream(frames)
+        response = sse.event_stream(frames)
+        response.headers.update(turn.warning)
+        return response
     result = await collect_turn(turn)
-    return message_body(head, result), 200, JSON
+    return message_body(head, result), 200, {**JSON, **turn.warning}
 
 
 #: The fields that shape a Messages prompt (the document's AnthropicPromptParameters).
@@ -175,7 +179,10 @@ class BlockWriter:
     A block opens when the kind of output changes (text, thinking, or a new tool
     call) and closes before the next opens; indexes count blocks from 0. Tool
     argument fragments follow their call's start (the turns contract), so they
-    always belong to the open block.
+    always belong to the open block. A call cut off by the token budget
+    (:class:`ToolCallCut`) keeps the input JSON it streamed, closes at the end
+    like any block, and the message ends with ``stop_reason: "max_tokens"``
+    (what Anthropic's API sends for a truncated ``tool_use``).
     """
 
     def __init__(self) -> None:
@@ -201,6 +208,8 @@ class BlockWriter:
             if not event.fragment or self.open != ("tool", event.index):
                 return []
             return [self._payload("input_json", "partial_json", event.fragment)]
+        if isinstance(event, ToolCallCut):
+            return []
         return [*self._stop(), *self._end(event)]
 
     def _delta(self, key: tuple, block: dict, field: str, text: str) -> list[dict[str, Any]]:

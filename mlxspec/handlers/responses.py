@@ -25,7 +25,6 @@ from mlxspec.response_store import Conversation, ResponseStore, StoredResponse
 from .common import JSON, current_engine, now
 from .responses_input import assistant_message, to_chat_body
 from .responses_output import Frame, ResponseBuilder, item_id, turn_as_events
-from .structured import structured_output
 from .turns import Turn, collect_turn, open_turn, turn_events
 
 
@@ -44,8 +43,9 @@ def not_found(response_id: str, param: str) -> ApiError:
 async def create_response(body: dict[str, Any]) -> Any:
     """Run one turn and answer a Response object, or its event stream.
 
-    A ``text.format`` grammar that cannot be enforced runs unconstrained with a
-    ``Warning`` header, as on chat completions (reference, "Structured output").
+    A ``text.format`` grammar (or a forced tool call's) that cannot be enforced
+    runs unconstrained with a ``Warning`` header, as on chat completions
+    (reference, "Structured output"; see :func:`~.turns.open_turn`).
 
     Raises:
         ApiError: 404 ``response_not_found`` for an unknown or expired
@@ -61,9 +61,8 @@ async def create_response(body: dict[str, Any]) -> Any:
             raise not_found(previous_id, "previous_response_id")
         previous = stored.conversation
     chat, conversation = to_chat_body(body, previous)
-    chat, warning = await structured_output(engine, chat, chat=True)
     try:
-        turn = open_turn(engine, chat, prompt_param="input")
+        turn = await open_turn(engine, chat, prompt_param="input")
     except PromptError as exc:
         # its param indexes the translated chat messages, which the client never saw
         raise ApiError("invalid_request", exc.message, param="input") from exc
@@ -74,13 +73,13 @@ async def create_response(body: dict[str, Any]) -> Any:
         events = sse.with_keepalive(_frames(turn, builder, keep))
         frames = sse.named_events(events, builder.fail, on_close=turn.handle.cancel)
         response = sse.event_stream(frames)
-        response.headers.update(warning)
+        response.headers.update(turn.warning)
         return response
     result = await collect_turn(turn)
     for event in turn_as_events(result):
         builder.feed(event)
     keep()
-    return builder.response, 200, {**JSON, **warning}
+    return builder.response, 200, {**JSON, **turn.warning}
 
 
 async def get_response(response_id: str) -> Any:

@@ -31,6 +31,7 @@ from .turns import (
     ReasoningDelta,
     TextDelta,
     ToolCallArguments,
+    ToolCallCut,
     ToolCallStart,
     TurnEnd,
 )
@@ -79,10 +80,12 @@ def turn_as_events(turn: ChatTurn) -> list[ChatEvent]:
 
 @dataclass
 class _Open:
-    """The output item being written: its index in ``output`` and its text so far."""
+    """The output item being written: its index in ``output``, its text so far,
+    and (function calls) whether the token budget cut it off."""
 
     index: int
     pieces: list[str] = field(default_factory=list)
+    cut: bool = False
 
 
 @dataclass(frozen=True)
@@ -195,6 +198,10 @@ class ResponseBuilder:
                     delta=event.fragment,
                 )
             ]
+        if isinstance(event, ToolCallCut):
+            if event.index is not None:
+                self._calls[event.index].cut = True
+            return []
         if isinstance(event, TurnEnd):
             return self.finish(event)
         return []
@@ -286,11 +293,16 @@ class ResponseBuilder:
         """The ``*.done`` events of the open item; fills in its final fields."""
         if self._open is None:
             return []
-        index, text = self._open.index, "".join(self._open.pieces)
+        index, text, cut = self._open.index, "".join(self._open.pieces), self._open.cut
         self._open = None
         item = self.output[index]
         ids = {"item_id": item["id"], "output_index": index}
-        if item["type"] == "function_call":
+        if item["type"] == "function_call" and cut:
+            # Cut by the budget mid-stream: what was streamed stays, marked
+            # incomplete; its arguments are never "done" nor kept for a continuation.
+            item.update(status="incomplete", arguments=text)
+            frames = []
+        elif item["type"] == "function_call":
             item.update(status=status, arguments=text)
             self.tool_calls.append({"id": item["call_id"], "name": item["name"], "arguments": text})
             done = "response.function_call_arguments.done"

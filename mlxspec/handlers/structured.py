@@ -71,23 +71,25 @@ def warning_header(reason: str) -> dict[str, str]:
 
 def degraded_body(body: Mapping[str, Any], constraint: Constraint, *, chat: bool) -> dict:
     """``body`` without its structured-output fields; for chat, with the
-    constraint described in a leading system instruction (pure).
-
-    The instruction joins a leading system message with string content rather
-    than adding a second one: many chat templates accept only one, first.
-    """
+    constraint described in a leading system instruction (pure, see
+    :func:`with_system_note`)."""
     out = {k: v for k, v in body.items() if k not in STRUCTURED_FIELDS}
-    if not chat:
-        return out
-    note = instruction(constraint)
+    return with_system_note(out, instruction(constraint)) if chat else out
+
+
+def with_system_note(body: Mapping[str, Any], note: str) -> dict[str, Any]:
+    """A chat ``body`` whose leading system instruction starts with ``note`` (pure).
+
+    The note joins a leading system message with string content rather than
+    adding a second one: many chat templates accept only one, first.
+    """
     messages = list(body["messages"])
     first = messages[0] if messages else None
     if first and first.get("role") == "system" and isinstance(first.get("content"), str):
         messages[0] = {**first, "content": f"{note}\n\n{first['content']}"}
     else:
         messages.insert(0, {"role": "system", "content": note})
-    out["messages"] = messages
-    return out
+    return {**body, "messages": messages}
 
 
 def instruction(constraint: Constraint) -> str:

@@ -106,6 +106,24 @@ def forcing_constraint(options: TurnOptions, choice: ParserChoice, thinking: boo
     return constraint
 
 
+def forcing_instruction(options: TurnOptions) -> str:
+    """The system instruction that asks for a forced tool call whose grammar
+    cannot be enforced (the degrade path of :func:`forcing_constraint`; pure).
+
+    Args:
+        options (TurnOptions): a forcing ``tool_choice`` and its tools.
+
+    Returns:
+        str: the instruction, naming the function (or saying any of the tools).
+    """
+    how = "in the tool-call format described, and write nothing else"
+    if isinstance(options.tool_choice, Mapping):
+        name = options.tool_choice["function"]["name"]
+        return f"Reply only with a call to the function {name}, {how}."
+    calls = "calls to one or more" if options.parallel_tool_calls else "one call to one"
+    return f"Reply only with {calls} of the tools provided, {how}."
+
+
 def tool_parser_name(options: TurnOptions, choice: ParserChoice) -> str | None:
     """The tool format to parse: none when tools are off; a model without a
     known format is read (and forced) as Hermes ``<tool_call>`` JSON."""

@@ -47,9 +47,11 @@ from .common import (
     session_key,
     to_generation_request,
 )
+from .structured import structured_output, warning_header, with_system_note
 from .tool_options import (
     TurnOptions,
     forcing_constraint,
+    forcing_instruction,
     template_kwargs,
     tool_parser_name,
     turn_options,
@@ -107,6 +109,17 @@ class ToolCallArguments:
 
 
 @dataclass(frozen=True)
+class ToolCallCut:
+    """The token budget ended the output inside tool-call markup, which is
+    dropped. ``index`` is the call it had started (its arguments never
+    completed, so it is not a call), or ``None`` when no call had a name yet.
+    Collected turns leave the call out; a stream that already sent its start
+    and fragments ends with ``length`` and sends nothing made up to close it."""
+
+    index: int | None
+
+
+@dataclass(frozen=True)
 class TurnEnd:
     """The turn ended.
 
@@ -119,7 +132,7 @@ class TurnEnd:
     finished: Finished
 
 
-ChatEvent = TextDelta | ReasoningDelta | ToolCallStart | ToolCallArguments | TurnEnd
+ChatEvent = TextDelta | ReasoningDelta | ToolCallStart | ToolCallArguments | ToolCallCut | TurnEnd
 
 
 @dataclass
@@ -142,6 +155,9 @@ class Turn:
         choice (ParserChoice): the model's tool-call and reasoning formats.
         thinking (bool): the prompt left the thinking channel open, so the
             output starts inside it.
+        warning (dict[str, str]): ``{"Warning": ...}`` when a grammar the turn
+            asked for is not enforced (the degrade path), else ``{}``; the
+            surface adds it to its response headers.
     """
 
     request: GenerationRequest
@@ -149,6 +165,7 @@ class Turn:
     options: TurnOptions
     choice: ParserChoice = ParserChoice()
     thinking: bool = False
+    warning: dict[str, str] = field(default_factory=dict)
 
 
 @functools.lru_cache(maxsize=8)
@@ -167,14 +184,25 @@ def _opens_thinking(engine: Engine, prompt: list[int], choice: ParserChoice) -> 
     return tail.rfind(parser.start) > tail.rfind(parser.end)
 
 
-def open_turn(engine: Engine, body: Mapping[str, Any], prompt_param: str = "messages") -> Turn:
+async def open_turn(
+    engine: Engine, body: Mapping[str, Any], prompt_param: str = "messages"
+) -> Turn:
     """Template an OpenAI-shaped chat body and submit it to the engine.
+
+    Every grammar the turn would run under is compiled first (off the event
+    loop), so one that cannot be enforced takes the degrade path before the
+    response starts (reference, "Structured output"): structured output as in
+    :func:`~.structured.structured_output`; a forcing ``tool_choice`` whose
+    tool-call grammar does not compile (a ``parameters`` schema xgrammar
+    rejects, or ``MLXSPEC_GRAMMAR=0``) runs unconstrained, with the forced call
+    asked for in a system instruction (:func:`~.tool_options.forcing_instruction`).
+    Either way ``Turn.warning`` holds the ``Warning`` header.
 
     Args:
         engine (Engine): the serving engine.
         body (Mapping): an OpenAI chat completion body (other surfaces translate
-            to this shape first); ``messages``, ``tools``, ``chat_template_kwargs``
-            and the sampling fields are read.
+            to this shape first); ``messages``, ``tools``, ``chat_template_kwargs``,
+            the structured-output and the sampling fields are read.
         prompt_param (str): the request field named in prompt errors.
             Default: ``"messages"``.
 
@@ -186,19 +214,34 @@ def open_turn(engine: Engine, body: Mapping[str, Any], prompt_param: str = "mess
         ContextLengthError: the prompt does not fit.
         ApiError: an invalid or unenforceable ``tool_choice`` (400).
     """
+    body, warning = await structured_output(engine, dict(body), chat=True)
     options = turn_options(body)
-    tools = list(options.tools) if options.tools and options.tool_choice != "none" else None
     choice = _choice(engine)
-    kwargs = template_kwargs(body, str(getattr(engine.tokenizer, "chat_template", "") or ""))
-    prompt = engine.chat_prompt(body["messages"], tools, kwargs)
-    thinking = _opens_thinking(engine, prompt, choice)
+    prompt, thinking = _render(engine, body, options, choice)
+    forced = bool(options.tools) and options.tool_choice not in ("auto", "none")
+    constraint = forcing_constraint(options, choice, thinking) if forced else None
+    if constraint is not None:
+        reason = await asyncio.to_thread(engine.grammar_problem, constraint)
+        if reason is not None:
+            body = with_system_note(body, forcing_instruction(options))
+            prompt, thinking = _render(engine, body, options, choice)
+            constraint, warning = None, warning_header(reason)
     session = session_key(body, request_headers())
     request = to_generation_request(body, prompt, engine.defaults, engine.info, session)
-    if tools and options.tool_choice != "auto":
-        constraint = forcing_constraint(options, choice, thinking)
+    if forced:  # the tool call wins over any structured-output constraint
         request = dataclasses.replace(request, constraint=constraint)
     handle = engine.submit(request, prompt_param=prompt_param)
-    return Turn(request, handle, options, choice, thinking)
+    return Turn(request, handle, options, choice, thinking, warning)
+
+
+def _render(
+    engine: Engine, body: Mapping[str, Any], options: TurnOptions, choice: ParserChoice
+) -> tuple[list[int], bool]:
+    """The prompt tokens of ``body`` and whether they leave the thinking channel open."""
+    tools = list(options.tools) if options.tools and options.tool_choice != "none" else None
+    kwargs = template_kwargs(body, str(getattr(engine.tokenizer, "chat_template", "") or ""))
+    prompt = engine.chat_prompt(body["messages"], tools, kwargs)
+    return prompt, _opens_thinking(engine, prompt, choice)
 
 
 async def turn_events(turn: Turn) -> AsyncIterator[ChatEvent]:
@@ -210,7 +253,7 @@ async def turn_events(turn: Turn) -> AsyncIterator[ChatEvent]:
     parser = TurnParser(turn.options, turn.choice, turn.thinking)
     async for event in outputs(turn.handle):
         if isinstance(event, Finished):
-            for chat_event in parser.finish():
+            for chat_event in parser.finish(cut=event.finish_reason == "length"):
                 yield chat_event
             yield TurnEnd(parser.finish_reason(event.finish_reason), event)
         elif isinstance(event, Delta):
@@ -240,6 +283,8 @@ class TurnParser:
         self.parallel = options.parallel_tool_calls
         self.calls = 0
         self.dropping = False
+        #: Index of the call whose arguments are still being written, if any.
+        self.open_call: int | None = None
         self.pending: list[TokenLogprob] = []
 
     def feed(self, text: str, logprobs: tuple[TokenLogprob, ...] = ()) -> list[ChatEvent]:
@@ -247,9 +292,20 @@ class TurnParser:
         self.pending.extend(logprobs)
         return self._events(self._split(text, final=False))
 
-    def finish(self) -> list[ChatEvent]:
-        """Events for text still held at the end of output."""
-        events = self._events(self._split("", final=True))
+    def finish(self, cut: bool = False) -> list[ChatEvent]:
+        """Events for text still held at the end of output.
+
+        Args:
+            cut (bool): the token budget ended the output. Tool-call markup
+                still open is then dropped, not repaired into a call nor shown
+                as content, and a call it had started ends with
+                :class:`ToolCallCut`. Default: ``False``.
+        """
+        markup = cut and self.tools is not None and self.tools.holding
+        events = self._events(self._split("", final=True, cut=cut))
+        if markup:
+            events.append(ToolCallCut(self.open_call))
+            self.open_call = None
         if self.pending:
             events.append(TextDelta("", tuple(self.pending)))
             self.pending = []
@@ -259,7 +315,7 @@ class TurnParser:
         """``tool_calls`` when the model stopped after calling tools."""
         return "tool_calls" if self.calls and engine_reason == "stop" else engine_reason
 
-    def _split(self, text: str, final: bool) -> list[ParserDelta]:
+    def _split(self, text: str, final: bool, cut: bool = False) -> list[ParserDelta]:
         pieces: list[ParserDelta] = []
         if self.reasoning is not None:
             pieces += self.reasoning.feed(text) if text else []
@@ -271,7 +327,7 @@ class TurnParser:
         out: list[ParserDelta] = []
         for piece in pieces:
             out += self.tools.feed(piece.text) if isinstance(piece, Content) else [piece]
-        return out + (self.tools.finish() if final else [])
+        return out + (self.tools.finish(cut) if final else [])
 
     def _take(self) -> tuple[TokenLogprob, ...]:
         taken, self.pending = tuple(self.pending), []
@@ -288,11 +344,12 @@ class TurnParser:
                 self.dropping = not self.parallel and self.calls >= 1
                 if not self.dropping:
                     events.append(ToolCallStart(self.calls, new_call_id(), delta.name))
-                    self.calls += 1
+                    self.open_call, self.calls = self.calls, self.calls + 1
             elif isinstance(delta, CallArguments) and not self.dropping:
                 events.append(ToolCallArguments(self.calls - 1, delta.fragment, self._take()))
             elif isinstance(delta, CallEnd):
                 self.dropping = False
+                self.open_call = None
         return events
 
 
@@ -304,6 +361,10 @@ def new_call_id() -> str:
 async def collect_turn(turn: Turn) -> ChatTurn:
     """Gather a non-streamed turn; a client disconnect cancels the engine request.
 
+    A call cut off by the token budget (:class:`ToolCallCut`) is left out; its
+    markup never becomes content, so ``content`` is ``None`` when no text came
+    before it.
+
     Raises:
         ApiError: ``server_error`` or ``cancelled`` from the engine.
     """
@@ -312,6 +373,7 @@ async def collect_turn(turn: Turn) -> ChatTurn:
     reasoning: list[str] = []
     names: dict[int, tuple[str, str]] = {}
     arguments: dict[int, list[str]] = {}
+    cut = False
     watcher = asyncio.ensure_future(cancel_on_disconnect(turn.handle))
     try:
         async for event in turn_events(turn):
@@ -327,6 +389,10 @@ async def collect_turn(turn: Turn) -> ChatTurn:
             elif isinstance(event, ToolCallArguments):
                 arguments.setdefault(event.index, []).append(event.fragment)
                 out.logprobs.extend(event.logprobs)
+            elif isinstance(event, ToolCallCut):
+                if event.index is not None:
+                    names.pop(event.index)
+                cut = True
             elif isinstance(event, TurnEnd):
                 out.finish_reason, out.finished = event.finish_reason, event.finished
     except asyncio.CancelledError:
@@ -338,6 +404,6 @@ async def collect_turn(turn: Turn) -> ChatTurn:
         ToolCall(names[i][0], names[i][1], "".join(arguments.get(i, []))) for i in sorted(names)
     ]
     joined = "".join(text)
-    out.content = joined if joined or not out.tool_calls else None
+    out.content = joined if joined or not (out.tool_calls or cut) else None
     out.reasoning = "".join(reasoning) or None
     return out

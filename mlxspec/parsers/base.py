@@ -161,6 +161,12 @@ class ToolParser:
         self._held_space = ""
         self._calls = 0
 
+    @property
+    def holding(self) -> bool:
+        """Text is held back as (possible) markup: an open block, or the
+        start of a marker the next chunk may complete."""
+        return self._block is not None or bool(self._buffer)
+
     def open_block(self) -> Any:
         """A fresh block parser with ``feed(text) -> deltas`` and
         ``close() -> deltas | None`` (``None``: not a call, show it as text)."""
@@ -178,9 +184,21 @@ class ToolParser:
                 break
         return out
 
-    def finish(self) -> list[ParserDelta]:
-        """Flush at the end of output: an open block is closed (repaired if needed)."""
+    def finish(self, cut: bool = False) -> list[ParserDelta]:
+        """Flush at the end of output: an open block is closed (repaired if needed).
+
+        Args:
+            cut (bool): the token budget ended the output (``finish_reason:
+                "length"``). The open block is then neither repaired nor shown:
+                calls that already ended inside it stand, a call still open gets
+                no :class:`CallEnd` (the caller drops it), and the rest of the
+                block, like a held partial start marker, is discarded as markup.
+                Default: ``False``.
+        """
         out: list[ParserDelta] = []
+        if cut:
+            self._block, self._buffer = None, ""
+            return out
         if self._block is not None:
             self._block_text.append(self._buffer)
             out += self._block.feed(self._buffer)

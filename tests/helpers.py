@@ -1,0 +1,69 @@
+"""Helpers shared by the test modules: SDK clients that check every response
+against the document, scripted tool-model servers, and an error assertion
+several surfaces' tests repeat.
+
+Fixtures (and :class:`LiveServer`) stay in ``conftest.py``; this module holds
+plain functions, imported as ``tests.helpers``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import openai
+from conftest import LiveServer
+
+from fixtures.tool_models import ScriptedEngine, build_tool_model
+from mlxspec.conformance.httpx_checks import checking_client
+
+
+def openai_sdk(base: str, timeout: float = 60) -> openai.OpenAI:
+    """The official ``openai`` SDK on a live server, without retries, over a
+    client that checks every response against the document.
+
+    Args:
+        base (str): the server root, e.g. ``http://127.0.0.1:8000``.
+        timeout (float): seconds per request. Default: ``60``.
+
+    Returns:
+        openai.OpenAI: use it as a context manager to close it.
+    """
+    return openai.OpenAI(
+        base_url=f"{base}/v1",
+        api_key="not-needed",
+        max_retries=0,
+        http_client=checking_client(timeout=timeout),
+    )
+
+
+@contextmanager
+def scripted_tool_server(folder: Path, style: str) -> Iterator[tuple[ScriptedEngine, LiveServer]]:
+    """A :class:`~fixtures.tool_models.ScriptedEngine` on a tool fixture model,
+    behind a live server that validates its responses.
+
+    Args:
+        folder (Path): where to build the model (a new folder).
+        style (str): the tool model's template, e.g. ``"hermes"`` or ``"think"``.
+
+    Yields:
+        tuple[ScriptedEngine, LiveServer]: set ``engine.script`` before each request.
+    """
+    from mlxspec.app import create_app  # the app stack is heavy: only tests that serve pay
+
+    engine = ScriptedEngine(build_tool_model(folder, style))
+    with LiveServer(create_app(engine, validate_responses=True)) as server:
+        yield engine, server
+
+
+def assert_invalid_request(r: httpx.Response, param: str, message: str) -> None:
+    """Assert an OpenAI-style 400 ``invalid_request_error`` with this param and message."""
+    assert r.status_code == 400, r.text
+    assert r.json()["error"] == {
+        "message": message,
+        "type": "invalid_request_error",
+        "param": param,
+        "code": None,
+    }
