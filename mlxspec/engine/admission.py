@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from .fit import ModelMemory
-from .types import EngineRequestError
+from .types import ContextLengthError, EngineRequestError
 
 #: The reference's wait-queue depth (chat "Errors": 64 waiting requests).
 DEFAULT_MAX_QUEUE = 64
@@ -115,6 +115,21 @@ class Admission:
     def running(self, in_flight: int) -> int:
         """Requests in flight that hold a decode slot."""
         return min(in_flight, self.slots)
+
+    def check_window(self, prompt_tokens: int, param: str = "messages") -> None:
+        """Raise ``ContextLengthError`` unless the prompt leaves the model's
+        window room for one token.
+
+        Args:
+            prompt_tokens (int): prompt length in tokens.
+            param (str): the request field named in the error. Default: ``"messages"``.
+        """
+        if prompt_tokens >= self.window:
+            raise ContextLengthError(
+                f"This model's maximum context length is {self.window} tokens, but the prompt "
+                f"has {prompt_tokens} tokens, leaving no room to generate.",
+                param=param,
+            )
 
     def admit(self, prompt_tokens: int, in_flight: int, param: str = "messages") -> None:
         """Accept a request with ``prompt_tokens`` or refuse it.

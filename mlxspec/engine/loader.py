@@ -16,12 +16,16 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from mlxspec.engine.embedding import is_embedding_model
 from mlxspec.engine.gguf import CONVERTER_VERSION, GGUFError, convert_gguf
+from mlxspec.engine.types import ModelInfo
 
 __all__ = [
     "EMBEDDED_DEFAULT",
@@ -348,3 +352,36 @@ def weights_fingerprint(folder: Path) -> str:
             tail = hashlib.sha256(handle.read()).hexdigest()
         digest.update(f"{file.name}\0{stat.st_size}\0{stat.st_mtime_ns}\0{tail}\n".encode())
     return digest.hexdigest()[:16]
+
+
+def read_model_info(
+    path: Path, model_id: str, model: Any, tokenizer: Any, source: str = "local"
+) -> ModelInfo:
+    """Describe a loaded model for ``/v1/models`` and admission.
+
+    The context window is the model config's ``max_position_embeddings``, else
+    the tokenizer's ``model_max_length``, else 4096.
+
+    Args:
+        path (Path): the model folder.
+        model_id (str): the id responses echo.
+        model: the loaded ``mlx_lm`` model.
+        tokenizer: its ``TokenizerWrapper``.
+        source (str): where the folder came from. Default: ``"local"``.
+
+    Returns:
+        ModelInfo: with ``created`` set to now (Unix seconds).
+    """
+    args = getattr(model, "args", None)
+    window = getattr(args, "max_position_embeddings", None)
+    window = window or getattr(tokenizer, "model_max_length", None) or 4096
+    vocab = getattr(args, "vocab_size", None)
+    return ModelInfo(
+        id=model_id,
+        context_window=int(window),
+        created=int(time.time()),
+        source=source,
+        vocab_size=int(vocab) if vocab else None,
+        embedding=is_embedding_model(path, model_id),
+        weights=weights_fingerprint(path),
+    )
