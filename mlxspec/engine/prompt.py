@@ -157,8 +157,12 @@ def render_chat(
     """
     if not getattr(tokenizer, "chat_template", None):
         raise PromptError("model has no chat template; use /v1/completions", param="messages")
-    if tools and not template_renders_tools(tokenizer.chat_template):
-        messages, tools = with_tool_instruction(messages, tools), None
+    if not template_renders_tools(tokenizer.chat_template):
+        # The template knows no tools: calls and results in the history become
+        # text in the syntax the tool instruction teaches.
+        messages = with_tool_history(messages)
+        if tools:
+            messages, tools = with_tool_instruction(messages, tools), None
     kwargs = dict(template_kwargs or {})
     continuing = bool(kwargs.get("continue_final_message"))
     try:
@@ -221,6 +225,50 @@ def with_tool_instruction(messages: list[dict], tools: list) -> list[dict]:
         first["content"] = f"{first.get('content') or ''}\n\n{text}".strip()
         return [first, *messages[1:]]
     return [{"role": "system", "content": text}, *messages]
+
+
+def with_tool_history(messages: list[dict]) -> list[dict]:
+    """``messages`` with tool calls and tool results written as text, for
+    templates that do not render ``tools`` (and so neither ``tool_calls`` nor
+    ``tool`` turns) and would otherwise show a calling assistant turn empty.
+
+    Each assistant call becomes ``<tool_call>{"name": ..., "arguments": {...}}
+    </tool_call>`` (one line per call, after the turn's text), the syntax
+    :data:`TOOL_INSTRUCTION` teaches and the hermes parser reads. A run of
+    ``tool`` messages becomes one ``user`` turn holding each result as
+    ``<tool_response>\\n...\\n</tool_response>``, as Qwen 2.5's template
+    renders them: such a template may not know a ``tool`` role at all.
+
+    Args:
+        messages (list[dict]): normalized chat messages.
+
+    Returns:
+        list[dict]: a new list; ``messages`` is not mutated.
+    """
+    out: list[dict] = []
+    previous = None
+    for message in messages:
+        role = message.get("role")
+        if role == "assistant" and message.get("tool_calls"):
+            calls = [_call_text(call) for call in message["tool_calls"]]
+            text = "\n".join([message["content"], *calls] if message["content"] else calls)
+            out.append({k: v for k, v in message.items() if k != "tool_calls"} | {"content": text})
+        elif role == "tool":
+            result = f"<tool_response>\n{message['content']}\n</tool_response>"
+            if previous == "tool":  # parallel calls' results share one turn
+                out[-1]["content"] += "\n" + result
+            else:
+                out.append({"role": "user", "content": result})
+        else:
+            out.append(message)
+        previous = role
+    return out
+
+
+def _call_text(call: Mapping[str, Any]) -> str:
+    function = call.get("function") or {}
+    body = {"name": function.get("name"), "arguments": function.get("arguments", {})}
+    return f"<tool_call>{json.dumps(body, ensure_ascii=False)}</tool_call>"
 
 
 def dedupe_bos(tokens: list[int], bos_id: int | None) -> list[int]:

@@ -364,8 +364,8 @@ async def collect_turn(turn: Turn) -> ChatTurn:
     """Gather a non-streamed turn; a client disconnect cancels the engine request.
 
     A call cut off by the token budget (:class:`ToolCallCut`) is left out; its
-    markup never becomes content, so ``content`` is ``None`` when no text came
-    before it.
+    markup never becomes content, so ``content`` is ``""`` when no text came
+    before it (``None`` only when the turn holds complete tool calls and no text).
 
     Raises:
         ApiError: ``server_error`` or ``cancelled`` from the engine.
@@ -375,7 +375,6 @@ async def collect_turn(turn: Turn) -> ChatTurn:
     reasoning: list[str] = []
     names: dict[int, tuple[str, str]] = {}
     arguments: dict[int, list[str]] = {}
-    cut = False
     watcher = asyncio.ensure_future(cancel_on_disconnect(turn.handle))
     try:
         async for event in turn_events(turn):
@@ -394,7 +393,6 @@ async def collect_turn(turn: Turn) -> ChatTurn:
             elif isinstance(event, ToolCallCut):
                 if event.index is not None:
                     names.pop(event.index)
-                cut = True
             elif isinstance(event, TurnEnd):
                 out.finish_reason, out.finished = event.finish_reason, event.finished
     except asyncio.CancelledError:
@@ -406,6 +404,7 @@ async def collect_turn(turn: Turn) -> ChatTurn:
         ToolCall(names[i][0], names[i][1], "".join(arguments.get(i, []))) for i in sorted(names)
     ]
     joined = "".join(text)
-    out.content = joined if joined or not (out.tool_calls or cut) else None
+    # ``None`` means "only tool calls" (OpenAI); a call the budget cut is no call.
+    out.content = joined if joined or not out.tool_calls else None
     out.reasoning = "".join(reasoning) or None
     return out
