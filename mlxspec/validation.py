@@ -11,7 +11,8 @@ the small, isolated adapter that fixes both:
 
 Two rules go beyond JSON Schema, matching ``mlx_lm.server``'s
 ``isinstance`` checks: ``integer`` rejects non-integral JSON numbers such as
-``2.0``, and ``NaN``/``Infinity`` literals are invalid JSON. A schema may
+``2.0``, and ``NaN``/``Infinity`` literals, and numbers that overflow a
+double (``1e400``), are invalid JSON. A schema may
 carry ``x-mlxspec-error`` (a message, or a map from JSON Schema keyword to
 message) to give a field the reference's exact error text; ``{field}`` in such
 a message becomes the field's dotted path (``questions.0.type``, ``body`` for
@@ -22,7 +23,9 @@ fields that way in ``param`` too (the decision routes' convention).
 from __future__ import annotations
 
 import json
+import math
 import re
+import sys
 from collections.abc import Iterable
 from typing import Any
 
@@ -92,6 +95,28 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"invalid JSON literal {name}")
 
 
+class _OutOfRange(ValueError):
+    """A JSON number beyond the float range (``1e400``)."""
+
+
+#: The largest finite float, for integers: beyond it ``float(n)`` overflows.
+_FLOAT_MAX = int(sys.float_info.max)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):  # Python reads 1e400 as inf, which no field can take
+        raise _OutOfRange(text)
+    return value
+
+
+def _float_range_int(text: str) -> int:
+    value = int(text)
+    if abs(value) > _FLOAT_MAX:  # a float field would overflow converting it
+        raise _OutOfRange(text)
+    return value
+
+
 #: A ``\\uD800``-``\\uDFFF`` escape: the only way a surrogate gets into a string.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
@@ -101,19 +126,29 @@ def parse_json_body(raw: bytes) -> Any:
 
     Strings holding an unpaired UTF-16 surrogate escape (``"\\ud800"``) are
     refused: they are not Unicode text (RFC 8259 section 8.2), and tokenizers
-    raise on them.
+    raise on them. So are numbers beyond the double range (``1e400``, which
+    Python would read as infinity, like the ``Infinity`` literal refused here;
+    RFC 8259 section 6 leaves such numbers to the implementation).
 
     Returns:
         The decoded value, or ``None`` for an empty body.
 
     Raises:
         ApiError: ``invalid_json`` with the message ``invalid JSON body``
-            (``invalid JSON body: unpaired UTF-16 surrogate`` for the above).
+            (``invalid JSON body: unpaired UTF-16 surrogate`` and ``invalid JSON
+            body: number out of range`` for the above).
     """
     if not raw.strip():
         return None
     try:
-        value = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+        value = json.loads(
+            raw.decode("utf-8"),
+            parse_constant=_reject_constant,
+            parse_float=_finite_float,
+            parse_int=_float_range_int,
+        )
+    except _OutOfRange as exc:
+        raise ApiError("invalid_json", "invalid JSON body: number out of range") from exc
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         # RecursionError: nesting deeper than Python's recursion limit.
         raise ApiError("invalid_json", "invalid JSON body") from exc

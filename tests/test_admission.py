@@ -48,6 +48,17 @@ def test_max_queue_zero_refuses_only_requests_that_would_wait() -> None:
         adm.admit(10, in_flight=2)
 
 
+def test_hold_counts_while_held_and_refuses_like_admit() -> None:
+    adm = Admission(AdmissionLimits(max_queue=1), slots=1, window=100)
+    with adm.hold(in_flight=1):  # the one waiting place
+        assert adm.held == 1
+        with pytest.raises(QueueFullError), adm.hold(in_flight=2):
+            pass
+        assert adm.held == 1  # a refused hold takes nothing
+    assert adm.held == 0
+    assert adm.rejected == {"queue_full": 1, "context_over_budget": 0}
+
+
 def test_no_cap_means_the_window_only() -> None:
     adm = Admission(AdmissionLimits(), slots=1, window=100)
     assert (adm.enforced_context, adm.context_limit) == (None, 100)
@@ -155,6 +166,94 @@ def test_queue_full_is_429_then_queued_requests_complete(idle_engine: Engine) ->
     asyncio.run(go())
     assert idle_engine.counters["completed"] == 2
     assert idle_engine.in_flight == 0
+
+
+QUEUE_FULL = {
+    "error": {
+        "message": "generation queue is full (1 requests waiting); retry later",
+        "type": "resource_admission",
+        "param": None,
+        "code": "queue_full",
+    }
+}
+DECISION = {
+    "model": "m",
+    "input": "The sky is blue.",
+    "questions": [{"type": "predicate", "name": "blue", "instructions": "Is the sky blue?"}],
+}
+SYSTEMONE = {
+    "model": "m",
+    "state": "late",
+    "questions": {"late": {"type": "noul", "instructions": "Is it late?"}},
+}
+
+
+def test_decisions_take_a_queue_place_and_get_429_when_it_is_full(tiny_model_dir: Path) -> None:
+    # Not started: the held completion and decision stay in flight until the test starts it.
+    engine = Engine.load(tiny_model_dir, "tiny-llama", max_batch=1, limits=AdmissionLimits(1))
+    app = create_app(engine, validate_responses=True)
+    completion = {"prompt": "hello", "max_tokens": 3}
+
+    async def go() -> None:
+        transport = httpx.ASGITransport(app=app)
+        async with checking_async_client("http://t", transport=transport, timeout=60) as c:
+            # The completion takes the only slot; the decision is the one waiting.
+            held = [
+                asyncio.ensure_future(c.post("/v1/completions", json=completion)),
+                asyncio.ensure_future(c.post("/v1/decisions", json=DECISION)),
+            ]
+            await _until(lambda: engine.in_flight == 2 and engine.admission.held == 1)
+            refused = [
+                await c.post("/v1/completions", json=completion),
+                await c.post("/v1/decisions", json=DECISION),
+                await c.post("/v1/systemone", json=SYSTEMONE),
+            ]
+            stats = (await c.get("/stats")).json()["admission"]
+            engine.start()
+            done = await asyncio.gather(*held)
+            after = await c.post("/v1/systemone", json=SYSTEMONE)
+        for r in refused:  # System One keeps OpenAI's envelope outside validation
+            assert (r.status_code, r.headers["retry-after"], r.json()) == (429, "1", QUEUE_FULL)
+        assert (stats["queue_depth"], stats["in_flight"]) == (1, 2)
+        assert stats["rejected"] == {"queue_full": 3, "context_over_budget": 0}
+        assert [r.status_code for r in done] == [200, 200]
+        assert done[1].json()["answers"][0]["name"] == "blue"
+        assert after.status_code == 200
+        assert list(after.json()["answers"]) == ["late"]
+
+    try:
+        asyncio.run(go())
+        assert (engine.in_flight, engine.admission.held) == (0, 0)
+    finally:
+        engine.close()
+
+
+def test_embeddings_take_a_queue_place_too(tmp_path: Path) -> None:
+    from fixtures.tiny_embedding import build_tiny_qwen3_embedding
+
+    folder = build_tiny_qwen3_embedding(tmp_path / "tiny-qwen3")
+    engine = Engine.load(folder, "tiny-qwen3-embedding", max_batch=1, limits=AdmissionLimits(1))
+    app = create_app(engine, validate_responses=True)
+    body = {"model": "m", "input": "hello"}
+
+    async def go() -> None:
+        transport = httpx.ASGITransport(app=app)
+        async with checking_async_client("http://t", transport=transport, timeout=60) as c:
+            held = [asyncio.ensure_future(c.post("/v1/embeddings", json=body)) for _ in range(2)]
+            await _until(lambda: engine.in_flight == 2)
+            refused = await c.post("/v1/embeddings", json=body)
+            engine.start()
+            done = await asyncio.gather(*held)
+        assert (refused.status_code, refused.headers["retry-after"]) == (429, "1")
+        assert refused.json() == QUEUE_FULL
+        assert [r.status_code for r in done] == [200, 200]
+        assert done[0].json()["data"] == done[1].json()["data"]
+
+    try:
+        asyncio.run(go())
+        assert (engine.in_flight, engine.admission.held) == (0, 0)
+    finally:
+        engine.close()
 
 
 @pytest.fixture(scope="module")

@@ -81,10 +81,29 @@ def test_completions_session_fields_reach_the_cache(client, tiny_engine, extra, 
     assert after["session_hits"] == before["session_hits"] + 1
     cached = again["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert cached == len(tiny_engine.text_prompt(PROMPT + label)) + 2
-    closed = client.post("/admin/cache/session/close", json={"session_id": label})
+    # Closed with the same field or header that labelled the requests.
+    closed = client.post("/admin/cache/session/close", json=extra, headers=headers)
     assert closed.status_code == 200 and closed.json() == {"closed": True}
     assert stats()["sessions"] == after["sessions"] - 1
     assert stats()["entries"] == after["entries"]  # closing keeps the entries
+
+
+def test_close_prefers_the_body_over_the_affinity_headers(client, tiny_engine) -> None:
+    def sessions() -> int:
+        return tiny_engine.prompt_cache.stats()["sessions"]
+
+    complete(client, PROMPT + "p-body", session_id="p-body")
+    complete(client, PROMPT + "p-header", session_id="p-header")
+    before = sessions()
+    both = {"x-session-affinity": "p-header", "session_id": "p-header"}
+    url = "/admin/cache/session/close"
+    assert client.post(url, json={"session_id": "p-body"}, headers=both).json() == {"closed": True}
+    assert sessions() == before - 1  # p-body went, p-header stays...
+    assert client.post(url, headers={"session_id": "p-header"}).json() == {"closed": True}
+    assert sessions() == before - 2  # ...until the header names it
+    assert client.post(url, json={"session_id": ""}, headers={"x-session-affinity": ""}).json() == {
+        "closed": False
+    }
 
 
 @pytest.mark.parametrize("body", [{}, {"session_id": None}, {"session_id": ""}, None])

@@ -158,8 +158,9 @@ class CountingModel:
 
 
 def test_cancel_during_prefill_abandons_the_request(tiny_engine) -> None:
-    """The prefill progress callback sees the cancel before any forward pass."""
+    """A serial request cancelled before its first step runs no forward pass."""
     from mlxspec.engine import Engine, RequestHandle
+    from mlxspec.engine.solo import run_alone
 
     counting = CountingModel(tiny_engine.model)
     engine = Engine(
@@ -170,7 +171,7 @@ def test_cancel_during_prefill_abandons_the_request(tiny_engine) -> None:
         prompt = tuple(engine.text_prompt("hello ") * 40)
         handle = RequestHandle(GenerationRequest(prompt, max_tokens=5), asyncio.get_running_loop())
         handle.cancel()
-        return engine._generate(handle), [ev async for ev in handle]
+        return run_alone(handle, engine.lane_parts, 5), [ev async for ev in handle]
 
     outcome, events = asyncio.run(go())
     assert outcome == "cancelled"

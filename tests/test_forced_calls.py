@@ -205,7 +205,7 @@ def test_chat_cut_call_is_dropped(real: Real, budget: int) -> None:
     assert r.json()["choices"] == [
         {
             "index": 0,
-            "message": {"role": "assistant", "content": None},
+            "message": {"role": "assistant", "content": ""},
             "logprobs": None,
             "finish_reason": "length",
         }
@@ -284,7 +284,7 @@ def test_chat_stream_cut_inside_a_string_argument(real: Real) -> None:
     assert "".join(fragments) == '{"city": "' + city[:2]
     assert choices[-1] == {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "length"}
     cut = real.post("/v1/chat/completions", _chat([CITY_TOOL], "get_weather", budget))
-    assert cut.json()["choices"][0]["message"] == {"role": "assistant", "content": None}
+    assert cut.json()["choices"][0]["message"] == {"role": "assistant", "content": ""}
 
 
 def _message_body(budget: int) -> dict[str, Any]:

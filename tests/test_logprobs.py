@@ -236,9 +236,10 @@ def test_served_document_states_each_format_limit(client: httpx.Client, oclient)
 
 
 def test_openai_limits(oclient: httpx.Client) -> None:
-    ok = oclient.post(CHAT, json={"messages": MESSAGES, "max_tokens": 1, "top_logprobs": 20})
+    body = {"messages": MESSAGES, "max_tokens": 1, "logprobs": True, "top_logprobs": 20}
+    ok = oclient.post(CHAT, json=body)
     assert len(ok.json()["choices"][0]["logprobs"]["content"][0]["top_logprobs"]) == 20
-    r = oclient.post(CHAT, json={"messages": MESSAGES, "top_logprobs": 21})
+    r = oclient.post(CHAT, json={"messages": MESSAGES, "logprobs": True, "top_logprobs": 21})
     assert_invalid_request(r, "top_logprobs", "top_logprobs must be at most 20")
     r = oclient.post(CHAT, json={"messages": MESSAGES, "logprobs": 2})
     assert_invalid_request(r, "logprobs", "logprobs must be of type bool")
@@ -246,6 +247,32 @@ def test_openai_limits(oclient: httpx.Client) -> None:
     assert_invalid_request(r, "logprobs", "logprobs must be at most 5")
     r = oclient.post(COMP, json={"prompt": "hi", "logprobs": "2"})
     assert_invalid_request(r, "logprobs", "logprobs must be of type bool or int")
+
+
+NEEDS_LOGPROBS = (
+    "Invalid value for 'top_logprobs': logprobs must be true when top_logprobs is used."
+)
+
+
+@pytest.mark.parametrize("path,prompt", [(CHAT, {"messages": MESSAGES}), (COMP, {"prompt": "hi"})])
+@pytest.mark.parametrize("logprobs", [{}, {"logprobs": False}, {"logprobs": None}])
+@pytest.mark.parametrize("top", [0, 3, 20])
+def test_openai_top_logprobs_needs_logprobs(oclient, path, prompt, logprobs, top) -> None:
+    """OpenAI answers ``top_logprobs`` without ``logprobs: true`` with a 400."""
+    body = {**prompt, "max_tokens": 1, **logprobs, "top_logprobs": top}
+    assert_invalid_request(oclient.post(path, json=body), "top_logprobs", NEEDS_LOGPROBS)
+
+
+def test_openai_top_logprobs_unset_or_with_logprobs_is_fine(oclient, client) -> None:
+    for extra in ({"top_logprobs": None}, {"top_logprobs": -1}, {"logprobs": False}):
+        r = oclient.post(CHAT, json={"messages": MESSAGES, "max_tokens": 1, **extra})
+        assert r.status_code == 200 and r.json()["choices"][0]["logprobs"] is None
+    legacy = {"prompt": "hi", "max_tokens": 1, "logprobs": 0, "top_logprobs": 2}
+    top = oclient.post(COMP, json=legacy).json()["choices"][0]["logprobs"]["top_logprobs"]
+    assert [len(t) for t in top] == [2]
+    # The mlx format keeps mlx-lm's rule: k > 0 alone asks for logprobs.
+    r = client.post(CHAT, json={"messages": MESSAGES, "max_tokens": 1, "top_logprobs": 2})
+    assert len(r.json()["choices"][0]["logprobs"]["content"][0]["top_logprobs"]) == 2
 
 
 def test_openai_legacy_integer_logprobs_on_completions(sdk: openai.OpenAI, client) -> None:

@@ -340,7 +340,7 @@ IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png"
         ),
         (
             {"max_tokens": 4, "messages": [{"role": "user", "content": [IMAGE]}]},
-            "model tiny-llama is text-only: 'image_url' content parts are not supported",
+            "model tiny-llama is text-only: 'image' content parts are not supported",
         ),
         (
             {"max_tokens": 4, "messages": [{"role": "system", "content": "x"}]},
@@ -392,7 +392,7 @@ def test_image_inside_a_tool_result_names_the_model(client: httpx.Client) -> Non
         },
     ]
     r = client.post(MESSAGES, json={"max_tokens": 2, "messages": messages})
-    message = "model tiny-llama is text-only: 'image_url' content parts are not supported"
+    message = "model tiny-llama is text-only: 'image' content parts are not supported"
     assert_error(r, 400, "invalid_request_error", message)
 
 

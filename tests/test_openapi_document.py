@@ -26,7 +26,6 @@ GENERATION_CODES = {"200", "400", "401", "413", "415", "429", "499", "500"}
 #: GET routes behind the API key (all but /health).
 READ_CODES = {"200", "400", "401", "500"}
 #: Scoring and embeddings: no generation queue, so no 429.
-FORWARD_CODES = {"200", "400", "401", "413", "415", "499", "500"}
 OPERATIONS = [
     # method, path, operationId, router controller, tag, response codes
     (
@@ -121,7 +120,7 @@ OPERATIONS = [
         "createDecision",
         "mlxspec.handlers.decisions",
         "decisions",
-        FORWARD_CODES,
+        GENERATION_CODES,
     ),
     (
         "post",
@@ -129,7 +128,7 @@ OPERATIONS = [
         "createSystemOneDecision",
         "mlxspec.handlers.decisions",
         "decisions",
-        FORWARD_CODES | {"422"},
+        GENERATION_CODES | {"422"},
     ),
     (
         "post",
@@ -137,7 +136,7 @@ OPERATIONS = [
         "createEmbedding",
         "mlxspec.handlers.embeddings",
         "embeddings",
-        FORWARD_CODES,
+        GENERATION_CODES,
     ),
 ]
 

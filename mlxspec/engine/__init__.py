@@ -9,6 +9,7 @@ scoring (:func:`score_answers`) and embeddings (:func:`embed_texts`).
 from .admission import AdmissionLimits, BudgetTooSmallError, ContextBudgetError, QueueFullError
 from .embedding import Embeddings, embed_texts
 from .generator import Engine, RequestHandle
+from .prompt import off_loop
 from .sampling import GenerationDefaults
 from .scoring import ScoredAnswers, score_answers
 from .ssd_cache import FLUSH_TIMEOUT_S
@@ -57,5 +58,6 @@ __all__ = [
     "TokenLogprob",
     "TopLogprob",
     "embed_texts",
+    "off_loop",
     "score_answers",
 ]

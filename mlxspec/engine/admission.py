@@ -16,10 +16,12 @@ Runs on the submitting thread (the event loop); no MLX work.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from .fit import ModelMemory
-from .types import EngineRequestError
+from .types import ContextLengthError, EngineRequestError
 
 #: The reference's wait-queue depth (chat "Errors": 64 waiting requests).
 DEFAULT_MAX_QUEUE = 64
@@ -88,6 +90,9 @@ class Admission:
         self.window = window
         #: Requests refused so far, by reason (read by /stats and /metrics).
         self.rejected = {"queue_full": 0, "context_over_budget": 0}
+        #: Admitted requests that are not generations (decisions, embeddings) and
+        #: have not ended; the engine counts them in its ``in_flight``.
+        self.held = 0
         caps = [] if limits.max_context is None else [limits.max_context]
         if limits.memory_budget is not None:
             if memory is None:
@@ -111,6 +116,21 @@ class Admission:
         """Requests in flight that hold a decode slot."""
         return min(in_flight, self.slots)
 
+    def check_window(self, prompt_tokens: int, param: str = "messages") -> None:
+        """Raise ``ContextLengthError`` unless the prompt leaves the model's
+        window room for one token.
+
+        Args:
+            prompt_tokens (int): prompt length in tokens.
+            param (str): the request field named in the error. Default: ``"messages"``.
+        """
+        if prompt_tokens >= self.window:
+            raise ContextLengthError(
+                f"This model's maximum context length is {self.window} tokens, but the prompt "
+                f"has {prompt_tokens} tokens, leaving no room to generate.",
+                param=param,
+            )
+
     def admit(self, prompt_tokens: int, in_flight: int, param: str = "messages") -> None:
         """Accept a request with ``prompt_tokens`` or refuse it.
 
@@ -132,6 +152,29 @@ class Admission:
                 f"this server's context limit of {limit} tokens.",
                 param=param,
             )
+        self._check_queue(in_flight)
+
+    @contextmanager
+    def hold(self, in_flight: int) -> Iterator[None]:
+        """Admit one request that generates nothing (decisions, embeddings) for the
+        duration of the ``with`` block: it takes a place in the queue exactly as
+        a generation does (the reference reserves one per decision request).
+
+        Args:
+            in_flight (int): requests submitted and not yet ended (the engine's
+                ``in_flight``, which includes :attr:`held`).
+
+        Raises:
+            QueueFullError: ``max_queue`` requests are already waiting.
+        """
+        self._check_queue(in_flight)
+        self.held += 1
+        try:
+            yield
+        finally:
+            self.held -= 1
+
+    def _check_queue(self, in_flight: int) -> None:
         if self.waiting(in_flight + 1) > self.limits.max_queue:  # it would wait past the end
             self.rejected["queue_full"] += 1
             raise QueueFullError(

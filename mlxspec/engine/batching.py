@@ -3,7 +3,9 @@
 Requests join the running batch between decode steps and leave it when they
 finish or are cancelled; each keeps its own sampler, logits processors and
 token budget (``BatchGenerator.insert``'s per-sequence options). Output
-bookkeeping is the same :class:`~.rows.Row` the serial lane uses.
+bookkeeping is the same :class:`~.rows.Row` the serial lane uses. A request
+that began decoding alone (:mod:`.solo`) joins mid-generation through
+:meth:`BatchLane.adopt`.
 
 With a :class:`~.prompt_cache.PromptCache`, a request joins with a copy of the
 best kept KV cache and only its uncached prompt tail (``insert``'s ``caches``
@@ -13,12 +15,10 @@ and ``all_tokens``, as ``mlx_lm.server`` does); when it leaves, its KV cache
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .grammar import GrammarCache
-from .prompt_cache import CacheNamespace, PromptCache
+from .lanes import Handoff, LaneParts
 from .rows import Row
 from .sampling import build_logits_processors, build_sampler
 from .types import Failed
@@ -26,89 +26,78 @@ from .types import Failed
 if TYPE_CHECKING:
     from .generator import RequestHandle
 
-log = logging.getLogger("mlxspec.engine")
-
 
 class BatchLane:
     """A running batch of requests.
 
     Args:
-        model: the mlx-lm model.
-        tokenizer: its ``TokenizerWrapper``.
-        eos (set[int]): end-of-sequence ids (also the batch's stop tokens).
-        xtc_special (list[int]): tokens XTC never removes.
+        parts (LaneParts): model, tokenizer, stop tokens, prompt cache and
+            grammar compiler of the engine; ``parts.prefill_step`` prompt tokens
+            are prefilled per :meth:`step`, so cancellation is seen between chunks.
         max_batch (int): most sequences decoding at once.
         on_done (Callable[[str], None]): called with ``"completed"`` or
             ``"cancelled"`` when a request leaves the batch.
-        prefill_step (int): prompt tokens per prefill chunk; each ``step``
-            processes at most one chunk, so cancellation is seen between chunks.
-            Default: ``2048`` (mlx-lm's).
-        prompt_cache (PromptCache | None): where prefixes are looked up and
-            finished KV caches kept. Default: ``None`` (no reuse).
-        namespace (CacheNamespace | None): the engine's cache namespace
-            (required with ``prompt_cache``). Default: ``None``.
-        grammars (GrammarCache | None): compiles requests' constraints into
-            per-row processors; ``None`` ignores constraints. Default: ``None``.
     """
 
-    def __init__(
-        self,
-        model: Any,
-        tokenizer: Any,
-        eos: set[int],
-        xtc_special: list[int],
-        max_batch: int,
-        on_done: Callable[[str], None],
-        prefill_step: int = 2048,
-        prompt_cache: PromptCache | None = None,
-        namespace: CacheNamespace | None = None,
-        grammars: GrammarCache | None = None,
-    ) -> None:
+    def __init__(self, parts: LaneParts, max_batch: int, on_done: Callable[[str], None]) -> None:
         from mlx_lm.generate import BatchGenerator
 
-        self._model = model
-        self._prefill_step = prefill_step
-        self._tokenizer = tokenizer
-        self._eos = eos
-        self._xtc_special = xtc_special
+        self._parts = parts
         self._on_done = on_done
-        self._grammars = grammars
         self._gen = BatchGenerator(
-            model,
-            stop_tokens=[[t] for t in sorted(eos)],
+            parts.model,
+            stop_tokens=[[t] for t in sorted(parts.eos)],
             completion_batch_size=max_batch,
             prefill_batch_size=min(max_batch, 8),
-            prefill_step_size=prefill_step,
+            prefill_step_size=parts.prefill_step,
         )
         self._rows: dict[int, Row] = {}
-        self._cache = prompt_cache if namespace is not None else None
-        self._namespace = namespace
+        self._cache = parts.prompt_cache
+        self._namespace = parts.namespace
 
     def __len__(self) -> int:
         return len(self._rows)
 
     def add(self, handle: RequestHandle, max_tokens: int) -> None:
         """Queue ``handle``'s request into the batch with a budget of ``max_tokens`` (>= 1)."""
-        req = handle.request
-        cache, cached = None, 0
-        if self._cache is not None and self._namespace is not None:
-            if req.shared_prefill:
-                self._prefill_once(req.prompt, req.session)
-            cache, cached = self._cache.fetch(self._namespace, req.prompt, req.session)
-        grammar = None if self._grammars is None else self._grammars.for_request(req.constraint)
-        # The grammar mask goes last: after penalties and logit_bias.
-        processors = build_logits_processors(req.logits) + ([grammar] if grammar else [])
+        req, parts = handle.request, self._parts
+        if req.shared_prefill:
+            self._prefill_once(req.prompt, req.session)
+        cache, cached = self._cache.fetch(self._namespace, req.prompt, req.session)
+        grammar = None if parts.grammars is None else parts.grammars.for_request(req.constraint)
+        row = Row(
+            handle, parts.tokenizer, parts.eos, lane="batched", cached=cached, grammar=grammar
+        )
+        self.adopt(
+            Handoff(
+                row=row,
+                feed=list(req.prompt[cached:]),
+                held=list(req.prompt[:cached]),
+                cache=cache,
+                max_tokens=max_tokens,
+                sampler=build_sampler(req.sampling, list(parts.xtc_special)),
+                # The grammar mask goes last: after penalties and logit_bias.
+                processors=build_logits_processors(req.logits) + ([grammar] if grammar else []),
+            )
+        )
+
+    def adopt(self, handoff: Handoff) -> None:
+        """Continue a request in the batch: a new one (:meth:`add`) or one that
+        decoded alone so far (:meth:`~.solo.SoloRun.handoff`), whose row keeps
+        its count, text and stop-string state.
+
+        Raises:
+            ValueError: ``BatchGenerator.insert`` rejected the row's options.
+        """
         (uid,) = self._gen.insert(
-            [list(req.prompt[cached:])],
-            max_tokens=[max_tokens],
-            caches=[cache],
-            all_tokens=[list(req.prompt[:cached])],
-            samplers=[build_sampler(req.sampling, self._xtc_special)],
-            logits_processors=[processors],
+            [handoff.feed],
+            max_tokens=[handoff.max_tokens],
+            caches=[handoff.cache],
+            all_tokens=[handoff.held],
+            samplers=[handoff.sampler],
+            logits_processors=[handoff.processors],
         )
-        self._rows[uid] = Row(
-            handle, self._tokenizer, self._eos, lane="batched", cached=cached, grammar=grammar
-        )
+        self._rows[uid] = handoff.row
 
     def _prefill_once(self, prompt: tuple[int, ...], session: str | None) -> None:
         """Keep the KV cache of ``prompt[:-1]`` in the prompt cache unless it is
@@ -122,14 +111,14 @@ class BatchLane:
         import mlx.core as mx
         from mlx_lm.models.cache import make_prompt_cache
 
-        assert self._cache is not None and self._namespace is not None
         head = prompt[:-1]
         if len(head) < 2 or self._cache.covered(self._namespace, prompt) >= len(head):
             return
-        cache = make_prompt_cache(self._model)
+        cache = make_prompt_cache(self._parts.model)
         tokens = mx.array(head, dtype=mx.uint32)[None]
-        for start in range(0, len(head), self._prefill_step):
-            self._model(tokens[:, start : start + self._prefill_step], cache=cache)
+        step = self._parts.prefill_step
+        for start in range(0, len(head), step):
+            self._parts.model(tokens[:, start : start + step], cache=cache)
             mx.eval([c.state for c in cache])
         self._cache.store(self._namespace, head, cache, session)
 
@@ -137,7 +126,7 @@ class BatchLane:
         """Drop cancelled requests, then run one prefill/decode step and route its tokens."""
         gone = [uid for uid, row in self._rows.items() if row.handle.cancelled]
         if gone:
-            self._keep(self._gen.remove(gone, return_prompt_caches=self._cache is not None))
+            self._keep(self._gen.remove(gone, return_prompt_caches=self._cache.enabled))
             for uid in gone:
                 del self._rows[uid]
                 self._on_done("cancelled")
@@ -149,7 +138,7 @@ class BatchLane:
             row = self._rows.get(r.uid)
             if row is None:
                 continue
-            if self._cache is not None:
+            if self._cache.enabled:
                 row.before_finish = lambda r=r: self._keep_finished(r)
             ended = row.push(r.token, r.logprobs)
             if not ended and r.finish_reason is not None:
@@ -175,15 +164,10 @@ class BatchLane:
     def _keep(self, caches: dict[int, tuple[list[Any], list[int]]]) -> None:
         """Hand leaving rows' KV caches (``uid -> (cache, tokens it holds)``)
         to the prompt cache, under each request's session."""
-        if self._cache is None or self._namespace is None:
-            return
         for uid, (cache, tokens) in caches.items():
             row = self._rows.get(uid)
             session = row.request.session if row is not None else None
-            try:
-                self._cache.store(self._namespace, tuple(tokens), cache, session)
-            except Exception:  # the cache is an optimisation: never fail the rows
-                log.exception("prompt cache store failed")
+            self._parts.keep(tokens, cache, session)
 
     def fail_all(self, message: str) -> int:
         """Fail every request in the batch with ``message``; returns how many."""

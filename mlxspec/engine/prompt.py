@@ -7,15 +7,58 @@ templates render ``arguments | tojson``. Assistant ``reasoning`` is exposed as
 ``reasoning_content`` (the name Qwen-style templates read) unless that is given,
 even empty (reference, chat request body). Media parts on a text-only model are
 a :class:`PromptError`, never silently dropped.
+
+Building a prompt is CPU work proportional to its size (a multi-megabyte body
+takes seconds), so handlers run it through :func:`off_loop` on a few
+dedicated threads instead of the event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import functools
 import json
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from .types import PromptError
+
+T = TypeVar("T")
+
+#: Threads that build prompts. More than the cores would not build faster; a
+#: few let a small prompt start while a huge one is still being tokenized.
+PROMPT_THREADS = 4
+_BUILDERS = concurrent.futures.ThreadPoolExecutor(PROMPT_THREADS, "mlxspec-prompt")
+
+
+async def off_loop(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run prompt building (``fn(*args, **kwargs)``) on a prompt thread and
+    await it, so the event loop keeps serving other clients meanwhile.
+
+    Thread safety, with the engine thread detokenizing through the same
+    tokenizer: template rendering reads only its arguments, and a Hugging Face
+    fast tokenizer encodes and decodes under a shared borrow of its Rust core
+    (``encode_batch``, which also releases the GIL). Only switching truncation
+    or padding borrows it exclusively (the "Already borrowed" error);
+    transformers switches them on an encode only when they differ from the
+    requested state, which is settled by the encode the engine's constructor
+    makes, and nothing here asks for truncation or padding.
+
+    Args:
+        fn (Callable[..., T]): the work, e.g. ``Engine.chat_prompt``.
+        *args: positional arguments of ``fn``.
+        **kwargs: keyword arguments of ``fn``.
+
+    Returns:
+        T: what ``fn`` returned.
+
+    Raises:
+        Exception: whatever ``fn`` raised (e.g. :class:`PromptError`).
+    """
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(_BUILDERS, functools.partial(fn, *args, **kwargs))
+
 
 _MEDIA_PARTS = {"image_url", "image", "input_audio", "audio", "audio_url", "video_url", "video"}
 
@@ -93,7 +136,11 @@ def render_chat(
     """Render messages with the chat template and tokenize, as mlx_lm.server does.
 
     The rendered text is encoded without adding special tokens (the template
-    writes its own), then a doubled BOS is reduced to one.
+    writes its own), then a doubled BOS is reduced to one. With
+    ``continue_final_message`` among ``template_kwargs`` the last message (an
+    assistant prefill) is left open for the model to continue, instead of
+    closed and followed by a new generation prompt (transformers'
+    ``apply_chat_template`` option, as vLLM exposes it).
 
     Args:
         tokenizer: an ``mlx_lm`` ``TokenizerWrapper`` (or HF tokenizer).
@@ -110,17 +157,28 @@ def render_chat(
     """
     if not getattr(tokenizer, "chat_template", None):
         raise PromptError("model has no chat template; use /v1/completions", param="messages")
-    if tools and not template_renders_tools(tokenizer.chat_template):
-        messages, tools = with_tool_instruction(messages, tools), None
+    if not template_renders_tools(tokenizer.chat_template):
+        # The template knows no tools: calls and results in the history become
+        # text in the syntax the tool instruction teaches.
+        messages = with_tool_history(messages)
+        if tools:
+            messages, tools = with_tool_instruction(messages, tools), None
+    kwargs = dict(template_kwargs or {})
+    continuing = bool(kwargs.get("continue_final_message"))
     try:
         text = tokenizer.apply_chat_template(
             messages,
             tools=tools or None,
-            add_generation_prompt=True,
+            add_generation_prompt=not continuing,
             tokenize=False,
-            **dict(template_kwargs or {}),
+            **kwargs,
         )
     except Exception as exc:  # jinja2 TemplateError, TypeError from bad values
+        if continuing:  # transformers' message would quote the whole rendered prompt
+            raise PromptError(
+                "prompt build failed: the chat template cannot continue the final message",
+                param="messages",
+            ) from exc
         raise PromptError(f"prompt build failed: {exc}", param="messages") from exc
     tokens = dedupe_bos(tokenizer.encode(text, add_special_tokens=False), tokenizer.bos_token_id)
     if not tokens:  # e.g. a chat_template_kwargs "chat_template" that renders nothing
@@ -167,6 +225,50 @@ def with_tool_instruction(messages: list[dict], tools: list) -> list[dict]:
         first["content"] = f"{first.get('content') or ''}\n\n{text}".strip()
         return [first, *messages[1:]]
     return [{"role": "system", "content": text}, *messages]
+
+
+def with_tool_history(messages: list[dict]) -> list[dict]:
+    """``messages`` with tool calls and tool results written as text, for
+    templates that do not render ``tools`` (and so neither ``tool_calls`` nor
+    ``tool`` turns) and would otherwise show a calling assistant turn empty.
+
+    Each assistant call becomes ``<tool_call>{"name": ..., "arguments": {...}}
+    </tool_call>`` (one line per call, after the turn's text), the syntax
+    :data:`TOOL_INSTRUCTION` teaches and the hermes parser reads. A run of
+    ``tool`` messages becomes one ``user`` turn holding each result as
+    ``<tool_response>\\n...\\n</tool_response>``, as Qwen 2.5's template
+    renders them: such a template may not know a ``tool`` role at all.
+
+    Args:
+        messages (list[dict]): normalized chat messages.
+
+    Returns:
+        list[dict]: a new list; ``messages`` is not mutated.
+    """
+    out: list[dict] = []
+    previous = None
+    for message in messages:
+        role = message.get("role")
+        if role == "assistant" and message.get("tool_calls"):
+            calls = [_call_text(call) for call in message["tool_calls"]]
+            text = "\n".join([message["content"], *calls] if message["content"] else calls)
+            out.append({k: v for k, v in message.items() if k != "tool_calls"} | {"content": text})
+        elif role == "tool":
+            result = f"<tool_response>\n{message['content']}\n</tool_response>"
+            if previous == "tool":  # parallel calls' results share one turn
+                out[-1]["content"] += "\n" + result
+            else:
+                out.append({"role": "user", "content": result})
+        else:
+            out.append(message)
+        previous = role
+    return out
+
+
+def _call_text(call: Mapping[str, Any]) -> str:
+    function = call.get("function") or {}
+    body = {"name": function.get("name"), "arguments": function.get("arguments", {})}
+    return f"<tool_call>{json.dumps(body, ensure_ascii=False)}</tool_call>"
 
 
 def dedupe_bos(tokens: list[int], bos_id: int | None) -> list[int]:

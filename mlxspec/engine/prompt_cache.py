@@ -27,14 +27,18 @@ engine thread (they touch MLX arrays); :meth:`stats`, :meth:`close_session` and
 from __future__ import annotations
 
 import copy
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from .ssd_cache import SsdCache
 from .types import LogitsParams
+
+log = logging.getLogger("mlxspec.engine")
 
 #: Default RAM budget for kept KV caches, bytes (``--prompt-cache-bytes``).
 DEFAULT_PROMPT_CACHE_BYTES = 1 << 30
@@ -81,11 +85,15 @@ class CacheNamespace(NamedTuple):
         model (str): the served model id.
         adapter (str | None): the LoRA adapter in use, if any.
         kv_quant (str): the KV cache precision (``"bf16"`` for none).
+        weights (str | None): the weight files' fingerprint
+            (:func:`~.loader.weights_fingerprint`), so that entries kept on disk
+            for other weights at the same path are never restored. Default: ``None``.
     """
 
     model: str
     adapter: str | None = None
     kv_quant: str = "bf16"
+    weights: str | None = None
 
 
 Key = tuple[CacheNamespace, tuple[int, ...]]
@@ -193,6 +201,24 @@ class PromptCache:
             ),
             0,
         )
+
+    @classmethod
+    def tiered(cls, max_bytes: int, ssd_dir: Path | None, ssd_bytes: int) -> PromptCache:
+        """A RAM cache with an SSD tier in ``ssd_dir`` when given (``--ssd-cache``);
+        with a RAM budget of 0 the SSD tier is not used either (a warning is logged).
+
+        Args:
+            max_bytes (int): RAM budget in bytes.
+            ssd_dir (Path | None): directory of the SSD tier.
+            ssd_bytes (int): disk budget of the SSD tier in bytes.
+
+        Returns:
+            PromptCache: the cache.
+        """
+        if ssd_dir is not None and max_bytes <= 0:
+            log.warning("the prompt cache is off (budget 0): --ssd-cache is not used")
+        ssd = SsdCache(ssd_dir, ssd_bytes) if ssd_dir is not None and max_bytes > 0 else None
+        return cls(max_bytes, ssd)
 
     @property
     def enabled(self) -> bool:

@@ -69,6 +69,21 @@ def piece_bytes(detokenizer: Any, tokenizer: Any, token: int, piece: str | None)
     return tokenizer.decode([token]).encode()
 
 
+def keep_leading_space(detokenizer: Any) -> None:
+    """Stop an mlx-lm BPE or SPM streaming detokenizer from dropping the space
+    that starts its first text (it does so while its ``text`` is empty): its
+    text is seeded with a character that ``last_segment`` has already passed,
+    so it is never emitted. The naive detokenizer keeps what ``decode`` gives.
+
+    Args:
+        detokenizer: a fresh mlx-lm ``StreamingDetokenizer``.
+    """
+    from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, SPMStreamingDetokenizer
+
+    if isinstance(detokenizer, (BPEStreamingDetokenizer, SPMStreamingDetokenizer)):
+        detokenizer.text, detokenizer.offset = "\n", 1
+
+
 def token_logprob(
     tokenizer: Any, token: int, logprobs: Any, top_k: int, detokenizer: Any = None
 ) -> TokenLogprob:
@@ -141,6 +156,8 @@ class Row:
         self._tokenizer = tokenizer
         self._eos = eos
         self._detok = tokenizer.detokenizer
+        if self.request.continuation:
+            keep_leading_space(self._detok)
         self._stops = StopMatcher(self.request.stop)
         self._want_logprobs = self.request.logprobs or self.request.top_logprobs > 0
         self._grammar = grammar

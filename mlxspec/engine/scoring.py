@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from .prompt import off_loop
 from .types import ContextLengthError, PromptError
 
 #: Prompt tokens per prefill chunk (bounds the logits held at once).
@@ -161,10 +162,7 @@ async def score_answers(engine: Any, messages: list[dict], answers: Sequence[str
         ContextLengthError: prompt + an answer exceeds the context window (or
             the operator's ``--max-context`` / memory-budget cap).
     """
-    prompt = engine.chat_prompt(messages, template_kwargs={"enable_thinking": False})
-    ending = answer_ending(engine.tokenizer)
-    tokenizer = engine.tokenizer
-    candidates = [list(tokenizer.encode(a + ending, add_special_tokens=False)) for a in answers]
+    prompt, candidates = await off_loop(_decision_tokens, engine, messages, answers)
     limit = engine.admission.context_limit  # the model's window or the operator's cap
     longest = len(prompt) + max(len(c) for c in candidates) - 1
     if longest > limit:
@@ -176,6 +174,16 @@ async def score_answers(engine: Any, messages: list[dict], answers: Sequence[str
     scores = await engine.run_exclusive(partial(loglikelihoods, engine.model, prompt, candidates))
     used = sum(len(prompt) + len(c) - 1 for c in candidates)
     return ScoredAnswers(tuple(scores), softmax(scores), used)
+
+
+def _decision_tokens(
+    engine: Any, messages: list[dict], answers: Sequence[str]
+) -> tuple[list[int], list[list[int]]]:
+    """The prompt's and each candidate's token ids (a prompt thread's work)."""
+    prompt = engine.chat_prompt(messages, template_kwargs={"enable_thinking": False})
+    ending = answer_ending(engine.tokenizer)
+    encode = engine.tokenizer.encode
+    return prompt, [list(encode(a + ending, add_special_tokens=False)) for a in answers]
 
 
 def loglikelihoods(

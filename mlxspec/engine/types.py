@@ -106,6 +106,9 @@ class GenerationRequest:
             ``n`` choices of one request): the batched lane prefills the prompt
             once into the prompt cache and every sibling starts from it.
             Default: ``False``.
+        continuation (bool): the prompt ends inside text the output continues
+            (an assistant prefill), so the output keeps a leading space, which
+            mlx-lm's detokenizers drop at the start of an answer. Default: ``False``.
     """
 
     prompt: tuple[int, ...]
@@ -118,6 +121,7 @@ class GenerationRequest:
     session: str | None = None
     constraint: Constraint | None = None
     shared_prefill: bool = False
+    continuation: bool = False
 
 
 @dataclass(frozen=True)
@@ -245,6 +249,8 @@ class ModelInfo:
         embedding (bool): the model is an embedding model (serves
             ``/v1/embeddings``; see :func:`.embedding.is_embedding_model`).
             Default: ``False``.
+        weights (str | None): fingerprint of the weight files
+            (:func:`.loader.weights_fingerprint`); ``None`` if unknown. Default: ``None``.
     """
 
     id: str
@@ -253,3 +259,4 @@ class ModelInfo:
     source: str = "local"
     vocab_size: int | None = None
     embedding: bool = False
+    weights: str | None = None

@@ -9,17 +9,20 @@ from typing import Any
 
 from mlxspec.engine import FLUSH_TIMEOUT_S
 
-from .common import JSON, current_engine
+from .common import JSON, current_engine, request_headers, session_key
 
 
 async def close_cache_session(body: dict[str, Any] | None = None) -> Any:
     """Forget a session's checkpoint association; its entries stay cached.
 
+    The session is read as the generation routes read it (:func:`.common.session_key`:
+    body ``session_id``, ``prompt_cache_key``, then the affinity headers), so a
+    client that labels its requests with a header closes the session the same way.
     ``closed`` says whether a session id was supplied, as the reference answers,
     not whether the session was known (sessions are process-local labels).
     """
-    session = (body or {}).get("session_id")
-    if not session:
+    session = session_key(body or {}, request_headers())
+    if session is None:
         return {"closed": False}, 200, JSON
     current_engine().prompt_cache.close_session(session)
     return {"closed": True}, 200, JSON

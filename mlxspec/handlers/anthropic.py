@@ -30,14 +30,17 @@ def to_chat_body(body: Mapping[str, Any]) -> dict[str, Any]:
     ``system`` becomes a leading system message; ``tool_use`` blocks become the
     assistant's ``tool_calls`` (``input`` as JSON text); ``tool_result`` blocks
     become ``tool`` messages placed before the rest of their user turn (Anthropic
-    requires them first); ``image`` blocks become ``image_url`` parts (a
-    ``data:`` URL for base64), which a text-only model answers with a 400 naming
-    it; ``thinking`` blocks are dropped. Tools without both ``name`` and
+    requires them first); ``image`` blocks stay ``image`` parts, which a
+    text-only model answers with a 400 naming it and the block type;
+    ``thinking`` blocks are dropped. Tools without both ``name`` and
     ``input_schema`` (server tools) are dropped; ``tool_choice`` maps ``auto`` ->
     ``"auto"``, ``any`` -> ``"required"``, ``tool`` -> the named function,
     ``none`` -> ``"none"``, and ``disable_parallel_tool_use`` ->
     ``parallel_tool_calls: false``; ``thinking`` sets the template variable
-    ``enable_thinking``; ``stop_sequences`` become ``stop``.
+    ``enable_thinking``; ``stop_sequences`` become ``stop``. A final
+    ``assistant`` turn without ``tool_use`` is a prefill: the template variable
+    ``continue_final_message`` leaves it open, so the reply continues its text
+    (Anthropic's "Prefill Claude's response").
 
     Args:
         body (Mapping): a request body validated against ``CreateMessageRequest``
@@ -61,9 +64,16 @@ def to_chat_body(body: Mapping[str, Any]) -> dict[str, Any]:
         chat["tool_choice"] = _tool_choice(choice)
         if choice.get("disable_parallel_tool_use") is True:
             chat["parallel_tool_calls"] = False
+    variables: dict[str, Any] = {}
     thinking = body.get("thinking")
     if thinking is not None:
-        chat["chat_template_kwargs"] = {"enable_thinking": thinking["type"] != "disabled"}
+        variables["enable_thinking"] = thinking["type"] != "disabled"
+    last = messages[-1] if messages else {}
+    if body["messages"][-1]["role"] == "assistant" and not last.get("tool_calls"):
+        # A trailing assistant turn is a prefill: the reply continues it.
+        variables["continue_final_message"] = True
+    if variables:
+        chat["chat_template_kwargs"] = variables
     return chat
 
 
@@ -111,18 +121,11 @@ def _text_part(text: str) -> dict[str, Any]:
 
 
 def _part(block: Mapping[str, Any]) -> dict[str, Any]:
-    """A content block as an OpenAI content part. Types the chat path does not
-    know pass through unchanged, for the prompt builder to reject by name."""
+    """A content block as an OpenAI content part. Other blocks (``image``,
+    ``document``) pass through unchanged, so the prompt builder rejects them
+    under the name the client sent (no model served here reads images)."""
     if block["type"] == "text":
         return _text_part(block["text"])
-    if block["type"] == "image":
-        source = block["source"]
-        url = (
-            f"data:{source['media_type']};base64,{source['data']}"
-            if source["type"] == "base64"
-            else source["url"]
-        )
-        return {"type": "image_url", "image_url": {"url": url}}
     return dict(block)
 
 

@@ -139,6 +139,8 @@ def to_generation_request(
         constraint=to_constraint(body),
         # n > 1: the choices are sibling requests on one prompt (handlers.choices)
         shared_prefill=int(body.get("n") or 1) > 1,
+        # an open final message (engine.prompt.render_chat) is continued
+        continuation=bool((body.get("chat_template_kwargs") or {}).get("continue_final_message")),
     )
 
 

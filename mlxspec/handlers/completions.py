@@ -1,11 +1,17 @@
-"""``POST /v1/completions`` (operationId ``createCompletion``): raw text, no template."""
+"""``POST /v1/completions`` (operationId ``createCompletion``): raw text, no template.
+
+The text continues the prompt verbatim: a completion that starts with a space
+keeps it (``"The capital of France is"`` -> ``" Paris."``), so prompt + text
+reads as one string and ``text_offset`` indexes ``text``.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from mlxspec import sse
-from mlxspec.engine import Finished, GenerationRequest, RequestHandle
+from mlxspec.engine import Finished, GenerationRequest, RequestHandle, off_loop
 
 from .choices import (
     ChoiceStream,
@@ -36,9 +42,12 @@ async def create_completion(body: dict[str, Any]) -> Any:
     """Tokenize ``prompt`` as mlx-lm does, generate ``n`` choices, answer as JSON or SSE."""
     engine = current_engine()
     body, warning = await structured_output(engine, body, chat=False)
-    prompt = engine.text_prompt(body["prompt"])
+    prompt = await off_loop(engine.text_prompt, body["prompt"])
     session = session_key(body, request_headers())
     first = to_generation_request(body, prompt, engine.defaults, engine.info, session)
+    # The output continues the prompt's text, so a leading space is kept
+    # (OpenAI and vLLM do; mlx_lm.server trims it: docs/deviations.md).
+    first = dataclasses.replace(first, continuation=True)
     handle = engine.submit(first, prompt_param="prompt")
     runs = submit_choices(engine, first, handle, choice_count(body), "prompt")
     handles = [handle for _, handle in runs]

@@ -55,17 +55,22 @@ async def _decide(request: DecisionRequest, systemone: bool) -> tuple[str, list[
             model), naming ``state`` or ``input``; ``cancelled`` if the client
             leaves.
         ContextLengthError: a prompt plus an answer exceeds the context window.
+        QueueFullError: ``--max-queue`` requests already wait (429 ``queue_full``).
     """
     engine = current_engine()
     answers, used = [], 0
-    for question in request.questions:
-        messages = question_messages(request, question)
-        try:
-            scored = await until_disconnect(score_answers(engine, messages, answer_texts(question)))
-        except PromptError as exc:
-            raise ApiError(
-                "invalid_request", exc.message, param="state" if systemone else "input"
-            ) from exc
-        answers.append(render_answer(question, scored.probabilities, systemone))
-        used += scored.input_tokens
+    # One place in the admission queue for the whole request, like a generation.
+    with engine.admission.hold(engine.in_flight):
+        for question in request.questions:
+            messages = question_messages(request, question)
+            try:
+                scored = await until_disconnect(
+                    score_answers(engine, messages, answer_texts(question))
+                )
+            except PromptError as exc:
+                raise ApiError(
+                    "invalid_request", exc.message, param="state" if systemone else "input"
+                ) from exc
+            answers.append(render_answer(question, scored.probabilities, systemone))
+            used += scored.input_tokens
     return engine.info.id, answers, used

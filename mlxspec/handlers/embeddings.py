@@ -25,6 +25,7 @@ async def create_embedding(body: dict[str, Any]) -> Any:
 
     Raises:
         ApiError: the served model is not an embedding model (param ``model``).
+        QueueFullError: ``--max-queue`` requests already wait (429 ``queue_full``).
     """
     engine = current_engine()
     if not engine.info.embedding:
@@ -36,7 +37,9 @@ async def create_embedding(body: dict[str, Any]) -> Any:
         )
     raw = body["input"]
     texts = [raw] if isinstance(raw, str) else list(raw)
-    result = await until_disconnect(embed_texts(engine, texts, body.get("instruction")))
+    # A place in the admission queue, as a generation takes (429 when full).
+    with engine.admission.hold(engine.in_flight):
+        result = await until_disconnect(embed_texts(engine, texts, body.get("instruction")))
     as_base64 = body.get("encoding_format") == "base64"
     data = [
         {"object": "embedding", "index": i, "embedding": encode_base64(v) if as_base64 else list(v)}

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from mlxspec import sse
-from mlxspec.engine import Finished
+from mlxspec.engine import Finished, off_loop
 
 from .anthropic import to_chat_body
 from .common import JSON, current_engine
@@ -87,7 +87,8 @@ async def count_message_tokens(body: dict[str, Any]) -> Any:
     # none, and the template variables come from template_kwargs.
     tools = list(options.tools) if options.tools and options.tool_choice != "none" else None
     template = str(getattr(engine.tokenizer, "chat_template", "") or "")
-    prompt = engine.chat_prompt(chat["messages"], tools, template_kwargs(chat, template))
+    kwargs = template_kwargs(chat, template)
+    prompt = await off_loop(engine.chat_prompt, chat["messages"], tools, kwargs)
     return {"input_tokens": len(prompt)}, 200, JSON
 
 

@@ -26,6 +26,7 @@ from mlxspec.engine import (
     GenerationRequest,
     RequestHandle,
     TokenLogprob,
+    off_loop,
 )
 from mlxspec.parsers import (
     CallArguments,
@@ -187,7 +188,7 @@ def _opens_thinking(engine: Engine, prompt: list[int], choice: ParserChoice) -> 
 async def open_turn(
     engine: Engine, body: Mapping[str, Any], prompt_param: str = "messages"
 ) -> Turn:
-    """Template an OpenAI-shaped chat body and submit it to the engine.
+    """Template an OpenAI-shaped chat body (off the event loop) and submit it.
 
     Every grammar the turn would run under is compiled first (off the event
     loop), so one that cannot be enforced takes the degrade path before the
@@ -217,14 +218,14 @@ async def open_turn(
     body, warning = await structured_output(engine, dict(body), chat=True)
     options = turn_options(body)
     choice = _choice(engine)
-    prompt, thinking = _render(engine, body, options, choice)
+    prompt, thinking = await off_loop(_render, engine, body, options, choice)
     forced = bool(options.tools) and options.tool_choice not in ("auto", "none")
     constraint = forcing_constraint(options, choice, thinking) if forced else None
     if constraint is not None:
         reason = await asyncio.to_thread(engine.grammar_problem, constraint)
         if reason is not None:
             body = with_system_note(body, forcing_instruction(options))
-            prompt, thinking = _render(engine, body, options, choice)
+            prompt, thinking = await off_loop(_render, engine, body, options, choice)
             constraint, warning = None, warning_header(reason)
     session = session_key(body, request_headers())
     request = to_generation_request(body, prompt, engine.defaults, engine.info, session)
@@ -237,7 +238,8 @@ async def open_turn(
 def _render(
     engine: Engine, body: Mapping[str, Any], options: TurnOptions, choice: ParserChoice
 ) -> tuple[list[int], bool]:
-    """The prompt tokens of ``body`` and whether they leave the thinking channel open."""
+    """The prompt tokens of ``body`` and whether they leave the thinking channel
+    open (a prompt thread's work: see :func:`~mlxspec.engine.off_loop`)."""
     tools = list(options.tools) if options.tools and options.tool_choice != "none" else None
     kwargs = template_kwargs(body, str(getattr(engine.tokenizer, "chat_template", "") or ""))
     prompt = engine.chat_prompt(body["messages"], tools, kwargs)
@@ -362,8 +364,8 @@ async def collect_turn(turn: Turn) -> ChatTurn:
     """Gather a non-streamed turn; a client disconnect cancels the engine request.
 
     A call cut off by the token budget (:class:`ToolCallCut`) is left out; its
-    markup never becomes content, so ``content`` is ``None`` when no text came
-    before it.
+    markup never becomes content, so ``content`` is ``""`` when no text came
+    before it (``None`` only when the turn holds complete tool calls and no text).
 
     Raises:
         ApiError: ``server_error`` or ``cancelled`` from the engine.
@@ -373,7 +375,6 @@ async def collect_turn(turn: Turn) -> ChatTurn:
     reasoning: list[str] = []
     names: dict[int, tuple[str, str]] = {}
     arguments: dict[int, list[str]] = {}
-    cut = False
     watcher = asyncio.ensure_future(cancel_on_disconnect(turn.handle))
     try:
         async for event in turn_events(turn):
@@ -392,7 +393,6 @@ async def collect_turn(turn: Turn) -> ChatTurn:
             elif isinstance(event, ToolCallCut):
                 if event.index is not None:
                     names.pop(event.index)
-                cut = True
             elif isinstance(event, TurnEnd):
                 out.finish_reason, out.finished = event.finish_reason, event.finished
     except asyncio.CancelledError:
@@ -404,6 +404,7 @@ async def collect_turn(turn: Turn) -> ChatTurn:
         ToolCall(names[i][0], names[i][1], "".join(arguments.get(i, []))) for i in sorted(names)
     ]
     joined = "".join(text)
-    out.content = joined if joined or not (out.tool_calls or cut) else None
+    # ``None`` means "only tool calls" (OpenAI); a call the budget cut is no call.
+    out.content = joined if joined or not out.tool_calls else None
     out.reasoning = "".join(reasoning) or None
     return out

@@ -1,0 +1,87 @@
+"""What the engine's lanes share: the model's parts and the hand-over of a running request.
+
+:class:`LaneParts` is what both lanes need to start a request (model,
+tokenizer, stop tokens, prompt cache, grammar compiler). :class:`Handoff` is a
+request ready to continue decoding in the batch (:meth:`~.batching.BatchLane.adopt`):
+either a new request (its prompt tail after a prompt-cache hit) or a
+:class:`~.solo.SoloRun` moved over mid-generation with its KV cache, logits
+processors and :class:`~.rows.Row`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .grammar import GrammarCache
+from .prompt_cache import CacheNamespace, PromptCache, cache_length
+from .rows import Row
+
+log = logging.getLogger("mlxspec.engine")
+
+
+@dataclass(frozen=True)
+class LaneParts:
+    """The engine's pieces a lane needs to run requests (engine thread only).
+
+    Args:
+        model: the mlx-lm model.
+        tokenizer: its ``TokenizerWrapper``.
+        eos (frozenset[int]): end-of-sequence ids (also the batch's stop tokens).
+        xtc_special (tuple[int, ...]): tokens XTC never removes.
+        prefill_step (int): prompt tokens per prefill chunk; cancellation and
+            arrivals are seen between chunks.
+        prompt_cache (PromptCache): kept KV caches for prefix reuse.
+        namespace (CacheNamespace): the engine's cache namespace.
+        grammars (GrammarCache | None): compiles constraints into per-request
+            processors; ``None`` ignores constraints.
+    """
+
+    model: Any
+    tokenizer: Any
+    eos: frozenset[int]
+    xtc_special: tuple[int, ...]
+    prefill_step: int
+    prompt_cache: PromptCache
+    namespace: CacheNamespace
+    grammars: GrammarCache | None = None
+
+    def keep(self, tokens: Sequence[int], cache: list[Any], session: str | None) -> None:
+        """Keep ``cache`` in the prompt cache if it holds a prefix of ``tokens``
+        (and stores exactly that prefix); never raises, since the cache is an
+        optimisation and must not fail a request."""
+        held = cache_length(cache)
+        if held is None or held > len(tokens):
+            return
+        try:
+            self.prompt_cache.store(self.namespace, tuple(tokens[:held]), cache, session)
+        except Exception:
+            log.exception("prompt cache store failed")
+
+
+@dataclass
+class Handoff:
+    """A request ready to decode in the batch (``BatchGenerator.insert``'s per-row options).
+
+    Args:
+        row (Row): the request's output bookkeeping (keeps counting across a move).
+        feed (list[int]): tokens still to feed the model, at least one; the last
+            one's logits give the next sampled token.
+        held (list[int]): every token before ``feed`` (what ``cache`` holds), for
+            the logits processors' context.
+        cache (list | None): per-layer KV cache holding ``held``; ``None`` when
+            ``held`` is empty.
+        max_tokens (int): tokens the batch may still generate, at least one.
+        sampler (Callable): mlx-lm sampler.
+        processors (list[Callable]): mlx-lm logits processors, grammar last.
+    """
+
+    row: Row
+    feed: list[int]
+    held: list[int]
+    cache: list[Any] | None
+    max_tokens: int
+    sampler: Callable
+    processors: list[Callable]
