@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the lent H200 through the device tool, from the repo root.
 #   step 1 (carry .whl/a):              bash benchmarks/h200.sh stash
-#   step 2 (carry .whl/b, .whl/c and .bench):   bash benchmarks/h200.sh setup
+#   step 2 (carry .whl/b, .whl/c and .bench):   bash benchmarks/h200.sh setup [SIZE...]
 #   step 3 (machine still warm):        bash benchmarks/h200.sh bench NAME SIZE [serve_bench args]
 # Wheels are staged here by ../shared/gpu/stage-mlx-cuda.sh (see ../shared/gpu/README.md);
 # .bench/tok holds tokenizer files of the converted embedded model.
@@ -19,7 +19,7 @@ case "$1" in
     # prometheus_client); carry it with .whl/b when present
     if [ -d .whl/c ]; then python3 -m pip install -q --no-index --no-deps --no-compile --target $SITE .whl/c/*.whl; fi
     python3 -c "import mlx.core as mx; print(mx.default_device(), mx.__version__)"
-    for size in 1b 8b; do
+    shift; for size in ${@:-1b 8b}; do  # sizes to build: default both
       [ -f /tmp/rand$size/config.json ] || python3 benchmarks/make_random_model.py /tmp/rand$size --size $size --tokenizer-from .bench/tok
     done
     df -h /tmp | tail -1 ;;
