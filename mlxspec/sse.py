@@ -12,6 +12,7 @@ streams are named events whose name is the payload's ``type``
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -52,6 +53,39 @@ def data_frame(payload: Any) -> bytes:
         bytes: ``b"data: <json>\\n\\n"``, UTF-8.
     """
     return b"data: " + _json_line(payload) + b"\n\n"
+
+
+class FrameTemplate:
+    """``data:`` frames of one payload shape whose only varying part is one
+    string: the constant bytes around it are serialised once.
+
+    ``template.frame(text)`` equals ``data_frame(payload)`` byte for byte,
+    where ``payload`` is ``template``'s payload with :data:`SLOT` replaced by
+    ``text`` (JSON writes an object member by member, so the frame is the
+    constant prefix, the string's own JSON, and the constant suffix).
+
+    Args:
+        payload: a JSON-serialisable value holding :data:`SLOT` exactly once,
+            as a string value.
+
+    Raises:
+        ValueError: :data:`SLOT` is not in ``payload`` exactly once.
+    """
+
+    def __init__(self, payload: Any) -> None:
+        parts = data_frame(payload).split(_json_line(SLOT))
+        if len(parts) != 2:
+            raise ValueError("a frame template needs the slot exactly once")
+        self.prefix, self.suffix = parts
+
+    def frame(self, text: str) -> bytes:
+        """The frame with ``text`` in the slot."""
+        return self.prefix + _json_line(text) + self.suffix
+
+
+#: The placeholder of a :class:`FrameTemplate` (a control character no
+#: generated text holds in this position, since the slot is replaced whole).
+SLOT = "\x00mlxspec-slot\x00"
 
 
 def error_frame(err: ApiError) -> bytes:
@@ -194,8 +228,10 @@ async def with_keepalive(
     ``interval`` seconds without one (reference, chat "Streaming": heartbeats
     keep client idle timers from closing a call that is being buffered).
 
-    The pending ``__anext__`` is awaited with ``asyncio.wait``, never cancelled
-    by the timeout, so the source generator is not disturbed.
+    One pump task reads the source for the whole stream (the source is never
+    cancelled mid-item by a timeout), and one timer is re-armed only when it
+    fires, so a payload costs no task, no ``asyncio.wait`` and no timer of its
+    own: this sits on every streamed token's path.
 
     Args:
         payloads (AsyncIterator): the stream's payloads.
@@ -203,28 +239,82 @@ async def with_keepalive(
 
     Yields:
         The payloads, with ``KEEPALIVE`` bytes in the gaps.
+
+    Raises:
+        Exception: whatever ``payloads`` raised, after the items before it.
     """
-    wait = KEEPALIVE_INTERVAL_S if interval is None else interval
-    source = payloads.__aiter__()
-    pending: asyncio.Future | None = None
+    pump = _Pump(payloads, KEEPALIVE_INTERVAL_S if interval is None else interval)
     try:
         while True:
-            if pending is None:
-                pending = asyncio.ensure_future(source.__anext__())
-            done, _ = await asyncio.wait({pending}, timeout=wait)
-            if not done:
-                yield KEEPALIVE
-                continue
-            try:
-                item = pending.result()
-            except StopAsyncIteration:
-                pending = None
+            item = await pump.next()
+            if item is _END:
                 return
-            pending = None
             yield item
     finally:
-        if pending is not None:
-            pending.cancel()
+        pump.close()
+
+
+_END = object()
+
+
+class _Pump:
+    """Reads an async iterator in its own task into a buffer; :meth:`next`
+    returns the next item, :data:`KEEPALIVE` after ``interval`` seconds
+    without one, or ``_END``."""
+
+    def __init__(self, source: AsyncIterator[Any], interval: float) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.interval = interval
+        self.items: collections.deque[Any] = collections.deque()
+        self.error: BaseException | None = None
+        self.ended = False
+        self.waiter: asyncio.Future[None] | None = None
+        self.last = self.loop.time()  # when the consumer last got something
+        self.timer = self.loop.call_at(self.last + interval, self._tick)
+        self.task = asyncio.ensure_future(self._run(source))
+
+    async def _run(self, source: AsyncIterator[Any]) -> None:
+        try:
+            async for item in source:
+                self.items.append(item)
+                self._wake()
+        except Exception as exc:  # re-raised by next(), in the consumer
+            self.error = exc
+        self.ended = True
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter, self.waiter = self.waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _tick(self) -> None:
+        # Re-arm for the rest of the interval when something went out meanwhile.
+        due = self.last + self.interval
+        if self.loop.time() < due:
+            self.timer = self.loop.call_at(due, self._tick)
+            return
+        self.timer = self.loop.call_at(self.loop.time() + self.interval, self._tick)
+        self._wake()
+
+    async def next(self) -> Any:
+        while not self.items and not self.ended:
+            self.waiter = self.loop.create_future()
+            due = self.last + self.interval
+            await self.waiter
+            if not self.items and not self.ended and self.loop.time() >= due:
+                self.last = self.loop.time()
+                return KEEPALIVE
+        self.last = self.loop.time()
+        if self.items:
+            return self.items.popleft()
+        if self.error is not None:
+            raise self.error
+        return _END
+
+    def close(self) -> None:
+        self.timer.cancel()
+        self.task.cancel()
 
 
 def event_stream(frames: AsyncIterator[bytes]) -> StreamingResponse:

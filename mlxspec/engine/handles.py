@@ -7,6 +7,7 @@ import asyncio
 import concurrent.futures
 import threading
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -16,14 +17,21 @@ from .types import Cancelled, Event, Failed, Finished, GenerationRequest
 class RequestHandle:
     """A submitted request: an async iterator of events, and ``cancel()``.
 
-    Events are pushed from the engine thread with ``loop.call_soon_threadsafe``;
-    iteration ends after ``Finished``, ``Failed`` or ``Cancelled``.
+    Events are appended from the engine thread to a buffer; the loop is woken
+    (``loop.call_soon_threadsafe``) only when the consumer is waiting on an
+    empty buffer, so a consumer that falls behind drains several events per
+    wake-up instead of costing the loop one callback per token. Iteration
+    ends after ``Finished``, ``Failed`` or ``Cancelled``.
     """
 
     def __init__(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop) -> None:
         self.request = request
         self._loop = loop
-        self._events: asyncio.Queue[Event] = asyncio.Queue()
+        self._buffer: deque[Event] = deque()
+        # Guards the hand-over between the engine thread's append and the
+        # consumer's decision to sleep (no event may land unseen in between).
+        self._lock = threading.Lock()
+        self._waiter: asyncio.Future[None] | None = None
         self._cancelled = threading.Event()
         #: ``time.monotonic()`` at submission, for time-to-first-token.
         self.submitted_at = time.monotonic()
@@ -41,18 +49,39 @@ class RequestHandle:
             self.emit(Cancelled())
 
     def emit(self, event: Event) -> None:
-        """Deliver ``event`` to the request's loop (engine thread side)."""
+        """Deliver ``event`` to the request's consumer (any thread; the engine
+        thread in practice)."""
+        with self._lock:
+            self._buffer.append(event)
+            waiter, self._waiter = self._waiter, None
+        if waiter is None:
+            return
         try:
-            self._loop.call_soon_threadsafe(self._events.put_nowait, event)
+            self._loop.call_soon_threadsafe(_wake, waiter)
         except RuntimeError:  # the loop is closed: the client is gone
             self._cancelled.set()
 
     async def __aiter__(self) -> AsyncIterator[Event]:
+        buffer = self._buffer
         while True:
-            event = await self._events.get()
+            if not buffer:
+                waiter = None
+                with self._lock:
+                    if not buffer:
+                        self._waiter = waiter = self._loop.create_future()
+                if waiter is not None:  # emit() takes it and wakes us
+                    await waiter
+                continue
+            event = buffer.popleft()
             yield event
             if isinstance(event, (Finished, Failed, Cancelled)):
                 return
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    """Resolve a consumer's wait future (on its loop), unless it was cancelled."""
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 class ExclusiveJob:

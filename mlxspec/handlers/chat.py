@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from mlxspec import sse
@@ -49,9 +50,7 @@ async def create_chat_completion(body: dict[str, Any]) -> Any:
     handles = [t.handle for t in turns]
     if body.get("stream"):
         streams = [_choice_chunks(turn, i, fmt) for i, turn in enumerate(turns)]
-        chunks = stream_chunks(
-            streams, lambda choice: {**head, "object": "chat.completion.chunk", "choices": [choice]}
-        )
+        chunks = stream_chunks(streams, _chunker(head))
         # Keep-alive comments fill silences (a withheld tool call, a long prefill).
         frames = sse.openai_events(sse.with_keepalive(chunks), on_close=cancel_all(handles))
         response = sse.event_stream(frames)
@@ -74,6 +73,31 @@ async def open_turns(engine: Engine, body: dict[str, Any]) -> list[Turn]:
     first = await open_turn(engine, body)
     runs = submit_choices(engine, first.request, first.handle, choice_count(body), "messages")
     return [dataclasses.replace(first, request=request, handle=handle) for request, handle in runs]
+
+
+def _chunker(head: dict[str, Any]) -> Callable[[dict[str, Any]], dict[str, Any] | bytes]:
+    """Wraps a choice object into a ``chat.completion.chunk``. The per-token
+    chunk (a bare content delta) comes out already framed, from a template
+    per choice index, so only its text is serialised (same bytes as framing
+    the dict in :func:`mlxspec.sse.openai_events`)."""
+    templates: dict[int, sse.FrameTemplate] = {}
+
+    def wrap(choice: dict[str, Any]) -> dict[str, Any]:
+        return {**head, "object": "chat.completion.chunk", "choices": [choice]}
+
+    def chunk(choice: dict[str, Any]) -> dict[str, Any] | bytes:
+        delta = choice["delta"]
+        if choice["logprobs"] is not None or choice["finish_reason"] is not None:
+            return wrap(choice)
+        if len(delta) != 1 or "content" not in delta:
+            return wrap(choice)
+        template = templates.get(choice["index"])
+        if template is None:
+            slot = {**choice, "delta": {"content": sse.SLOT}}
+            template = templates[choice["index"]] = sse.FrameTemplate(wrap(slot))
+        return template.frame(delta["content"])
+
+    return chunk
 
 
 def _choice(index: int, turn: Turn, result: ChatTurn, fmt: str) -> dict[str, Any]:

@@ -149,22 +149,26 @@ ChoiceStream = AsyncIterator[tuple[dict[str, Any], Finished | None]]
 
 
 async def stream_chunks(
-    streams: Sequence[ChoiceStream], chunk: Callable[[dict[str, Any]], dict[str, Any]]
-) -> AsyncIterator[dict[str, Any]]:
+    streams: Sequence[ChoiceStream],
+    chunk: Callable[[dict[str, Any]], dict[str, Any] | bytes],
+) -> AsyncIterator[dict[str, Any] | bytes]:
     """The chunks of a streamed response with ``n`` choices.
 
     Args:
         streams (Sequence[ChoiceStream]): one per choice, in index order.
-        chunk (Callable): wraps one choice object into a chunk (``id``, ``object``, ...).
+        chunk (Callable): wraps one choice object into a chunk (``id``,
+            ``object``, ...), or into its SSE frame already (``bytes``); a
+            choice that finishes must come back as a ``dict`` (it may get ``usage``).
 
     Yields:
-        dict: one chunk per choice object, interleaved as they arrive; the chunk
-        that finishes the last choice also carries ``usage`` over all choices.
+        dict | bytes: one chunk per choice object, interleaved as they arrive;
+        the chunk that finishes the last choice also carries ``usage`` over all choices.
     """
     finished: list[Finished | None] = [None] * len(streams)
     async for index, (choice, end) in merge(streams):
         out = chunk(choice)
         if end is not None:
+            assert isinstance(out, dict)
             finished[index] = end
             done = [f for f in finished if f is not None]
             if len(done) == len(finished):

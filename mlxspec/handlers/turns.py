@@ -253,11 +253,16 @@ async def turn_events(turn: Turn) -> AsyncIterator[ChatEvent]:
         ApiError: ``server_error`` or ``cancelled`` from the engine (see ``outputs``).
     """
     parser = TurnParser(turn.options, turn.choice, turn.thinking)
+    # Without a reasoning or tool parser, text passes through as it is: skip
+    # the parser's per-token objects (it still handles held-back logprobs).
+    plain = parser.reasoning is None and parser.tools is None
     async for event in outputs(turn.handle):
         if isinstance(event, Finished):
             for chat_event in parser.finish(cut=event.finish_reason == "length"):
                 yield chat_event
             yield TurnEnd(parser.finish_reason(event.finish_reason), event)
+        elif plain and event.text and not parser.pending:
+            yield TextDelta(event.text, event.logprobs)
         elif isinstance(event, Delta):
             for chat_event in parser.feed(event.text, event.logprobs):
                 yield chat_event

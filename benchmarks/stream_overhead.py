@@ -1,0 +1,303 @@
+"""Per-token cost of streaming a chat completion: engine, ASGI app, real server.
+
+A tiny random-weight Llama (the test fixture's, ``fixtures/tiny_model.py``)
+decodes in well under a millisecond per token, so what this measures is the
+Python between the engine thread and the socket. Three layers, each timed
+over one greedy stream of ``--max-tokens`` tokens with EOS forbidden by a
+logit bias (every run has the same length), repeated, median reported:
+
+- ``engine``: ``Engine.submit`` and iterate the handle's events on an asyncio
+  loop (no HTTP).
+- ``asgi``: the ASGI app of ``create_app`` called in process with a streamed
+  ``POST /v1/chat/completions``; ``send`` timestamps each body message.
+- ``serve``: ``mlxspec serve`` in a subprocess, a streaming httpx client over
+  loopback.
+
+Two numbers per layer. Wall time per token is ``(last chunk - first chunk) /
+(tokens - 1)``: first to last ``Delta`` for ``engine``, first content frame to
+the usage frame for the HTTP layers (their token count is the stream's
+``usage.completion_tokens``). CPU time per token is the serving process's CPU
+time (all threads: the model, the engine thread, the event loop) over the
+request divided by its tokens; on a shared machine it moves much less with
+other load than wall time does, and ``asgi``/``serve`` minus ``engine`` is the
+Python the HTTP path adds per token. ``loop_cpu`` is the CPU time of the
+event-loop thread alone per token (``time.thread_time``; for ``serve`` the
+server's main thread from ``/proc``): the handler, SSE and ASGI work, which
+holds the GIL the engine thread needs. On this project's shared 2-core CPU
+the tiny model's own step costs about 2 ms, so ``loop_cpu`` is the number
+to compare.
+``--profile loop`` / ``--profile engine`` prints the top of a cProfile of the
+event-loop thread or of the engine thread during the ``asgi`` layer. Run by
+hand, never in CI (the numbers depend on the machine's load):
+
+    python benchmarks/stream_overhead.py --repeats 5
+    python benchmarks/stream_overhead.py --layers asgi --profile loop
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import json
+import os
+import pstats
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+LAYERS = ("engine", "asgi", "serve")
+
+
+def per_token_us(stamps: list[float], tokens: int) -> float:
+    """Microseconds per token between the first and the last timestamp."""
+    return (stamps[-1] - stamps[0]) / max(tokens - 1, 1) * 1e6
+
+
+def proc_cpu_s(pid: int, tid: int | None = None) -> float:
+    """User + system CPU seconds of process ``pid``, or of its thread ``tid``
+    (Linux ``/proc``; a process's main thread has ``tid == pid``)."""
+    path = f"/proc/{pid}/task/{tid}/stat" if tid is not None else f"/proc/{pid}/stat"
+    fields = Path(path).read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuClock:
+    """CPU seconds of a process and of its event-loop thread since ``start``."""
+
+    def __init__(self, pid: int | None = None) -> None:
+        self.pid = pid
+        self.start = self.read()
+
+    def read(self) -> tuple[float, float]:
+        if self.pid is None:  # this process, the loop being the calling thread
+            return time.process_time(), time.thread_time()
+        return proc_cpu_s(self.pid), proc_cpu_s(self.pid, self.pid)
+
+    def per_token_us(self, tokens: int) -> tuple[float, float]:
+        """(process, loop thread) CPU µs per token since ``start``."""
+        now = self.read()
+        return tuple((b - a) / tokens * 1e6 for a, b in zip(self.start, now, strict=True))
+
+
+def chat_body(model: str, n: int, eos: list[int]) -> dict:
+    """A greedy streamed chat body that cannot stop before ``n`` tokens."""
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": "Tell me a long story."}],
+        "max_tokens": n,
+        "temperature": 0,
+        "stream": True,
+        "logit_bias": {str(e): -100 for e in eos},
+    }
+
+
+async def engine_once(engine, n: int, eos: list[int]) -> tuple[float, float]:
+    """One request on the engine alone; (wall, process CPU, loop CPU) µs per token."""
+    from mlxspec.engine import Delta, Finished, GenerationRequest, LogitsParams
+
+    prompt = engine.chat_prompt([{"role": "user", "content": "Tell me a long story."}], None, {})
+    request = GenerationRequest(
+        prompt=tuple(prompt),
+        max_tokens=n,
+        logits=LogitsParams(logit_bias=tuple((e, -1e9) for e in eos)),
+    )
+    stamps: list[float] = []
+    clock = CpuClock()
+    async for event in engine.submit(request):
+        if isinstance(event, Delta):
+            stamps.append(time.perf_counter())
+        elif isinstance(event, Finished):
+            tokens = event.completion_tokens
+            return (per_token_us(stamps, tokens), *clock.per_token_us(tokens))
+    raise RuntimeError("request did not finish")
+
+
+async def asgi_once(app, body: dict) -> tuple[float, float]:
+    """One streamed request through the ASGI app in process; (wall, process CPU, loop CPU) µs per token."""
+    payload = json.dumps(body).encode()
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/chat/completions",
+        "raw_path": b"/v1/chat/completions",
+        "root_path": "",
+        "query_string": b"",
+        "headers": [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(payload)).encode()),
+            (b"host", b"bench"),
+        ],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 80),
+    }
+    sent = False
+    done = asyncio.Event()
+
+    async def receive() -> dict:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": payload, "more_body": False}
+        await done.wait()
+        return {"type": "http.disconnect"}
+
+    stamps: list[float] = []
+    frames: list[bytes] = []
+
+    async def send(message: dict) -> None:
+        if message["type"] == "http.response.body" and message.get("body"):
+            stamps.append(time.perf_counter())
+            frames.append(message["body"])
+
+    clock = CpuClock()
+    await app(scope, receive, send)
+    done.set()
+    return _frames_per_token(stamps, frames, clock)
+
+
+def _frames_per_token(stamps: list[float], frames: list[bytes], clock: CpuClock) -> tuple:
+    """(wall, process CPU, loop CPU) µs per token of an SSE stream: wall from
+    the first content frame to the usage frame, CPU over ``usage.completion_tokens``."""
+    tokens, first = 0, None
+    for i, frame in enumerate(frames):
+        if not frame.startswith(b"data: {"):
+            continue
+        chunk = json.loads(frame[6:])
+        if first is None and chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+            first = i
+        if chunk.get("usage"):
+            tokens = chunk["usage"]["completion_tokens"]
+            return (per_token_us(stamps[first : i + 1], tokens), *clock.per_token_us(tokens))
+    raise RuntimeError(f"no usage in the stream: {frames[-3:]!r}")
+
+
+def serve_once(base: str, pid: int, body: dict) -> tuple[float, float]:
+    """One streamed request to the live server ``pid`` over loopback; (wall,
+    server CPU) µs per token."""
+    import httpx
+
+    stamps: list[float] = []
+    frames: list[bytes] = []
+    with httpx.Client(timeout=120) as client:
+        clock = CpuClock(pid)
+        with client.stream("POST", base + "/v1/chat/completions", json=body) as response:
+            response.raise_for_status()
+            for line in response.iter_lines():
+                if line.startswith("data: {"):
+                    stamps.append(time.perf_counter())
+                    frames.append(line.encode())
+        return _frames_per_token(stamps, frames, clock)
+
+
+def run_serve(model_dir: Path, args: argparse.Namespace, body: dict) -> list[tuple]:
+    """``args.repeats`` (wall, process CPU, loop CPU) µs per token from ``mlxspec serve``."""
+    from mlxspec.conformance.live import free_port, wait_healthy
+
+    port = free_port()
+    argv = [sys.executable, "-m", "mlxspec", "serve", str(model_dir), "--port", str(port)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(base, 120, proc)
+        serve_once(base, proc.pid, body)
+        return [serve_once(base, proc.pid, body) for _ in range(args.repeats)]
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def run_layer(layer: str, model_dir: Path, args: argparse.Namespace, eos: list[int]) -> list[tuple]:
+    """``args.repeats`` (wall, process CPU, loop CPU) µs per token of one layer, after one warm-up run."""
+    body = chat_body("tiny", args.max_tokens, eos)
+    if layer == "serve":
+        return run_serve(model_dir, args, body)
+    from mlxspec.app import create_app
+    from mlxspec.engine import Engine
+
+    engine = Engine.load(model_dir, "tiny")
+    profile = cProfile.Profile() if args.profile else None
+    if args.profile == "engine":
+        inner = engine._run
+
+        def profiled() -> None:
+            profile.enable()
+            try:
+                inner()
+            finally:
+                profile.disable()
+
+        engine._run = profiled
+    engine.start()
+    app = create_app(engine)
+    try:
+
+        async def go() -> list[tuple]:
+            once = (lambda: engine_once(engine, args.max_tokens, eos)) if layer == "engine" else (
+                lambda: asgi_once(app, body)
+            )
+            await once()
+            if args.profile == "loop":
+                profile.enable()
+            out = [await once() for _ in range(args.repeats)]
+            if args.profile == "loop":
+                profile.disable()
+            return out
+
+        return asyncio.run(go())
+    finally:
+        engine.close()
+        if profile is not None:
+            stats = pstats.Stats(profile).strip_dirs().sort_stats(args.sort)
+            stats.print_stats(args.top)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", nargs="+", choices=LAYERS, default=list(LAYERS))
+    parser.add_argument("--max-tokens", type=int, default=384)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--profile", choices=("loop", "engine"), help="cProfile one thread")
+    parser.add_argument("--sort", default="tottime", help="pstats sort key (default tottime)")
+    parser.add_argument("--top", type=int, default=40, help="profile rows printed")
+    parser.add_argument("--json", type=Path, help="also write the medians here")
+    args = parser.parse_args()
+
+    from fixtures.tiny_model import build_tiny_llama
+
+    model_dir = build_tiny_llama(
+        Path(tempfile.mkdtemp()) / "tiny-llama", context=args.max_tokens + 128
+    )
+    from mlx_lm import load
+
+    _, tokenizer = load(str(model_dir))
+    eos = sorted(tokenizer.eos_token_ids)
+    medians = {}
+    for layer in args.layers:
+        runs = run_layer(layer, model_dir, args, eos)
+        medians[layer] = {}
+        for col, label in enumerate(("wall", "cpu", "loop_cpu")):
+            values = [r[col] for r in runs]
+            medians[layer][label + "_us"] = round(statistics.median(values), 1)
+            listed = ", ".join(f"{v:.0f}" for v in values)
+            print(
+                f"{layer:6s} {label:8s} {statistics.median(values):7.1f} µs/token (runs {listed})",
+                flush=True,
+            )
+    if args.json:
+        out = {"max_tokens": args.max_tokens, "per_token": medians}
+        args.json.write_text(json.dumps(out, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
