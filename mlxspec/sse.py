@@ -34,6 +34,11 @@ HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 _LINE_BREAKS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"})
 
 
+#: JSON's own string encoder (what ``json.dumps`` calls for a ``str`` with
+#: ``ensure_ascii=False``).
+_encode_string = json.encoder.encode_basestring
+
+
 def _json_line(payload: Any) -> bytes:
     text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
     return text.translate(_LINE_BREAKS).encode()
@@ -80,7 +85,8 @@ class FrameTemplate:
 
     def frame(self, text: str) -> bytes:
         """The frame with ``text`` in the slot."""
-        return self.prefix + _json_line(text) + self.suffix
+        # json.dumps(text, ensure_ascii=False) without building an encoder.
+        return self.prefix + _encode_string(text).translate(_LINE_BREAKS).encode() + self.suffix
 
 
 #: The placeholder of a :class:`FrameTemplate` (a control character no
