@@ -22,7 +22,8 @@ request divided by its tokens; on a shared machine it moves much less with
 other load than wall time does, and ``asgi``/``serve`` minus ``engine`` is the
 Python the HTTP path adds per token. ``loop_cpu`` is the CPU time of the
 event-loop thread alone per token (``time.thread_time``; for ``serve`` the
-server's main thread from ``/proc``): the handler, SSE and ASGI work, which
+server's main thread from ``/proc``; the process total there misses threads
+that ended during the request): the handler, SSE and ASGI work, which
 holds the GIL the engine thread needs. On this project's shared 2-core CPU
 the tiny model's own step costs about 2 ms, so ``loop_cpu`` is the number
 to compare.
@@ -61,11 +62,18 @@ def per_token_us(stamps: list[float], tokens: int) -> float:
 
 
 def proc_cpu_s(pid: int, tid: int | None = None) -> float:
-    """User + system CPU seconds of process ``pid``, or of its thread ``tid``
-    (Linux ``/proc``; a process's main thread has ``tid == pid``)."""
-    path = f"/proc/{pid}/task/{tid}/stat" if tid is not None else f"/proc/{pid}/stat"
-    fields = Path(path).read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU seconds of process ``pid`` (all its threads), or of its thread
+    ``tid`` (a process's main thread has ``tid == pid``), from Linux's
+    ``/proc/<pid>/task/<tid>/schedstat`` (nanoseconds; ``/proc/<pid>/stat``
+    counts 10 ms ticks, too coarse for a few hundred tokens)."""
+    tasks = [tid] if tid is not None else os.listdir(f"/proc/{pid}/task")
+    total = 0
+    for task in tasks:
+        try:
+            total += int(Path(f"/proc/{pid}/task/{task}/schedstat").read_text().split()[0])
+        except FileNotFoundError:  # a thread that ended meanwhile
+            pass
+    return total / 1e9
 
 
 class CpuClock:
@@ -75,12 +83,12 @@ class CpuClock:
         self.pid = pid
         self.start = self.read()
 
-    def read(self) -> tuple[float, float]:
+    def read(self) -> tuple[float, float, float]:
         if self.pid is None:  # this process, the loop being the calling thread
             return time.process_time(), time.thread_time()
         return proc_cpu_s(self.pid), proc_cpu_s(self.pid, self.pid)
 
-    def per_token_us(self, tokens: int) -> tuple[float, float]:
+    def per_token_us(self, tokens: int) -> tuple[float, float, float]:
         """(process, loop thread) CPU µs per token since ``start``."""
         now = self.read()
         return tuple((b - a) / tokens * 1e6 for a, b in zip(self.start, now, strict=True))
@@ -98,7 +106,7 @@ def chat_body(model: str, n: int, eos: list[int]) -> dict:
     }
 
 
-async def engine_once(engine, n: int, eos: list[int]) -> tuple[float, float]:
+async def engine_once(engine, n: int, eos: list[int]) -> tuple[float, float, float]:
     """One request on the engine alone; (wall, process CPU, loop CPU) µs per token."""
     from mlxspec.engine import Delta, Finished, GenerationRequest, LogitsParams
 
@@ -119,8 +127,9 @@ async def engine_once(engine, n: int, eos: list[int]) -> tuple[float, float]:
     raise RuntimeError("request did not finish")
 
 
-async def asgi_once(app, body: dict) -> tuple[float, float]:
-    """One streamed request through the ASGI app in process; (wall, process CPU, loop CPU) µs per token."""
+async def asgi_once(app, body: dict) -> tuple[float, float, float]:
+    """One streamed request through the ASGI app in process; (wall, process
+    CPU, loop CPU) µs per token."""
     payload = json.dumps(body).encode()
     scope = {
         "type": "http",
@@ -181,7 +190,7 @@ def _frames_per_token(stamps: list[float], frames: list[bytes], clock: CpuClock)
     raise RuntimeError(f"no usage in the stream: {frames[-3:]!r}")
 
 
-def serve_once(base: str, pid: int, body: dict) -> tuple[float, float]:
+def serve_once(base: str, pid: int, body: dict) -> tuple[float, float, float]:
     """One streamed request to the live server ``pid`` over loopback; (wall,
     server CPU) µs per token."""
     import httpx
@@ -218,7 +227,8 @@ def run_serve(model_dir: Path, args: argparse.Namespace, body: dict) -> list[tup
 
 
 def run_layer(layer: str, model_dir: Path, args: argparse.Namespace, eos: list[int]) -> list[tuple]:
-    """``args.repeats`` (wall, process CPU, loop CPU) µs per token of one layer, after one warm-up run."""
+    """``args.repeats`` (wall, process CPU, loop CPU) µs per token of one
+    layer, after one warm-up run."""
     body = chat_body("tiny", args.max_tokens, eos)
     if layer == "serve":
         return run_serve(model_dir, args, body)
@@ -243,8 +253,10 @@ def run_layer(layer: str, model_dir: Path, args: argparse.Namespace, eos: list[i
     try:
 
         async def go() -> list[tuple]:
-            once = (lambda: engine_once(engine, args.max_tokens, eos)) if layer == "engine" else (
-                lambda: asgi_once(app, body)
+            once = (
+                (lambda: engine_once(engine, args.max_tokens, eos))
+                if layer == "engine"
+                else (lambda: asgi_once(app, body))
             )
             await once()
             if args.profile == "loop":

@@ -17,6 +17,7 @@ from .choices import (
     gather_choices,
     stream_chunks,
     submit_choices,
+    text_framer,
 )
 from .common import JSON, SYSTEM_FINGERPRINT, current_engine, new_id, now
 from .logprobs import chat_chunk_logprobs, chat_logprobs, current_format
@@ -76,28 +77,22 @@ async def open_turns(engine: Engine, body: dict[str, Any]) -> list[Turn]:
 
 
 def _chunker(head: dict[str, Any]) -> Callable[[dict[str, Any]], dict[str, Any] | bytes]:
-    """Wraps a choice object into a ``chat.completion.chunk``. The per-token
-    chunk (a bare content delta) comes out already framed, from a template
-    per choice index, so only its text is serialised (same bytes as framing
-    the dict in :func:`mlxspec.sse.openai_events`)."""
-    templates: dict[int, sse.FrameTemplate] = {}
+    """Wraps a choice object into a ``chat.completion.chunk``; a bare content
+    delta (the per-token chunk) comes out already framed (:func:`.choices.text_framer`)."""
 
     def wrap(choice: dict[str, Any]) -> dict[str, Any]:
         return {**head, "object": "chat.completion.chunk", "choices": [choice]}
 
-    def chunk(choice: dict[str, Any]) -> dict[str, Any] | bytes:
+    def content(choice: dict[str, Any]) -> str | None:
         delta = choice["delta"]
         if choice["logprobs"] is not None or choice["finish_reason"] is not None:
-            return wrap(choice)
-        if len(delta) != 1 or "content" not in delta:
-            return wrap(choice)
-        template = templates.get(choice["index"])
-        if template is None:
-            slot = {**choice, "delta": {"content": sse.SLOT}}
-            template = templates[choice["index"]] = sse.FrameTemplate(wrap(slot))
-        return template.frame(delta["content"])
+            return None
+        return delta["content"] if len(delta) == 1 and "content" in delta else None
 
-    return chunk
+    def slotted(choice: dict[str, Any]) -> dict[str, Any]:
+        return {**choice, "delta": {"content": sse.SLOT}}
+
+    return text_framer(wrap, content, slotted)
 
 
 def _choice(index: int, turn: Turn, result: ChatTurn, fmt: str) -> dict[str, Any]:

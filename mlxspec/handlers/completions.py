@@ -8,6 +8,7 @@ reads as one string and ``text_offset`` indexes ``text``.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from mlxspec import sse
@@ -21,6 +22,7 @@ from .choices import (
     gather_choices,
     stream_chunks,
     submit_choices,
+    text_framer,
 )
 from .common import (
     JSON,
@@ -61,7 +63,7 @@ async def create_completion(body: dict[str, Any]) -> Any:
     }
     if body.get("stream"):
         streams = [_choice_chunks(req, handle, i, fmt) for i, (req, handle) in enumerate(runs)]
-        chunks = stream_chunks(streams, lambda choice: {**head, "choices": [choice]})
+        chunks = stream_chunks(streams, _chunker(head))
         response = sse.event_stream(sse.openai_events(chunks, on_close=cancel_all(handles)))
         response.headers.update(warning)
         return response
@@ -80,6 +82,21 @@ async def create_completion(body: dict[str, Any]) -> Any:
     finished = [r.finished for r in results if r.finished is not None]
     out = {**head, "choices": choices, "usage": choices_usage(finished)}
     return out, 200, {**JSON, **warning}
+
+
+def _chunker(head: dict[str, Any]) -> Callable[[dict[str, Any]], dict[str, Any] | bytes]:
+    """Wraps a choice object into a ``text_completion`` chunk; a text chunk
+    without logprobs (the per-token chunk) comes out already framed
+    (:func:`.choices.text_framer`)."""
+
+    def wrap(choice: dict[str, Any]) -> dict[str, Any]:
+        return {**head, "choices": [choice]}
+
+    def text(choice: dict[str, Any]) -> str | None:
+        plain = choice["logprobs"] is None and choice["finish_reason"] is None
+        return choice["text"] if plain else None
+
+    return text_framer(wrap, text, lambda choice: {**choice, "text": sse.SLOT})
 
 
 async def _choice_chunks(
