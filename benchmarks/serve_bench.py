@@ -193,24 +193,30 @@ FOLLOW_UPS = ["And in one word?", "Say it again, shorter.", "Why?", "Give an exa
 async def multi_turn(base: str, prompt: str, max_tokens: int, bias: dict, turns: int = 4) -> dict:
     """One conversation of ``turns`` turns: each turn's prompt is the previous
     turn's prompt and answer plus a short follow-up, so a prompt cache can serve
-    all but the new tail. Reports each turn's TTFT and cached prompt tokens, and
-    the median TTFT of turns 2.. over turn 1's (the prompt-cache effect)."""
+    all but the new tail. Then the last turn is sent again unchanged (a repeated
+    conversation). Reports each turn's TTFT and cached prompt tokens, the median
+    TTFT of turns 2.. over turn 1's, and the repeat's TTFT over the last turn's
+    (``repeat_ratio``: the same prompt, served from the cache the second time)."""
     per_turn = []
     async with httpx.AsyncClient(timeout=600) as client:
         msgs = [{"role": "user", "content": prompt}]
         for t in range(turns):
             r = await stream_one(client, base, msgs, max_tokens, bias)
             per_turn.append({k: r[k] for k in ("ttft", "prompt_tokens", "cached_tokens", "tokens")})
+            last = list(msgs)
             msgs += [
                 {"role": "assistant", "content": r["text"]},
                 {"role": "user", "content": FOLLOW_UPS[t % len(FOLLOW_UPS)]},
             ]
+        again = await stream_one(client, base, last, max_tokens, bias)
     later = pct([t["ttft"] for t in per_turn[1:]], 0.5) or per_turn[0]["ttft"]
     return {
         "turns": per_turn,
         "turn1_ttft": per_turn[0]["ttft"],
         "later_ttft_p50": later,
         "ratio": later / per_turn[0]["ttft"],
+        "repeat": {k: again[k] for k in ("ttft", "prompt_tokens", "cached_tokens")},
+        "repeat_ratio": again["ttft"] / per_turn[-1]["ttft"],
     }
 
 
@@ -395,7 +401,8 @@ def summarise(report: dict) -> None:
         print(
             f"{kind:8} multi-turn TTFT later/turn1 = {mt['ratio']:.2f} "
             f"(turn1 {mt['turn1_ttft']:.3f}s, later p50 {mt['later_ttft_p50']:.3f}s, "
-            f"cached tokens per turn {cached})"
+            f"cached tokens per turn {cached}); repeat of the last turn: TTFT "
+            f"x{mt['repeat_ratio']:.2f} ({mt['repeat']['cached_tokens']} cached)"
         )
     if {"mlxspec", "mlxspec-nocache"} <= servers.keys():
         cached = servers["mlxspec"]["multi_turn"]["turns"]

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from mlxspec.engine import Delta, Engine, Finished, GenerationRequest, LogitsParams
-from mlxspec.engine.prompt_cache import CacheNamespace, PromptCache, bucket_tail, with_history
+from mlxspec.engine.kv import bucket_tail
+from mlxspec.engine.prompt_cache import CacheNamespace, PromptCache
+from mlxspec.engine.sampling import with_history
 from mlxspec.engine.ssd_cache import SsdCache, read_snapshot_header
 
 #: Forbid EOS (token 2, ``<|im_end|>``) so every run generates its full budget.

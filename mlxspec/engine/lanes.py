@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .grammar import GrammarCache
-from .prompt_cache import CacheNamespace, PromptCache, cache_length
+from .kv import cache_length
+from .prompt_cache import CacheNamespace, PromptCache
 from .rows import Row
 
 log = logging.getLogger("mlxspec.engine")

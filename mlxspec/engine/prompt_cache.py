@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from .kv import bucket_tail, cache_length, common_prefix, compact
 from .ssd_cache import SsdCache
-from .types import LogitsParams
 
 log = logging.getLogger("mlxspec.engine")
 
@@ -47,35 +47,6 @@ DEFAULT_PROMPT_CACHE_BYTES = 1 << 30
 MIN_HIT_FRACTION = 0.1
 #: ...or at least this many tokens (see :meth:`PromptCache.worth_using`).
 MIN_HIT_TOKENS = 1024
-#: Longest uncached tail rounded up to a power of two (see :func:`bucket_tail`).
-MAX_TAIL_BUCKET = 512
-
-
-def bucket_tail(usable: int, prompt_tokens: int) -> int:
-    """Move a hit's boundary back so the prefill after it has a power-of-two length.
-
-    Both lanes prefill the uncached tail but its last token (that one runs as
-    the first decode step), so the prefill is ``prompt_tokens - usable - 1``
-    tokens. On mlx-cuda a forward pass on a token count not seen before plans
-    its matrix products first: on the H200 (7.4B, 1024 cached tokens) the
-    first pass of a new length took 50-90 ms against 10-20 ms for a repeat,
-    and a repeated length over a new cache length 12-18 ms with
-    ``MLX_CUDA_USE_CUDNN_SDPA=0`` (cuDNN's attention plans per query *and*
-    key length, ~50 ms each, so there only its graph cache helps). Rounding
-    the tail up to 1, 2, 4 ... ``MAX_TAIL_BUCKET`` tokens keeps that set small,
-    at the price of re-running fewer tokens than the tail had.
-
-    Args:
-        usable (int): cached tokens the hit would serve.
-        prompt_tokens (int): the prompt's length.
-
-    Returns:
-        int: the cached tokens to use (``<= usable``; ``0`` for none).
-    """
-    prefill = prompt_tokens - usable - 1
-    if prefill <= 0 or prefill > MAX_TAIL_BUCKET:
-        return usable
-    return max(prompt_tokens - 1 - (1 << (prefill - 1).bit_length()), 0)
 
 
 class CacheNamespace(NamedTuple):
@@ -105,50 +76,6 @@ class _Entry:
     nbytes: int
 
 
-def cache_length(cache: list[Any]) -> int | None:
-    """Tokens held by a per-layer KV cache list, or ``None`` if it cannot tell
-    (recurrent layers keep state, not positions)."""
-    offsets = {getattr(c, "offset", None) for c in cache}
-    if len(offsets) != 1 or None in offsets:
-        return None
-    return int(offsets.pop())
-
-
-def _compact(cache: list[Any], wait: bool) -> None:
-    """Shrink KV buffers to the tokens they hold, so kept entries waste no step
-    padding, and schedule their evaluation (engine thread).
-
-    ``wait=False`` queues the copy with ``mx.async_eval`` instead of blocking:
-    in the serial lane ``generate_step`` has the next decode step in flight
-    when a request ends, and ``mx.eval`` here waited for it (a whole decode
-    step, ~0.2 s on the embedded model on this CPU) before the request's
-    ``Finished`` went out. ``wait=True`` is for the SSD writer thread, which
-    only serializes finished arrays (it runs no MLX computation).
-    """
-    import mlx.core as mx
-    from mlx_lm.models.cache import KVCache
-
-    for c in cache:
-        if type(c) is KVCache and c.keys is not None and c.offset < c.keys.shape[2]:
-            c.keys = mx.contiguous(c.keys[..., : c.offset, :])
-            c.values = mx.contiguous(c.values[..., : c.offset, :])
-    state = [c.state for c in cache]
-    if wait:
-        mx.eval(state)
-    else:
-        mx.async_eval(state)
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix of two token sequences."""
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 class PromptCache:
     """Kept KV caches by namespace and token prefix, LRU under a byte budget.
 
@@ -160,7 +87,7 @@ class PromptCache:
             cover to be used. Default: :data:`MIN_HIT_FRACTION`.
         min_hit_tokens (int): a hit covering this many tokens is used whatever
             its share. Default: :data:`MIN_HIT_TOKENS`.
-        bucket_tails (bool | None): trim hits with :func:`bucket_tail`.
+        bucket_tails (bool | None): trim hits with :func:`~.kv.bucket_tail`.
             Default: ``None`` (on when MLX computes on a GPU, where kernels
             are planned per shape; on the CPU it would only add prefill).
     """
@@ -373,7 +300,7 @@ class PromptCache:
 
         if not self.enabled or len(tokens) < 2 or cache_length(cache) != len(tokens):
             return
-        _compact(cache, wait=self.ssd is not None)
+        compact(cache, wait=self.ssd is not None)
         key_tokens = tuple(tokens)
         self._keep(namespace, key_tokens, cache, session)
         if self.ssd is not None:
@@ -448,48 +375,3 @@ class PromptCache:
                 "sessions": len(self._sessions),
                 **self._counts,
             }
-
-
-def with_history(processors: list[Any], history: Sequence[int], window: int) -> list[Any]:
-    """Logits processors that also see the cached prompt tokens.
-
-    ``generate_step`` passes its processors only the tokens it prefilled, so
-    after a cache hit the penalties would miss the cached prefix; this prepends
-    the last ``window`` cached tokens to what each processor sees, keeping
-    penalised outputs identical with and without the cache.
-
-    Args:
-        processors (list): ``(tokens, logits) -> logits`` callables.
-        history (Sequence[int]): the cached prompt tokens.
-        window (int): the most tokens any processor looks back over.
-
-    Returns:
-        list: wrapped processors (``processors`` itself when there is no history).
-    """
-    import mlx.core as mx
-
-    if not processors or not history or window <= 0:
-        return processors
-    past = mx.array(list(history[-window:]), dtype=mx.uint32)
-
-    def wrap(processor: Any) -> Any:
-        return lambda tokens, logits: processor(
-            mx.concatenate([past, tokens.astype(mx.uint32)]), logits
-        )
-
-    return [wrap(p) for p in processors]
-
-
-def penalty_window(params: LogitsParams) -> int:
-    """How many recent tokens the request's penalties look at (0 when none is on),
-    as mlx-lm's ``make_logits_processors`` slices its context."""
-    sizes = [
-        size
-        for penalty, size in (
-            (params.repetition_penalty, params.repetition_context_size),
-            (params.presence_penalty, params.presence_context_size),
-            (params.frequency_penalty, params.frequency_context_size),
-        )
-        if penalty
-    ]
-    return max(sizes, default=0)

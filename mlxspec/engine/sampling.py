@@ -4,7 +4,7 @@ plus the model author's defaults from ``generation_config.json``."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -116,3 +116,48 @@ def build_logits_processors(params: LogitsParams) -> list[Callable]:
         params.frequency_penalty,
         params.frequency_context_size,
     )
+
+
+def with_history(processors: list[Any], history: Sequence[int], window: int) -> list[Any]:
+    """Logits processors that also see the cached prompt tokens.
+
+    ``generate_step`` passes its processors only the tokens it prefilled, so
+    after a cache hit the penalties would miss the cached prefix; this prepends
+    the last ``window`` cached tokens to what each processor sees, keeping
+    penalised outputs identical with and without the cache.
+
+    Args:
+        processors (list): ``(tokens, logits) -> logits`` callables.
+        history (Sequence[int]): the cached prompt tokens.
+        window (int): the most tokens any processor looks back over.
+
+    Returns:
+        list: wrapped processors (``processors`` itself when there is no history).
+    """
+    import mlx.core as mx
+
+    if not processors or not history or window <= 0:
+        return processors
+    past = mx.array(list(history[-window:]), dtype=mx.uint32)
+
+    def wrap(processor: Any) -> Any:
+        return lambda tokens, logits: processor(
+            mx.concatenate([past, tokens.astype(mx.uint32)]), logits
+        )
+
+    return [wrap(p) for p in processors]
+
+
+def penalty_window(params: LogitsParams) -> int:
+    """How many recent tokens the request's penalties look at (0 when none is on),
+    as mlx-lm's ``make_logits_processors`` slices its context."""
+    sizes = [
+        size
+        for penalty, size in (
+            (params.repetition_penalty, params.repetition_context_size),
+            (params.presence_penalty, params.presence_context_size),
+            (params.frequency_penalty, params.frequency_context_size),
+        )
+        if penalty
+    ]
+    return max(sizes, default=0)

@@ -26,9 +26,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .lanes import Handoff, LaneParts
-from .prompt_cache import penalty_window, with_history
 from .rows import Row
-from .sampling import build_logits_processors, build_sampler
+from .sampling import build_logits_processors, build_sampler, penalty_window, with_history
 
 if TYPE_CHECKING:
     from .generator import RequestHandle

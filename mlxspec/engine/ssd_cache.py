@@ -150,7 +150,7 @@ class SsdCache:
         """
         from mlx_lm.models.cache import load_prompt_cache
 
-        from .prompt_cache import common_prefix
+        from .kv import common_prefix
 
         with self._cond:
             scored = [

@@ -1,0 +1,84 @@
+"""KV cache helpers shared by the prompt cache, the lanes and the SSD tier.
+
+Functions over mlx-lm per-layer KV cache lists (``make_prompt_cache``) and
+token sequences; engine thread only where they touch MLX arrays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+#: Longest uncached tail rounded up to a power of two (see :func:`bucket_tail`).
+MAX_TAIL_BUCKET = 512
+
+
+def bucket_tail(usable: int, prompt_tokens: int) -> int:
+    """Move a hit's boundary back so the prefill after it has a power-of-two length.
+
+    Both lanes prefill the uncached tail but its last token (that one runs as
+    the first decode step), so the prefill is ``prompt_tokens - usable - 1``
+    tokens. On mlx-cuda a forward pass on a token count not seen before plans
+    its matrix products first: on the H200 (7.4B, 1024 cached tokens) the
+    first pass of a new length took 50-90 ms against 10-20 ms for a repeat,
+    and a repeated length over a new cache length 12-18 ms with
+    ``MLX_CUDA_USE_CUDNN_SDPA=0`` (cuDNN's attention plans per query *and*
+    key length, ~50 ms each, so there only its graph cache helps). Rounding
+    the tail up to 1, 2, 4 ... ``MAX_TAIL_BUCKET`` tokens keeps that set small,
+    at the price of re-running fewer tokens than the tail had.
+
+    Args:
+        usable (int): cached tokens the hit would serve.
+        prompt_tokens (int): the prompt's length.
+
+    Returns:
+        int: the cached tokens to use (``<= usable``; ``0`` for none).
+    """
+    prefill = prompt_tokens - usable - 1
+    if prefill <= 0 or prefill > MAX_TAIL_BUCKET:
+        return usable
+    return max(prompt_tokens - 1 - (1 << (prefill - 1).bit_length()), 0)
+
+
+def cache_length(cache: list[Any]) -> int | None:
+    """Tokens held by a per-layer KV cache list, or ``None`` if it cannot tell
+    (recurrent layers keep state, not positions)."""
+    offsets = {getattr(c, "offset", None) for c in cache}
+    if len(offsets) != 1 or None in offsets:
+        return None
+    return int(offsets.pop())
+
+
+def compact(cache: list[Any], wait: bool) -> None:
+    """Shrink KV buffers to the tokens they hold, so kept entries waste no step
+    padding, and schedule their evaluation (engine thread).
+
+    ``wait=False`` queues the copy with ``mx.async_eval`` instead of blocking:
+    in the serial lane ``generate_step`` has the next decode step in flight
+    when a request ends, and ``mx.eval`` here waited for it (a whole decode
+    step, ~0.2 s on the embedded model on this CPU) before the request's
+    ``Finished`` went out. ``wait=True`` is for the SSD writer thread, which
+    only serializes finished arrays (it runs no MLX computation).
+    """
+    import mlx.core as mx
+    from mlx_lm.models.cache import KVCache
+
+    for c in cache:
+        if type(c) is KVCache and c.keys is not None and c.offset < c.keys.shape[2]:
+            c.keys = mx.contiguous(c.keys[..., : c.offset, :])
+            c.values = mx.contiguous(c.values[..., : c.offset, :])
+    state = [c.state for c in cache]
+    if wait:
+        mx.eval(state)
+    else:
+        mx.async_eval(state)
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token sequences."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
