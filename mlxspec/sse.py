@@ -286,8 +286,12 @@ class _Pump:
                 self._wake()
         except Exception as exc:  # re-raised by next(), in the consumer
             self.error = exc
-        self.ended = True
-        self._wake()
+        except asyncio.CancelledError as exc:  # by close(), or from inside the source
+            self.error = exc
+            raise
+        finally:  # the consumer never waits on a pump that stopped
+            self.ended = True
+            self._wake()
 
     def _wake(self) -> None:
         waiter, self.waiter = self.waiter, None

@@ -150,6 +150,27 @@ def test_keepalive_passes_items_then_the_source_error() -> None:
     assert asyncio.run(go()) == [1, 2]
 
 
+def test_keepalive_source_cancelled_from_inside_reaches_the_consumer() -> None:
+    """A source that raises ``CancelledError`` itself ends the stream with it
+    (as awaiting the source directly would) instead of leaving it waiting."""
+
+    async def source() -> Any:
+        yield 1
+        raise asyncio.CancelledError
+
+    async def go() -> list[Any]:
+        out: list[Any] = []
+        async for item in sse.with_keepalive(source(), interval=5):
+            out.append(item)
+        return out
+
+    async def bounded() -> Any:
+        return await asyncio.wait_for(go(), 2)
+
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(bounded())
+
+
 def test_keepalive_closing_early_stops_the_source() -> None:
     closed = asyncio.Event()
 
