@@ -151,3 +151,22 @@ def test_prompt_over_the_context_window(client: httpx.Client, tiny_engine) -> No
         f"but the prompt has {prompt} tokens, leaving no room to generate."
     )
     assert_error(r, message, "messages", code="context_length_exceeded")
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        (
+            "functions",
+            [{"name": "f", "parameters": {}}],
+            "functions is not supported; send tools instead",
+        ),
+        ("function_call", "auto", "function_call is not supported; send tool_choice instead"),
+    ],
+)
+def test_deprecated_function_fields_are_refused(
+    client: httpx.Client, field: str, value: object, message: str
+) -> None:
+    """OpenAI's deprecated ``functions``/``function_call`` are never silently ignored."""
+    r = client.post(CHAT, json={"messages": [USER], field: value})
+    assert_error(r, message, field)
