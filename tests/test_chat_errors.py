@@ -125,6 +125,23 @@ def test_prompt_build_failure(client: httpx.Client) -> None:
     assert_error(r, "prompt build failed: this template takes no user turns", "messages")
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "names"),
+    [
+        ({"add_generation_prompt": "x"}, "'add_generation_prompt'"),
+        ({"tokenize": True, "tools": []}, "'tokenize', 'tools'"),
+    ],
+)
+def test_template_kwargs_the_server_sets_are_refused(
+    client: httpx.Client, kwargs: dict, names: str
+) -> None:
+    r = client.post(CHAT, json={"messages": [USER], "chat_template_kwargs": kwargs})
+    message = (
+        f"chat_template_kwargs cannot set {names}: the server sets it when it renders the prompt"
+    )
+    assert_error(r, message, "chat_template_kwargs")
+
+
 def test_prompt_over_the_context_window(client: httpx.Client, tiny_engine) -> None:
     messages = [{"role": "user", "content": "hello " * 400}]
     prompt = len(tiny_engine.chat_prompt(messages, None, None))
@@ -134,3 +151,22 @@ def test_prompt_over_the_context_window(client: httpx.Client, tiny_engine) -> No
         f"but the prompt has {prompt} tokens, leaving no room to generate."
     )
     assert_error(r, message, "messages", code="context_length_exceeded")
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        (
+            "functions",
+            [{"name": "f", "parameters": {}}],
+            "functions is not supported; send tools instead",
+        ),
+        ("function_call", "auto", "function_call is not supported; send tool_choice instead"),
+    ],
+)
+def test_deprecated_function_fields_are_refused(
+    client: httpx.Client, field: str, value: object, message: str
+) -> None:
+    """OpenAI's deprecated ``functions``/``function_call`` are never silently ignored."""
+    r = client.post(CHAT, json={"messages": [USER], field: value})
+    assert_error(r, message, field)

@@ -177,3 +177,18 @@ def test_cancel_during_prefill_abandons_the_request(tiny_engine) -> None:
     assert outcome == "cancelled"
     assert [type(ev).__name__ for ev in events] == ["Cancelled"]
     assert counting.calls == 0
+
+
+@pytest.mark.parametrize("temperature", [1e-39, 1e-320, 9e-6])
+def test_a_vanishing_temperature_samples_greedily(temperature: float) -> None:
+    """1 / temperature overflows float32 below ~3e-39 (NaN probabilities,
+    random tokens); under 1e-5 the sampler is argmax, as for 0."""
+    import mlx.core as mx
+
+    from mlxspec.engine.sampling import build_sampler
+    from mlxspec.engine.types import SamplingParams
+
+    logits = mx.array([[0.0, 3.0, 1.0, 2.9] + [0.0] * 252])  # argmax: token 1
+    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    sampler = build_sampler(SamplingParams(temperature=temperature), [])
+    assert {int(sampler(logprobs).item()) for _ in range(20)} == {1}

@@ -488,3 +488,18 @@ def test_scripted_length_cut_on_collected_turn(scripted: tuple[ScriptedEngine, A
             "finish_reason": "length",
         }
     ]
+
+
+def test_required_with_parallel_calls_ends_after_the_calls(real: Real) -> None:
+    """``required`` with parallel calls allowed: the grammar admits calls and
+    nothing else, so the turn ends with ``tool_calls`` after its last call and
+    no prose follows (xgrammar's own tag let text run on to ``max_tokens``)."""
+    body = {**_chat([CLOCK], "get_time", 200), "tool_choice": "required"}
+    r = real.post("/v1/chat/completions", body)
+    (choice,) = r.json()["choices"]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["content"] is None
+    calls = choice["message"]["tool_calls"]
+    assert calls and all(c["function"]["name"] == "get_time" for c in calls)
+    assert all(json.loads(c["function"]["arguments"]) == {} for c in calls)
+    assert r.json()["usage"]["completion_tokens"] < 200

@@ -287,7 +287,14 @@ def test_required_sets_the_forcing_constraint(hermes: Served) -> None:
     assert r.json()["choices"][0]["finish_reason"] == "tool_calls"
     constraint = hermes.engine.requests[-1].constraint
     assert constraint.kind == "structural_tag"
-    assert json.loads(constraint.spec)["format"]["triggers"] == ["<tool_call>"]
+    spec = json.loads(constraint.spec)["format"]
+    # Only calls, "\n"-separated: no free text after a call (parallel calls allowed)
+    assert (spec["type"], spec["separator"], spec["at_least_one"]) == (
+        "tags_with_separator",
+        "\n",
+        True,
+    )
+    assert spec["tags"][0]["begin"] == '<tool_call>\n{"name": "get_weather", "arguments": '
     named = {"type": "function", "function": {"name": "get_time"}}
     hermes.post(["x"], tools=[WEATHER, TIME], tool_choice=named)
     spec = json.loads(hermes.engine.requests[-1].constraint.spec)
@@ -408,7 +415,7 @@ def test_unenforceable_tool_choice_is_400() -> None:
     )
     # A model with no known tool format is forced (and read) as Hermes JSON.
     constraint = forcing_constraint(options, ParserChoice(), thinking=False)
-    assert json.loads(constraint.spec)["format"]["triggers"] == ["<tool_call>"]
+    assert json.loads(constraint.spec)["format"]["tags"][0]["begin"].startswith("<tool_call>")
 
 
 def test_n_choices_each_parse_their_calls(hermes: Served) -> None:

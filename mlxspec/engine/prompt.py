@@ -164,6 +164,13 @@ def render_chat(
         if tools:
             messages, tools = with_tool_instruction(messages, tools), None
     kwargs = dict(template_kwargs or {})
+    taken = sorted(RESERVED_TEMPLATE_ARGS.intersection(kwargs))
+    if taken:
+        raise PromptError(
+            f"chat_template_kwargs cannot set {', '.join(map(repr, taken))}: "
+            "the server sets it when it renders the prompt",
+            param="chat_template_kwargs",
+        )
     continuing = bool(kwargs.get("continue_final_message"))
     try:
         text = tokenizer.apply_chat_template(
@@ -184,6 +191,27 @@ def render_chat(
     if not tokens:  # e.g. a chat_template_kwargs "chat_template" that renders nothing
         raise PromptError("the chat template rendered an empty prompt", param="messages")
     return tokens
+
+
+#: ``apply_chat_template`` parameters the server sets itself: a client value
+#: would collide with ours (a ``TypeError`` quoting Python internals) or
+#: change what rendering returns.
+RESERVED_TEMPLATE_ARGS = frozenset(
+    {
+        "add_generation_prompt",
+        "conversation",
+        "documents",
+        "max_length",
+        "padding",
+        "return_assistant_tokens_mask",
+        "return_dict",
+        "return_tensors",
+        "tokenize",
+        "tokenizer_kwargs",
+        "tools",
+        "truncation",
+    }
+)
 
 
 def template_renders_tools(template: Any) -> bool:

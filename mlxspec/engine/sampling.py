@@ -75,8 +75,15 @@ def _number(value: Any) -> float | None:
     return None
 
 
+#: Temperatures below this sample greedily (vLLM's ``_SAMPLING_EPS``): mlx-lm
+#: scales logits by ``1 / temperature`` in float32, which overflows to infinity
+#: (NaN probabilities, random tokens) for temperatures under ~3e-39.
+GREEDY_BELOW = 1e-5
+
+
 def build_sampler(params: SamplingParams, special_tokens: list[int]) -> Callable:
-    """Build the sampler with ``mlx_lm.sample_utils.make_sampler``.
+    """Build the sampler with ``mlx_lm.sample_utils.make_sampler``; a
+    temperature under :data:`GREEDY_BELOW` is greedy (argmax), as 0 is.
 
     Args:
         params (SamplingParams): request sampling settings.
@@ -88,8 +95,9 @@ def build_sampler(params: SamplingParams, special_tokens: list[int]) -> Callable
     """
     from mlx_lm.sample_utils import make_sampler
 
+    temperature = params.temperature if params.temperature >= GREEDY_BELOW else 0.0
     return make_sampler(
-        params.temperature,
+        temperature,
         top_p=params.top_p,
         min_p=params.min_p,
         top_k=params.top_k,

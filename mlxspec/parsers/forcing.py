@@ -24,6 +24,10 @@ log = logging.getLogger("mlxspec.parsers")
 #: spend its whole budget on spaces.
 MAX_WHITESPACE = 16
 
+#: What separates parallel forced calls, by xgrammar model format (default
+#: ``"\n"``): Llama 3 templates ask for ``;`` between JSON calls.
+CALL_SEPARATORS = {"llama": ";"}
+
 #: Formats whose calls can be forced.
 FORCEABLE = ("hermes", "qwen3_coder", "llama3_json", "mistral")
 
@@ -82,7 +86,35 @@ def tool_call_constraint(
         except (ValueError, TypeError):  # pydantic rejects a tool it cannot describe
             log.warning("no forcing grammar for these tools", exc_info=True)
             return None
+        tag = _calls_only(tag, CALL_SEPARATORS.get(model, "\n"))
     return Constraint(kind="structural_tag", spec=json.dumps(tag))
+
+
+def _calls_only(node: Any, separator: str) -> Any:
+    """``node`` (a structural tag as JSON) with every ``triggered_tags`` that
+    needs a call turned into ``tags_with_separator``: calls joined by
+    ``separator`` and nothing else, so the grammar ends after the last call.
+
+    xgrammar's built-in tags for a forced call (``at_least_one``) use
+    ``triggered_tags``, which also admits free text once a call is written: with
+    parallel calls allowed, a model went on writing prose after its call until
+    ``max_tokens`` ran out (``finish_reason: "length"``). A forced turn is only
+    tool calls (OpenAI's ``tool_choice: "required"``: the model must call one
+    or more tools).
+    """
+    if isinstance(node, list):
+        return [_calls_only(item, separator) for item in node]
+    if not isinstance(node, dict):
+        return node
+    if node.get("type") == "triggered_tags" and node.get("at_least_one"):
+        return {
+            "type": "tags_with_separator",
+            "tags": node["tags"],
+            "separator": separator,
+            "at_least_one": True,
+            "stop_after_first": bool(node.get("stop_after_first")),
+        }
+    return {key: _calls_only(value, separator) for key, value in node.items()}
 
 
 def _mistral_tag(tools: Sequence[Mapping[str, Any]], parallel: bool) -> dict[str, Any]:
