@@ -358,9 +358,12 @@ def test_kept_entries_are_evaluated_without_blocking_the_store(tiny_engine) -> N
     assert cache.stats()["bytes"] == sum(c.nbytes for c in kv)
 
 
-def test_bucket_tail_rounds_the_prefill_up_to_a_power_of_two() -> None:
+def test_bucket_tail_rounds_the_prefill_up_to_a_few_lengths() -> None:
     # H200 turn 2: 1029 of 1140 tokens cached, 110 to prefill -> 128
     assert bucket_tail(1029, 1140) == 1011
+    # over 64 tokens, multiples of 64: 149 -> 192 (a power of two, 256, left 21)
+    assert bucket_tail(128, 278) == 85
+    assert (bucket_tail(900, 1000), bucket_tail(934, 1000)) == (871, 871)  # 99, 65 -> 128
     assert [bucket_tail(u, 100) for u in (99, 98, 97, 96, 95)] == [99, 98, 97, 95, 95]
     assert (bucket_tail(488, 1000), bucket_tail(487, 1000)) == (487, 487)  # 511, 512 -> 512
     assert bucket_tail(400, 1000) == 400  # 599 to prefill: over the largest bucket

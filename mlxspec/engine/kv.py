@@ -9,12 +9,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-#: Longest uncached tail rounded up to a power of two (see :func:`bucket_tail`).
+#: Longest uncached tail that :func:`bucket_tail` rounds up.
 MAX_TAIL_BUCKET = 512
+#: Tails up to this length round up to a power of two, longer ones to a
+#: multiple of it (see :func:`bucket_tail`).
+TAIL_STEP = 64
 
 
 def bucket_tail(usable: int, prompt_tokens: int) -> int:
-    """Move a hit's boundary back so the prefill after it has a power-of-two length.
+    """Move a hit's boundary back so the prefill after it has one of a few lengths.
 
     Both lanes prefill the uncached tail but its last token (that one runs as
     the first decode step), so the prefill is ``prompt_tokens - usable - 1``
@@ -24,8 +27,11 @@ def bucket_tail(usable: int, prompt_tokens: int) -> int:
     and a repeated length over a new cache length 12-18 ms with
     ``MLX_CUDA_USE_CUDNN_SDPA=0`` (cuDNN's attention plans per query *and*
     key length, ~50 ms each, so there only its graph cache helps). Rounding
-    the tail up to 1, 2, 4 ... ``MAX_TAIL_BUCKET`` tokens keeps that set small,
-    at the price of re-running fewer tokens than the tail had.
+    the tail up to 1, 2, 4 ... :data:`TAIL_STEP` tokens, then to a multiple of
+    it up to :data:`MAX_TAIL_BUCKET`, keeps that set to 14 lengths at the price
+    of re-running at most ``TAIL_STEP - 1`` tokens more than the tail had
+    (plain powers of two re-ran up to half the tail: a 149-token tail became
+    256, leaving 21 of 128 cached tokens, too few to use, on the H200).
 
     Args:
         usable (int): cached tokens the hit would serve.
@@ -37,7 +43,11 @@ def bucket_tail(usable: int, prompt_tokens: int) -> int:
     prefill = prompt_tokens - usable - 1
     if prefill <= 0 or prefill > MAX_TAIL_BUCKET:
         return usable
-    return max(prompt_tokens - 1 - (1 << (prefill - 1).bit_length()), 0)
+    if prefill <= TAIL_STEP:
+        bucket = 1 << (prefill - 1).bit_length()
+    else:
+        bucket = -(-prefill // TAIL_STEP) * TAIL_STEP
+    return max(prompt_tokens - 1 - bucket, 0)
 
 
 def cache_length(cache: list[Any]) -> int | None:
