@@ -100,6 +100,24 @@ def sdk(tiny_server: LiveServer) -> Iterator[object]:
 
 
 @pytest.fixture(scope="session")
+def openai_server(tiny_engine: object) -> Iterator[LiveServer]:
+    """A live server on the tiny engine with ``--logprobs-format openai``."""
+    from mlxspec.app import create_app
+    from mlxspec.config import ServeConfig
+
+    config = ServeConfig(logprobs_format="openai")
+    with LiveServer(create_app(tiny_engine, config, validate_responses=True)) as server:
+        yield server
+
+
+@pytest.fixture()
+def oclient(openai_server: LiveServer) -> Iterator[httpx.Client]:
+    """A checking httpx client (like ``client``) on ``openai_server``."""
+    with checking_client(openai_server.base, timeout=60) as c:
+        yield c
+
+
+@pytest.fixture(scope="session")
 def real_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``mlxspec serve`` on the embedded default model, in a subprocess.
 

@@ -17,8 +17,6 @@ import httpx
 import openai
 import pytest
 
-from mlxspec.config import ServeConfig
-from mlxspec.conformance.httpx_checks import checking_client
 from mlxspec.engine import TokenLogprob, TopLogprob
 from mlxspec.engine.types import GenerationRequest
 from mlxspec.handlers.logprobs import CompletionLogprobs, token_text
@@ -34,24 +32,6 @@ MESSAGES = [{"role": "user", "content": "hello"}]
 
 def sse_data(r: httpx.Response) -> list[str]:
     return [line[6:] for line in r.text.split("\n") if line.startswith("data: ")]
-
-
-@pytest.fixture(scope="module")
-def openai_server(tiny_engine) -> Iterator[object]:
-    """A live server on the tiny engine with ``--logprobs-format openai``."""
-    from conftest import LiveServer
-
-    from mlxspec.app import create_app
-
-    config = ServeConfig(logprobs_format="openai")
-    with LiveServer(create_app(tiny_engine, config, validate_responses=True)) as server:
-        yield server
-
-
-@pytest.fixture()
-def oclient(openai_server) -> Iterator[httpx.Client]:
-    with checking_client(openai_server.base, timeout=60) as c:
-        yield c
 
 
 @pytest.fixture()

@@ -9,13 +9,11 @@ values); the real SmolLM2 once, where the text must mean something.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from mlxspec.config import ServeConfig
 from mlxspec.conformance.httpx_checks import checking_client
 from tests.helpers import scripted_tool_server
 
@@ -109,24 +107,6 @@ def test_a_template_that_renders_tools_gets_the_history_as_is(tmp_path: Path) ->
 
 
 # --- 2. raw text completions keep their leading space --------------------------
-
-
-@pytest.fixture(scope="module")
-def openai_server(tiny_engine) -> Iterator[object]:
-    """A live server on the tiny engine with ``--logprobs-format openai``."""
-    from conftest import LiveServer
-
-    from mlxspec.app import create_app
-
-    config = ServeConfig(logprobs_format="openai")
-    with LiveServer(create_app(tiny_engine, config, validate_responses=True)) as server:
-        yield server
-
-
-@pytest.fixture()
-def oclient(openai_server) -> Iterator[httpx.Client]:
-    with checking_client(openai_server.base, timeout=60) as c:
-        yield c
 
 
 def _stream_text(r: httpx.Response) -> tuple[str, list[str], list[int]]:
