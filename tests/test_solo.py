@@ -256,3 +256,58 @@ def test_lone_request_starts_from_the_prompt_cache(tiny_engine, serial_engine) -
     want = alone(serial_engine, request)
     assert (turn2.text, turn2.ids, want.finished.cached_tokens) == (want.text, want.ids, 0)
     assert tiny_engine.handoffs == moves
+
+
+def test_seeded_arrival_runs_serially_beside_a_lone_request(batch_engine, serial_engine) -> None:
+    """A seeded request (serial lane) arriving while a lone request decodes runs
+    to its end while the lone one waits; both give their alone outputs."""
+    from mlxspec.engine import SamplingParams
+
+    first = GenerationRequest(prompt(batch_engine), max_tokens=200, logits=NO_EOS)
+    seeded = GenerationRequest(
+        prompt(batch_engine, "hello"),
+        max_tokens=6,
+        sampling=SamplingParams(temperature=0.8, seed=7),
+        logits=NO_EOS,
+    )
+    moves = batch_engine.handoffs
+
+    async def go():
+        started = asyncio.Event()
+        first_task = asyncio.ensure_future(
+            collect(batch_engine.submit(first), on_delta=lambda n: n == 3 and started.set())
+        )
+        await started.wait()
+        return await collect(batch_engine.submit(seeded)), await first_task
+
+    got_seeded, got_first = asyncio.run(asyncio.wait_for(go(), 120))
+    assert got_seeded.finished.lane == "serial"
+    assert got_first.finished.lane == "batched"
+    assert batch_engine.handoffs == moves  # the lone request was not moved
+    for got, request in ((got_first, first), (got_seeded, seeded)):
+        want = alone(serial_engine, request)
+        assert (got.text, got.ids) == (want.text, want.ids)
+    assert batch_engine.in_flight == 0
+
+
+def test_closing_the_engine_cancels_a_lone_request(tiny_engine) -> None:
+    """Shutdown while a lone request decodes: its stream ends with ``Cancelled``
+    and ``close`` returns (the engine thread exits, nothing is left running)."""
+    engine = _engine(tiny_engine, 8)
+    request = GenerationRequest(prompt(engine), max_tokens=200, logits=NO_EOS)
+    thread = engine._thread
+    assert thread is not None
+
+    async def go():
+        handle = engine.submit(request)
+        kinds = []
+        async for ev in handle:
+            kinds.append(type(ev).__name__)
+            if len(kinds) == 3:
+                await asyncio.to_thread(engine.close)
+        return kinds
+
+    kinds = asyncio.run(asyncio.wait_for(go(), 60))
+    assert kinds[-1] == Cancelled.__name__
+    assert kinds.count(Delta.__name__) < 200
+    assert not thread.is_alive()
