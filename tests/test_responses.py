@@ -159,6 +159,27 @@ def test_unknown_previous_response_id_is_a_404(sdk) -> None:
     }
 
 
+def test_an_output_for_an_unknown_call_is_a_400(sdk) -> None:
+    """A ``function_call_output`` answers a call made earlier (in the input or
+    the stored conversation), as OpenAI requires."""
+    items = [
+        {"role": "user", "content": "weather in Paris?"},
+        {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "call_2", "output": "18C"},
+    ]
+    with pytest.raises(openai.BadRequestError) as err:
+        create(sdk, input=items)
+    assert err.value.body == {
+        "message": "No tool call found for function call output with call_id call_2.",
+        "type": "invalid_request_error",
+        "param": "input",
+        "code": None,
+    }
+    # An output placed before its call is no answer either.
+    with pytest.raises(openai.BadRequestError):
+        create(sdk, input=[items[0], items[2], {**items[1], "call_id": "call_2"}])
+
+
 def test_retrieve_and_delete_a_stored_response(sdk) -> None:
     r = create(sdk, input="hello")
     got = sdk.responses.retrieve(r.id)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from mlxspec.errors import ApiError
 from mlxspec.response_store import Conversation
 
 from .common import SAMPLER_FIELDS, SESSION_FIELDS
@@ -61,6 +62,7 @@ def to_chat_body(
         system=previous.system + tuple(system),
         messages=previous.messages + tuple(messages),
     )
+    check_call_outputs(conversation.messages)
     chat: dict[str, Any] = {k: body[k] for k in CARRIED_FIELDS if body.get(k) is not None}
     chat["messages"] = chat_messages(conversation)
     max_tokens = next(
@@ -82,6 +84,30 @@ def to_chat_body(
     if response_format is not None:
         chat["response_format"] = response_format
     return chat, conversation
+
+
+def check_call_outputs(messages: Sequence[Mapping[str, Any]]) -> None:
+    """Every ``function_call_output`` answers a call made before it, in this
+    input or in the stored conversation (OpenAI's Responses API refuses an
+    output for an unknown ``call_id``; replying to it would show the model a
+    result of a call it never made).
+
+    Args:
+        messages (Sequence[Mapping]): the conversation's chat messages, in order.
+
+    Raises:
+        ApiError: 400 ``invalid_request`` naming the ``call_id``, ``param: input``.
+    """
+    called: set[str] = set()
+    for message in messages:
+        called.update(call["id"] for call in message.get("tool_calls") or ())
+        if message["role"] == "tool" and message["tool_call_id"] not in called:
+            raise ApiError(
+                "invalid_request",
+                "No tool call found for function call output with call_id "
+                f"{message['tool_call_id']}.",
+                param="input",
+            )
 
 
 def chat_messages(conversation: Conversation) -> list[dict[str, Any]]:
