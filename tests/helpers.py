@@ -11,8 +11,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
+import anthropic
 import httpx
+import httpx2
 import openai
 from conftest import LiveServer
 
@@ -39,6 +42,26 @@ def openai_sdk(base: str, timeout: float = 60) -> openai.OpenAI:
     )
 
 
+def anthropic_sdk(base: str, timeout: float = 60) -> anthropic.Anthropic:
+    """The official ``anthropic`` SDK on a live server, without retries, over an
+    ``httpx2`` client (the fork the SDK requires) that checks every response
+    against the document.
+
+    Args:
+        base (str): the server root, e.g. ``http://127.0.0.1:8000``.
+        timeout (float): seconds per request. Default: ``60``.
+
+    Returns:
+        anthropic.Anthropic: use it as a context manager to close it.
+    """
+    return anthropic.Anthropic(
+        base_url=base,
+        api_key="k",
+        max_retries=0,
+        http_client=checking_client(timeout=timeout, http=httpx2),
+    )
+
+
 @contextmanager
 def scripted_tool_server(folder: Path, style: str) -> Iterator[tuple[ScriptedEngine, LiveServer]]:
     """A :class:`~fixtures.tool_models.ScriptedEngine` on a tool fixture model,
@@ -56,6 +79,24 @@ def scripted_tool_server(folder: Path, style: str) -> Iterator[tuple[ScriptedEng
     engine = ScriptedEngine(build_tool_model(folder, style))
     with LiveServer(create_app(engine, validate_responses=True)) as server:
         yield engine, server
+
+
+async def text_and_finish(engine: Any, request: Any) -> tuple[str, Any]:
+    """Submit ``request`` to a started engine and gather its output.
+
+    Returns:
+        tuple[str, Finished]: the joined text and the ``Finished`` event.
+    """
+    from mlxspec.engine import Delta, Finished
+
+    text, finished = "", None
+    async for event in engine.submit(request):
+        if isinstance(event, Delta):
+            text += event.text
+        elif isinstance(event, Finished):
+            finished = event
+    assert finished is not None
+    return text, finished
 
 
 def assert_invalid_request(r: httpx.Response, param: str, message: str) -> None:

@@ -15,21 +15,13 @@ from mlxspec.engine import (
     LogitsParams,
     SamplingParams,
 )
+from tests.helpers import text_and_finish
 
 NO_EOS = LogitsParams(logit_bias=((2, -1e9),))
 
 
 async def run_all(engine: Engine, requests: list[GenerationRequest]) -> list[tuple[str, Finished]]:
-    async def one(req: GenerationRequest) -> tuple[str, Finished]:
-        text, fin = "", None
-        async for ev in engine.submit(req):
-            if isinstance(ev, Delta):
-                text += ev.text
-            elif isinstance(ev, Finished):
-                fin = ev
-        return text, fin
-
-    return await asyncio.gather(*(one(r) for r in requests))
+    return await asyncio.gather(*(text_and_finish(engine, r) for r in requests))
 
 
 @pytest.fixture(scope="module")

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from mlxspec.engine import Delta, Engine, Finished, GenerationRequest, LogitsParams
+from mlxspec.engine import Engine, Finished, GenerationRequest, LogitsParams
 from mlxspec.engine.loader import weights_fingerprint
 from mlxspec.engine.prompt_cache import CacheNamespace
 from mlxspec.engine.ssd_cache import read_snapshot_header
+from tests.helpers import text_and_finish
 
 #: Forbid EOS (token 2, ``<|im_end|>``) so every run generates its full budget.
 NO_EOS = LogitsParams(logit_bias=((2, -1e9),))
@@ -21,17 +22,7 @@ PROMPT = "the quick brown fox jumps over the lazy dog " * 3
 
 
 def run(engine: Engine, req: GenerationRequest) -> tuple[str, Finished]:
-    async def go() -> tuple[str, Finished]:
-        text, fin = "", None
-        async for ev in engine.submit(req):
-            if isinstance(ev, Delta):
-                text += ev.text
-            elif isinstance(ev, Finished):
-                fin = ev
-        assert fin is not None
-        return text, fin
-
-    return asyncio.run(go())
+    return asyncio.run(text_and_finish(engine, req))
 
 
 def weight_file(folder: Path) -> Path:

@@ -23,7 +23,8 @@ import pytest
 
 from mlxspec.app import create_app
 from mlxspec.config import ServeConfig
-from mlxspec.conformance.httpx_checks import checking_async_client, checking_client
+from mlxspec.conformance.httpx_checks import checking_async_client
+from tests.helpers import anthropic_sdk
 
 MESSAGES = "/v1/messages"
 COUNT = "/v1/messages/count_tokens"
@@ -34,12 +35,7 @@ GREEDY = {"temperature": 0}
 
 @pytest.fixture()
 def sdk(tiny_server) -> Iterator[anthropic.Anthropic]:
-    with anthropic.Anthropic(
-        base_url=tiny_server.base,
-        api_key="any-key",
-        max_retries=0,
-        http_client=checking_client(timeout=60, http=httpx2),
-    ) as client:
+    with anthropic_sdk(tiny_server.base) as client:
         yield client
 
 
@@ -465,12 +461,7 @@ def test_anthropic_headers_are_accepted(client: httpx.Client) -> None:
 @pytest.mark.real_model
 def test_real_model_answers_through_the_sdk(real_server: str) -> None:
     question = [{"role": "user", "content": "What is the capital of France?"}]
-    with anthropic.Anthropic(
-        base_url=real_server,
-        api_key="k",
-        max_retries=0,
-        http_client=checking_client(timeout=120, http=httpx2),
-    ) as sdk:
+    with anthropic_sdk(real_server, timeout=120) as sdk:
         m = sdk.messages.create(model="m", max_tokens=12, messages=question, extra_body=GREEDY)
         with sdk.messages.stream(
             model="m", max_tokens=12, messages=question, extra_body=GREEDY

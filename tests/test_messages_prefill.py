@@ -10,16 +10,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import anthropic
-import httpx2
 import pytest
 from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer
 
-from mlxspec.conformance.httpx_checks import checking_client
 from mlxspec.engine import PromptError
 from mlxspec.engine.prompt import normalize_messages, render_chat
 from mlxspec.engine.rows import keep_leading_space
 from mlxspec.handlers.anthropic import to_chat_body
 from mlxspec.handlers.common import to_generation_request
+from tests.helpers import anthropic_sdk
 
 USER = {"role": "user", "content": "hello"}
 PREFILL = {"role": "assistant", "content": "The answer is"}
@@ -33,12 +32,7 @@ def body(**fields) -> dict:
 
 @pytest.fixture()
 def sdk(tiny_server) -> Iterator[anthropic.Anthropic]:
-    with anthropic.Anthropic(
-        base_url=tiny_server.base,
-        api_key="k",
-        max_retries=0,
-        http_client=checking_client(timeout=60, http=httpx2),
-    ) as client:
+    with anthropic_sdk(tiny_server.base) as client:
         yield client
 
 
@@ -134,12 +128,7 @@ def test_real_model_continues_the_prefill(real_server: str) -> None:
         {"role": "user", "content": "What is the capital of France?"},
         {"role": "assistant", "content": "The capital of France is"},
     ]
-    with anthropic.Anthropic(
-        base_url=real_server,
-        api_key="k",
-        max_retries=0,
-        http_client=checking_client(timeout=120, http=httpx2),
-    ) as sdk:
+    with anthropic_sdk(real_server, timeout=120) as sdk:
         m = sdk.messages.create(
             model="m", max_tokens=3, messages=messages, extra_body={"temperature": 0}
         )

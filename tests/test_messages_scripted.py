@@ -22,6 +22,7 @@ from conftest import LiveServer
 from mlxspec.app import create_app
 from mlxspec.conformance.httpx_checks import checking_client
 from mlxspec.engine import Delta, Event, Failed, Finished, GenerationRequest, RequestHandle
+from tests.helpers import anthropic_sdk
 
 USER = [{"role": "user", "content": "hello"}]
 
@@ -60,12 +61,7 @@ def scripted(tiny_engine) -> Iterator[tuple[ScriptedEngine, str]]:
 
 @pytest.fixture()
 def sdk(scripted) -> Iterator[anthropic.Anthropic]:
-    with anthropic.Anthropic(
-        base_url=scripted[1],
-        api_key="k",
-        max_retries=0,
-        http_client=checking_client(timeout=30, http=httpx2),
-    ) as client:
+    with anthropic_sdk(scripted[1], timeout=30) as client:
         yield client
 
 

@@ -17,14 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import anthropic
-import httpx2
 import pytest
 from conftest import LiveServer
 
 from fixtures.tool_models import ScriptedEngine
 from mlxspec import sse
 from mlxspec.conformance.httpx_checks import checking_client
-from tests.helpers import scripted_tool_server
+from tests.helpers import anthropic_sdk, scripted_tool_server
 
 WEATHER = {
     "name": "get_weather",
@@ -55,12 +54,7 @@ class Served:
 
     def __init__(self, engine: ScriptedEngine, server: LiveServer) -> None:
         self.engine, self.base = engine, server.base
-        self.sdk = anthropic.Anthropic(
-            base_url=server.base,
-            api_key="k",
-            max_retries=0,
-            http_client=checking_client(timeout=30, http=httpx2),
-        )
+        self.sdk = anthropic_sdk(server.base, timeout=30)
 
     def create(self, script: list[str], **body: Any) -> Any:
         self.engine.script = script

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from mlxspec.engine import Delta, Engine, Finished, GenerationRequest, LogitsParams
+from mlxspec.engine import Engine, Finished, GenerationRequest, LogitsParams
 from mlxspec.engine.kv import bucket_tail
 from mlxspec.engine.prompt_cache import CacheNamespace, PromptCache
 from mlxspec.engine.sampling import with_history
 from mlxspec.engine.ssd_cache import SsdCache, read_snapshot_header
+from tests.helpers import text_and_finish
 
 #: Forbid EOS (token 2, ``<|im_end|>``) so every run generates its full budget.
 NO_EOS = LogitsParams(logit_bias=((2, -1e9),))
@@ -28,24 +29,13 @@ def make_engine(model_dir: Path, max_batch: int, cache: PromptCache | None) -> E
     return engine
 
 
-async def _one(engine: Engine, req: GenerationRequest) -> tuple[str, Finished]:
-    text, fin = "", None
-    async for ev in engine.submit(req):
-        if isinstance(ev, Delta):
-            text += ev.text
-        elif isinstance(ev, Finished):
-            fin = ev
-    assert fin is not None
-    return text, fin
-
-
 def run(engine: Engine, req: GenerationRequest) -> tuple[str, Finished]:
-    return asyncio.run(_one(engine, req))
+    return asyncio.run(text_and_finish(engine, req))
 
 
 def run_concurrently(engine: Engine, reqs: list[GenerationRequest]) -> list[tuple[str, Finished]]:
     async def go():
-        return await asyncio.gather(*(_one(engine, r) for r in reqs))
+        return await asyncio.gather(*(text_and_finish(engine, r) for r in reqs))
 
     return asyncio.run(go())
 
