@@ -441,6 +441,11 @@ REJECTED = [
     ("xtc_probability above 1", CHAT, _chat(xtc_probability=2), ["xtc_probability"]),
     ("xtc_threshold negative", CHAT, _chat(xtc_threshold=-0.1), ["xtc_threshold"]),
     ("repetition_penalty negative", CHAT, _chat(repetition_penalty=-1), ["repetition_penalty"]),
+    ("repetition_penalty tiny", CHAT, _chat(repetition_penalty=1e-320), ["repetition_penalty"]),
+    ("repetition_penalty above 100", CHAT, _chat(repetition_penalty=101), ["repetition_penalty"]),
+    ("presence_penalty below -2", CHAT, _chat(presence_penalty=-2.5), ["presence_penalty"]),
+    ("frequency_penalty above 2", CHAT, _chat(frequency_penalty=1e308), ["frequency_penalty"]),
+    ("logit_bias value huge", CHAT, _chat(logit_bias={"42": 1e11}), ["logit_bias", "42"]),
     (
         "repetition_context_size negative",
         CHAT,
@@ -498,6 +503,8 @@ ACCEPTED = [
     ("nullable fields", CHAT, _chat(max_tokens=None, seed=None, stop=None, stream_options=None)),
     ("stop list", CHAT, _chat(stop=["a", "b", "c", "d", "e"])),
     ("logit_bias", CHAT, _chat(logit_bias={"42": -5.0, "7": 1})),
+    ("penalty extremes", CHAT, _chat(presence_penalty=-2, frequency_penalty=2, repetition_penalty=0)),
+    ("logit_bias ban idiom", CHAT, _chat(logit_bias={"2": -1e9, "7": 1e10})),
     ("developer role", CHAT, {"messages": [{"role": "developer", "content": "be brief"}, *USER]}),
     (
         "text parts",

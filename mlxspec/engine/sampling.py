@@ -80,10 +80,26 @@ def _number(value: Any) -> float | None:
 #: (NaN probabilities, random tokens) for temperatures under ~3e-39.
 GREEDY_BELOW = 1e-5
 
+#: Temperatures above this sample as this one does: uniformly over the tokens
+#: the filters keep (1e30 makes every finite logit's scaled value vanish next
+#: to 1). Beyond ~1e45, ``1 / temperature`` rounds to 0 in float32 and masked
+#: ``-inf`` logits become NaN (every draw the same token).
+MAX_TEMPERATURE = 1e30
+
+#: Positive ``top_p`` values below this act as this one does: only the most
+#: likely token survives (its probability is at least 1 / vocab, above 1e-7
+#: for any vocabulary under 10M tokens). Below ~1e-45 ``top_p * mass``
+#: rounds to 0 in float32 and mlx-lm's ``apply_top_p`` drops every token.
+MIN_TOP_P = 1e-7
+
 
 def build_sampler(params: SamplingParams, special_tokens: list[int]) -> Callable:
-    """Build the sampler with ``mlx_lm.sample_utils.make_sampler``; a
-    temperature under :data:`GREEDY_BELOW` is greedy (argmax), as 0 is.
+    """Build the sampler with ``mlx_lm.sample_utils.make_sampler``.
+
+    A temperature under :data:`GREEDY_BELOW` is greedy (argmax), as 0 is; one
+    above :data:`MAX_TEMPERATURE` and a positive ``top_p`` under
+    :data:`MIN_TOP_P` are moved to those bounds, which sample the same way
+    without float32 underflow.
 
     Args:
         params (SamplingParams): request sampling settings.
@@ -96,9 +112,10 @@ def build_sampler(params: SamplingParams, special_tokens: list[int]) -> Callable
     from mlx_lm.sample_utils import make_sampler
 
     temperature = params.temperature if params.temperature >= GREEDY_BELOW else 0.0
+    top_p = max(params.top_p, MIN_TOP_P) if params.top_p > 0 else params.top_p
     return make_sampler(
-        temperature,
-        top_p=params.top_p,
+        min(temperature, MAX_TEMPERATURE),
+        top_p=top_p,
         min_p=params.min_p,
         top_k=params.top_k,
         xtc_probability=params.xtc_probability,
