@@ -7,7 +7,8 @@ the small, isolated adapter that fixes both:
 * :func:`enable_openapi_31` makes Connexion validate 3.1 documents with
   ``openapi-spec-validator`` instead (3.0 documents keep the stock check);
 * :class:`RequestBodyValidator` parses JSON strictly and validates with
-  JSON Schema Draft 2020-12, raising :class:`~mlxspec.errors.ApiError`.
+  JSON Schema Draft 2020-12, raising :class:`~mlxspec.errors.ApiError`; a
+  body with a ``Content-Encoding`` (``gzip``, ...) is a 415.
 
 Two rules go beyond JSON Schema, matching ``mlx_lm.server``'s
 ``isinstance`` checks: ``integer`` rejects non-integral JSON numbers such as
@@ -222,13 +223,44 @@ def _custom_message(error: ValidationError, schema: dict) -> str | None:
     return None
 
 
+def refuse_content_encoding(headers: Iterable[tuple[bytes, bytes]]) -> None:
+    """Refuse a request body sent with a content coding (``gzip``, ``br``, ...).
+
+    Bodies are read as plain JSON only: the SDKs never compress requests, and
+    decoding would need a cap on the decoded size (a small gzip body can
+    inflate a thousandfold). RFC 9110 section 15.5.16 answers an unsupported
+    coding with 415 and ``Accept-Encoding`` listing the codings taken.
+
+    Args:
+        headers (Iterable[tuple[bytes, bytes]]): the ASGI scope's headers.
+
+    Raises:
+        ApiError: ``unsupported_media_type`` naming the first coding other than
+            ``identity``, with ``Accept-Encoding: identity``.
+    """
+    for name, value in headers:
+        if name.lower() != b"content-encoding":
+            continue
+        codings = [c.strip() for c in value.decode("latin-1").split(",")]
+        coding = next((c for c in codings if c and c.lower() != "identity"), None)
+        if coding is not None:
+            raise ApiError(
+                "unsupported_media_type",
+                f"Content-Encoding '{coding}' is not supported: send the request body "
+                "uncompressed (identity)",
+                headers={"Accept-Encoding": "identity"},
+            )
+
+
 class RequestBodyValidator(JSONRequestBodyValidator):
-    """Connexion body validator: strict JSON, Draft 2020-12, OpenAI-shaped errors.
+    """Connexion body validator: plain (unencoded) strict JSON, Draft 2020-12,
+    OpenAI-shaped errors.
 
     Register under ``validator_map["body"]`` for ``*/*json`` in ``add_api``.
     """
 
     async def _parse(self, stream: Any, scope: Any) -> Any:
+        refuse_content_encoding(scope.get("headers", []))
         return parse_json_body(b"".join([chunk async for chunk in stream]))
 
     def _validate(self, body: Any) -> dict | None:
