@@ -78,7 +78,7 @@ def test_first_coding_other_than_identity_is_named(
     client: httpx.Client, encoding: str, named: str
 ) -> None:
     r = _post(client, "/v1/chat/completions", CHAT_BODY, encoding)
-    message = f"Content-Encoding '{named}' is not supported: send the request body uncompressed (identity)"
+    message = GZIP_MESSAGE.replace("'gzip'", f"'{named}'")
     assert (r.status_code, r.json()) == (415, _openai_415(message))
 
 
@@ -104,7 +104,9 @@ def test_refuse_content_encoding_reads_every_header_line() -> None:
     refuse_content_encoding([(b"content-type", b"application/json")])
     refuse_content_encoding([(b"content-encoding", b" identity ")])
     with pytest.raises(ApiError) as err:
-        refuse_content_encoding([(b"content-encoding", b"identity"), (b"Content-Encoding", b"gzip")])
+        refuse_content_encoding(
+            [(b"content-encoding", b"identity"), (b"Content-Encoding", b"gzip")]
+        )
     assert (err.value.status, err.value.message, err.value.headers) == (
         415,
         GZIP_MESSAGE,

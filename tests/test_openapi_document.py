@@ -503,7 +503,11 @@ ACCEPTED = [
     ("nullable fields", CHAT, _chat(max_tokens=None, seed=None, stop=None, stream_options=None)),
     ("stop list", CHAT, _chat(stop=["a", "b", "c", "d", "e"])),
     ("logit_bias", CHAT, _chat(logit_bias={"42": -5.0, "7": 1})),
-    ("penalty extremes", CHAT, _chat(presence_penalty=-2, frequency_penalty=2, repetition_penalty=0)),
+    (
+        "penalty extremes",
+        CHAT,
+        _chat(presence_penalty=-2, frequency_penalty=2, repetition_penalty=0),
+    ),
     ("logit_bias ban idiom", CHAT, _chat(logit_bias={"2": -1e9, "7": 1e10})),
     ("developer role", CHAT, {"messages": [{"role": "developer", "content": "be brief"}, *USER]}),
     (

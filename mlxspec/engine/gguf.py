@@ -79,7 +79,7 @@ class GGUFError(ValueError):
     """A GGUF file that cannot be converted: unreadable, corrupt or unsupported."""
 
 
-def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
+def convert_gguf(gguf_path: Path, out_dir: Path, source_sha256: str | None = None) -> Path:
     """Convert a llama-family GGUF file into an MLX model folder, once.
 
     The folder is built in a temporary folder next to ``out_dir`` and renamed into
@@ -93,6 +93,9 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
         gguf_path (Path): The GGUF file (GGUF spec v2 or v3).
         out_dir (Path): The folder to create. If it already holds a finished
             conversion (its marker file or ``config.json``), it is returned as is.
+        source_sha256 (str | None): the file's content sha256, recorded in the
+            marker file (``mlxspec.engine.gguf_cache`` keys folders by it).
+            Default: ``None`` (not recorded).
 
     Returns:
         Path: ``out_dir``, readable by ``mlx_lm.load``.
@@ -121,6 +124,9 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
         _write_tokenizer_configs(tmp, meta)
         _write_json(tmp / "generation_config.json", _generation_config(meta))
         source = {"gguf": str(gguf_path.resolve()), "converter_version": CONVERTER_VERSION}
+        source |= {"size": gguf_path.stat().st_size}
+        if source_sha256 is not None:
+            source["sha256"] = source_sha256
         _write_json(tmp / MARKER_FILE, source)
         _publish(tmp, out_dir)
     finally:

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from mlxspec.engine.embedding import is_embedding_model
-from mlxspec.engine.gguf import CONVERTER_VERSION, GGUFError, convert_gguf
+from mlxspec.engine.gguf import GGUFError
+from mlxspec.engine.gguf_cache import content_digest, conversion_folder, convert_once
 from mlxspec.engine.types import ModelInfo
 
 __all__ = [
@@ -208,27 +209,23 @@ def _hf_hub_cache() -> str | None:
 
 
 def gguf_cache_folder(gguf: Path) -> Path:
-    """Return where ``gguf`` is converted to: ``cache_dir()/gguf/<stem>-<hash>``.
+    """Return where ``gguf`` is converted to: ``cache_dir()/gguf/<sha256>-v<version>``.
 
-    The 12-hex-digit hash covers the absolute path, size, mtime and
-    `CONVERTER_VERSION`, so an edited file or a changed converter converts anew.
+    The name holds the first 24 hex digits of the file content's sha256 and
+    ``CONVERTER_VERSION`` (:mod:`mlxspec.engine.gguf_cache`): the same file at
+    another path shares the folder; an edited file or a new converter gets its own.
+
+    Raises:
+        GGUFError: if the file cannot be read.
     """
-    gguf = gguf.resolve()
-    stat = gguf.stat()
-    key = f"{gguf}\0{stat.st_size}\0{stat.st_mtime_ns}\0{CONVERTER_VERSION}"
-    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
-    return cache_dir() / "gguf" / f"{gguf.stem}-{digest}"
+    root = cache_dir() / "gguf"
+    return conversion_folder(root, content_digest(gguf, root))
 
 
 def _convert_cached(gguf: Path) -> Path:
     """Convert ``gguf`` into its cache folder unless that is already done."""
     try:
-        out = gguf_cache_folder(gguf)
-        if (out / "config.json").is_file():
-            logger.info("using GGUF conversion cached in %s", out)
-            return out
-        logger.info("converting GGUF %s once into %s", gguf, out)
-        return convert_gguf(gguf, out)
+        return convert_once(gguf, cache_dir() / "gguf")
     except GGUFError as e:
         raise ModelLoadError(str(e)) from e
     except (OSError, RuntimeError) as e:  # e.g. disk full while saving safetensors
