@@ -205,14 +205,18 @@ def test_overflowing_numbers_in_each_surface_envelope(client: httpx.Client) -> N
     }
 
 
-def test_finite_extremes_are_accepted(client: httpx.Client) -> None:
-    """The largest finite values still parse; mlx-lm sets no range on penalties."""
-    raw = (
-        '{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,'
-        ' "presence_penalty": 1e308, "frequency_penalty": -1e308}'
-    )
-    r = client.post(CHAT, content=raw, headers={"content-type": "application/json"})
+def test_finite_extremes_parse(client: httpx.Client) -> None:
+    """The largest finite values are JSON: an uncapped field takes them, a ranged
+    one names its range (tests/test_float_ranges.py), neither is invalid JSON."""
+    head = '{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1'
+    h = {"content-type": "application/json"}
+    r = client.post(CHAT, content=head + ', "temperature": 1e308}', headers=h)
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 1
+    r = client.post(CHAT, content=head + ', "presence_penalty": 1e308}', headers=h)
+    assert (r.status_code, r.json()["error"]["message"]) == (
+        400,
+        "presence_penalty must be between -2 and 2",
+    )
 
 
 # --- 5. a tool call cut by the budget, with no text ------------------------------
