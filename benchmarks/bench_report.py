@@ -1,8 +1,16 @@
 """Reporting for ``serve_bench.py``: merging repeated runs, the printed
-summary with mlxspec / mlx_lm ratios, and the PNG plot."""
+summary with mlxspec / mlx_lm ratios and the single-stream ratio to mlx-lm's
+``stream_generate``, and the PNG plot. Re-reports a saved result:
+
+    python benchmarks/bench_report.py benchmarks/results/NAME.json [--plot]
+"""
 
 from __future__ import annotations
 
+import argparse
+import json
+import statistics
+import sys
 from pathlib import Path
 
 
@@ -42,12 +50,7 @@ def summarise(report: dict) -> None:
                 }
             )
         report["ratios_mlxspec_over_mlx_lm"] = ratios
-    if "mlxspec" in servers:
-        single = [lv for lv in servers["mlxspec"]["levels"] if lv["concurrency"] == 1]
-        if single and "mlx_lm_stream_generate_tok_per_s" in report:
-            report["mlxspec_single_stream_over_stream_generate"] = (
-                single[0]["tok_per_s"] / report["mlx_lm_stream_generate_tok_per_s"]
-            )
+    single_stream_summary(report)
     print(
         f"{'server':8} {'prompt':>6} {'conc':>4} {'tok/s':>8} {'TTFT p50':>9} {'p95':>7} "
         f"{'ITL p50':>8} {'p95':>7}"
@@ -59,14 +62,8 @@ def summarise(report: dict) -> None:
                 f"{lv['ttft_p50']:9.3f} {lv['ttft_p95']:7.3f} {lv['itl_p50'] or 0:8.4f} "
                 f"{lv['itl_p95'] or 0:7.4f} failed={lv['failed']} 429={lv.get('rejected_429', 0)}"
             )
-        mt = data["multi_turn"]
-        cached = [t["cached_tokens"] for t in mt["turns"]]
-        print(
-            f"{kind:8} multi-turn TTFT later/turn1 = {mt['ratio']:.2f} "
-            f"(turn1 {mt['turn1_ttft']:.3f}s, later p50 {mt['later_ttft_p50']:.3f}s, "
-            f"cached tokens per turn {cached}); repeat of the last turn: TTFT "
-            f"x{mt['repeat_ratio']:.2f} ({mt['repeat']['cached_tokens']} cached)"
-        )
+        if data.get("multi_turn"):
+            print(f"{kind:8} {multi_turn_line(data['multi_turn'])}")
     if {"mlxspec", "mlxspec-nocache"} <= servers.keys():
         cached = servers["mlxspec"]["multi_turn"]["turns"]
         fresh = servers["mlxspec-nocache"]["multi_turn"]["turns"]
@@ -85,6 +82,96 @@ def summarise(report: dict) -> None:
             f"ratio prompt {r['prompt_tokens']:5} conc {r['concurrency']:3}: "
             f"tok/s x{r['tok_per_s_ratio']:.2f}, TTFT p50 x{r['ttft_p50_ratio']:.2f}"
         )
+    if "single_stream_vs_stream_generate" in report:
+        runs = report["single_stream_vs_stream_generate_runs"]
+        direct = report.get("mlx_lm_stream_generate_tok_per_s_runs", [])
+        print(
+            f"single stream: mlxspec c=1 / stream_generate "
+            f"x{report['single_stream_vs_stream_generate']:.2f} (median of repeats "
+            + ", ".join(f"{r:.2f}" for r in runs)
+            + "; stream_generate tok/s "
+            + (", ".join(f"{d:.1f}" for d in direct) or "one run")
+            + ")"
+        )
+
+
+def multi_turn_line(mt: dict) -> str:
+    """One line for a server's multi-turn result, in any shape saved so far
+    (older files: two turns and no ``turns`` list, or no repeat of the last turn)."""
+    if "turns" not in mt:
+        return f"two-turn TTFT turn2/turn1 = {mt['ratio']:.2f} (turn1 {mt['turn1_ttft']:.3f}s)"
+    cached = [t["cached_tokens"] for t in mt["turns"]]
+    line = (
+        f"multi-turn TTFT later/turn1 = {mt['ratio']:.2f} (turn1 {mt['turn1_ttft']:.3f}s, "
+        f"later p50 {mt['later_ttft_p50']:.3f}s, cached tokens per turn {cached})"
+    )
+    if "repeat_ratio" in mt:
+        line += (
+            f"; repeat of the last turn: TTFT x{mt['repeat_ratio']:.2f} "
+            f"({mt['repeat']['cached_tokens']} cached)"
+        )
+    return line
+
+
+def single_stream_ratios(server_runs: list[float], direct_runs: list[float]) -> list[float]:
+    """Each repeat's single-stream tokens/s over the ``stream_generate``
+    baselines measured around it.
+
+    ``serve_bench.py`` measures the direct baseline before each repeat and once
+    after the last, so repeat ``i`` sits between ``direct_runs[i]`` and
+    ``direct_runs[i + 1]`` and is divided by their mean: the baseline moves
+    between machine starts (323-559 tok/s on one H200 model), so a ratio is
+    only meaningful against a baseline taken beside it. Results saved before
+    the interleaving have one baseline, which every repeat is divided by.
+
+    Args:
+        server_runs (list[float]): a server's concurrency-1 tokens/s, one per
+            repeat, in run order.
+        direct_runs (list[float]): ``stream_generate`` tokens/s in run order,
+            ``len(server_runs) + 1`` values (or one).
+
+    Returns:
+        list[float]: one ratio per repeat.
+
+    Raises:
+        ValueError: when the counts do not pair up as above.
+    """
+    if len(direct_runs) == 1:
+        return [s / direct_runs[0] for s in server_runs]
+    if len(direct_runs) != len(server_runs) + 1:
+        raise ValueError(
+            f"{len(direct_runs)} stream_generate runs for {len(server_runs)} repeats: "
+            "expected one more baseline than repeats"
+        )
+    return [s / ((direct_runs[i] + direct_runs[i + 1]) / 2) for i, s in enumerate(server_runs)]
+
+
+def single_stream_summary(report: dict) -> None:
+    """Adds mlxspec's single-stream speed over ``stream_generate`` to ``report``.
+
+    Uses the first prompt size's concurrency-1 level (the direct baseline's
+    prompt). ``mlxspec_single_stream_over_stream_generate`` is the older figure
+    (median level over median baseline), kept for old result files;
+    ``single_stream_vs_stream_generate`` is the median of the per-repeat ratios
+    (:func:`single_stream_ratios`), listed in ``single_stream_vs_stream_generate_runs``.
+
+    Args:
+        report (dict): a ``serve_bench.py`` result; changed in place. Nothing is
+            added without an ``mlxspec`` concurrency-1 level and a baseline.
+    """
+    if "mlxspec" not in report["servers"] or "mlx_lm_stream_generate_tok_per_s" not in report:
+        return
+    single = [lv for lv in report["servers"]["mlxspec"]["levels"] if lv["concurrency"] == 1]
+    if not single:
+        return
+    level, direct = single[0], report["mlx_lm_stream_generate_tok_per_s"]
+    report["mlxspec_single_stream_over_stream_generate"] = level["tok_per_s"] / direct
+    ratios = single_stream_ratios(
+        level.get("tok_per_s_runs", [level["tok_per_s"]]),
+        report.get("mlx_lm_stream_generate_tok_per_s_runs", [direct]),
+    )
+    report["single_stream_vs_stream_generate_runs"] = ratios
+    report["single_stream_vs_stream_generate"] = statistics.median(ratios)
 
 
 def plot(report: dict, path: Path) -> None:
@@ -116,3 +203,21 @@ def plot(report: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     print(f"wrote {path}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Prints the summary of a saved ``serve_bench.py`` result (and, with
+    ``--plot``, redraws its PNG beside it); the file is not rewritten."""
+    ap = argparse.ArgumentParser(description="Re-report a serve_bench.py result file.")
+    ap.add_argument("result", type=Path, help="benchmarks/results/NAME.json")
+    ap.add_argument("--plot", action="store_true", help="redraw NAME.png")
+    args = ap.parse_args(argv)
+    report = json.loads(args.result.read_text())
+    summarise(report)
+    if args.plot:
+        plot(report, args.result.with_suffix(".png"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

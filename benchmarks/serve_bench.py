@@ -5,7 +5,8 @@ same streamed greedy chat workload (fixed prompt lengths, fixed output length:
 EOS is forbidden with ``logit_bias``) at several concurrency levels, and
 reports per server and level: aggregate output tokens/s, TTFT p50/p95 and
 inter-token latency p50/p95, plus a repeated multi-turn conversation's TTFT
-(prompt-cache effect) and mlx-lm's own single-stream ``stream_generate`` speed.
+(prompt-cache effect) and mlx-lm's own single-stream ``stream_generate`` speed,
+measured in this process before each repeat of the servers and after the last.
 Writes ``benchmarks/results/<name>.json`` and a PNG plot; prints mlxspec/mlx_lm
 ratios. Run by hand, never in CI:
 
@@ -21,6 +22,7 @@ import asyncio
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -214,21 +216,78 @@ async def multi_turn(base: str, prompt: str, max_tokens: int, bias: dict, turns:
     }
 
 
-def mlx_lm_direct(model: str, tokenizer, prompt: str, max_tokens: int) -> float:
-    """mlx-lm's own single-stream decode speed (tokens/s), the server-overhead baseline."""
+def mlx_lm_direct(model: str, prompt: str, max_tokens: int, bias: dict) -> float:
+    """mlx-lm's own single-stream decode speed, the server-overhead baseline.
+
+    Decodes the concurrency-1 level's first prompt (chat template applied) with
+    greedy ``stream_generate``, the same ``max_tokens`` and the servers' EOS
+    ``logit_bias`` as a logits processor, once to warm up and once measured.
+    The model is loaded afresh and freed (MLX's buffer cache too) before
+    returning: this process lives on while the servers run beside it.
+
+    Args:
+        model (str): MLX model folder.
+        prompt (str): the user message.
+        max_tokens (int): tokens to generate (EOS is forbidden, so exactly this many).
+        bias (dict): ``{token id (str): bias}``, the servers' ``logit_bias``.
+
+    Returns:
+        float: decode tokens/s (``GenerationResponse.generation_tps``, prefill excluded).
+    """
+    import gc
+
+    import mlx.core as mx
     from mlx_lm import load, stream_generate
     from mlx_lm.sample_utils import make_logits_processors
 
     m, tok = load(model)
     ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
-    procs = make_logits_processors({t: -1e9 for t in tok.eos_token_ids})
+    procs = make_logits_processors({int(t): b for t, b in bias.items()})
     last = None
     for _ in range(2):  # warm-up, then measure
         for last in stream_generate(  # noqa: B007 (the loop keeps the final response)
             m, tok, ids, max_tokens=max_tokens, logits_processors=procs
         ):
             pass
-    return last.generation_tps
+    tps = last.generation_tps
+    del m, tok, last, procs  # weights and the response's arrays; then MLX's buffer cache
+    gc.collect()
+    mx.clear_cache()
+    return tps
+
+
+def run_repeats(
+    args: argparse.Namespace, tokenizer, bias: dict, bar, out_dir: Path
+) -> tuple[dict[str, list[dict]], list[float]]:
+    """``args.repeats`` rounds of every server, in alternating order, each round
+    preceded by a direct ``stream_generate`` baseline, and one more baseline
+    after the last (none with ``--skip-direct``): the baseline drifts between
+    machine starts, so each repeat's single-stream ratio uses the ones beside it.
+
+    Returns:
+        tuple[dict[str, list[dict]], list[float]]: each server's per-repeat
+        results (``measure_server``) and the baselines' tokens/s, in run order.
+    """
+    prompt = build_prompt(tokenizer, args.prompt_tokens[0], 0)  # the c=1 level's first prompt
+    direct: list[float] = []
+
+    def baseline() -> None:
+        if args.skip_direct:
+            return
+        direct.append(mlx_lm_direct(args.model, prompt, args.max_tokens, bias))
+        (bar.write if bar else print)(f"mlx-lm stream_generate: {direct[-1]:.1f} tok/s")
+
+    runs: dict[str, list[dict]] = {kind: [] for kind in args.servers}
+    order = list(args.servers)
+    for rep in range(args.repeats):  # alternate the order: no server always runs first
+        baseline()
+        for kind in order:
+            runs[kind].append(
+                measure_server(kind, args, tokenizer, bias, bar, out_dir, with_turns=rep == 0)
+            )
+        order.reverse()
+    baseline()
+    return runs, direct
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -249,8 +308,9 @@ def main(argv: list[str] | None = None) -> int:
         "--repeats",
         type=int,
         default=1,
-        help="run the servers this many times in alternating order; each level reports "
-        "its median run (single-stream figures swing with run order)",
+        help="run the servers this many times in alternating order, with a direct "
+        "stream_generate baseline before each repeat and after the last; each level "
+        "reports its median run (single-stream figures swing with run order)",
     )
     args = ap.parse_args(argv)
 
@@ -284,13 +344,6 @@ def main(argv: list[str] | None = None) -> int:
 
     report["mlx"], report["mlx_lm"] = mx.__version__, mlx_lm.__version__
     report["device"] = str(mx.default_device())
-    base_prompt = build_prompt(tokenizer, args.prompt_tokens[0], 0)
-    if not args.skip_direct:
-        report["mlx_lm_stream_generate_tok_per_s"] = mlx_lm_direct(
-            args.model, tokenizer, base_prompt, args.max_tokens
-        )
-        print(f"mlx-lm stream_generate: {report['mlx_lm_stream_generate_tok_per_s']:.1f} tok/s")
-
     total = (
         args.repeats
         * len(args.servers)
@@ -298,14 +351,10 @@ def main(argv: list[str] | None = None) -> int:
         * sum(c * args.rounds for c in args.concurrency)
     )
     bar = tqdm(total=total, desc="requests") if tqdm else None
-    runs: dict[str, list[dict]] = {kind: [] for kind in args.servers}
-    order = list(args.servers)
-    for rep in range(args.repeats):  # alternate the order: no server always runs first
-        for kind in order:
-            runs[kind].append(
-                measure_server(kind, args, tokenizer, bias, bar, out_dir, with_turns=rep == 0)
-            )
-        order.reverse()
+    runs, direct = run_repeats(args, tokenizer, bias, bar, out_dir)
+    if direct:
+        report["mlx_lm_stream_generate_tok_per_s"] = statistics.median(direct)
+        report["mlx_lm_stream_generate_tok_per_s_runs"] = direct
     for kind, results in runs.items():
         report["servers"][kind] = merge_runs(results)
     if bar:

@@ -126,6 +126,14 @@ def _add_cache_flags(serve: argparse.ArgumentParser) -> None:
         "(default 1G)",
     )
     serve.add_argument(
+        "--cpu-weights",
+        choices=("auto", "float32", "native"),
+        default=defaults.cpu_weights,
+        help="on the CPU, hold the weights as float32 so MLX multiplies them with the "
+        "optimised BLAS (MKL); auto: when that BLAS is loaded and float32 weights fit in "
+        "a quarter of RAM; native: as the checkpoint stores them (default auto)",
+    )
+    serve.add_argument(
         "--ssd-cache",
         metavar="DIR",
         default=None,
@@ -221,6 +229,7 @@ def parse_config(argv: Sequence[str] | None = None) -> ServeConfig:
         ssd_cache_bytes=args.ssd_cache_bytes,
         logprobs_format=logprobs_format,
         grammar=os.environ.get("MLXSPEC_GRAMMAR", "1") != "0",
+        cpu_weights=args.cpu_weights,
     )
 
 
@@ -253,6 +262,7 @@ def load_engine(config: ServeConfig):  # noqa: ANN201 - returns mlxspec.engine.E
             ssd_cache=Path(config.ssd_cache) if config.ssd_cache else None,
             ssd_cache_bytes=config.ssd_cache_bytes,
             grammar=config.grammar,
+            cpu_weights=config.cpu_weights,
         )
     except BudgetTooSmallError as exc:
         raise ModelLoadError(str(exc)) from exc
@@ -318,6 +328,12 @@ def serve(config: ServeConfig) -> int:
     except ModelLoadError as exc:
         print(f"mlxspec: error: {exc}", file=sys.stderr)
         return EXIT_MODEL_ERROR
+    if (weights := engine.cpu_weights) is not None and weights.reason != "not on the CPU":
+        kind = "float32" if weights.float32 else "as stored"
+        print(
+            f"mlxspec: CPU weights {kind}, {weights.nbytes >> 20} MiB ({weights.reason})",
+            flush=True,
+        )
     url = f"http://{config.host}:{config.port}"
     auth = ", API key required" if config.api_key else ""
     print(

@@ -52,6 +52,9 @@ class ServeConfig:
         grammar (bool): enforce structured output with xgrammar; ``False``
             (environment ``MLXSPEC_GRAMMAR=0``) answers every constraint with the
             degrade path. Default: ``True``.
+        cpu_weights (str): ``auto``, ``float32`` or ``native``: whether the CPU
+            backend holds the weights as float32 for the optimised BLAS
+            (:mod:`mlxspec.engine.cpu_weights`). Default: ``"auto"``.
     """
 
     model: str | None = None
@@ -76,3 +79,4 @@ class ServeConfig:
     ssd_cache_bytes: int = DEFAULT_SSD_CACHE_BYTES
     logprobs_format: str = "mlx"
     grammar: bool = True
+    cpu_weights: str = "auto"

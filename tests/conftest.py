@@ -19,6 +19,11 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# In-process engines keep MLX's reference BLAS: tests compare batched rows with lone
+# runs bit for bit, and MKL's kernels round differently for different row counts.
+# ``real_server`` (a subprocess, as users run it) gets the optimised BLAS back.
+SERVER_BLAS = os.environ.get("MLXSPEC_BLAS", "auto")
+os.environ["MLXSPEC_BLAS"] = "off"
 
 from fixtures.tiny_model import build_tiny_llama  # noqa: E402
 from mlxspec.conformance.httpx_checks import checking_client  # noqa: E402
@@ -125,7 +130,7 @@ def real_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     cached under ``MLXSPEC_CACHE_DIR`` (default ~/.cache/mlxspec).
     """
     log = tmp_path_factory.mktemp("real") / "serve.log"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "MLXSPEC_BLAS": SERVER_BLAS}
     argv = [sys.executable, "-m", "mlxspec", "serve", "--port", "{port}"]
     with serve(argv, env, log, timeout=300) as base:
         yield base

@@ -49,9 +49,14 @@ def test_flags() -> None:
         log_level="debug",
     )
     assert parse_config(["serve", "--batch", "1"]).batch == 1
+    assert ServeConfig().cpu_weights == "auto"
+    assert parse_config(["serve", "--cpu-weights", "native"]).cpu_weights == "native"
 
 
-@pytest.mark.parametrize("flags", [["--max-tokens", "0"], ["--port", "99999"], ["--batch", "0"]])
+@pytest.mark.parametrize(
+    "flags",
+    [["--max-tokens", "0"], ["--port", "99999"], ["--batch", "0"], ["--cpu-weights", "fp8"]],
+)
 def test_bad_flag_exits_2(flags: list[str]) -> None:
     with pytest.raises(SystemExit) as err:
         parse_config(["serve", *flags])

@@ -9,6 +9,8 @@ case files come first and need no model.
 from __future__ import annotations
 
 import json
+import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +18,7 @@ import httpx
 import pytest
 
 from mlxspec.conformance import parity
+from mlxspec.conformance.live import serve
 from mlxspec.conformance.parity import Case, check, diff, load_cases, parse_sse
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -172,15 +175,25 @@ def test_recording_is_for_this_request(case: Case) -> None:
 
 
 @pytest.fixture(scope="module")
-def http(real_server: str) -> Iterator[httpx.Client]:
+def parity_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``mlxspec serve`` on the embedded model with the checkpoint's own weights
+    (``parity.NATIVE_WEIGHTS``), the numbers mlx_lm.server computes with."""
+    log = tmp_path_factory.mktemp("parity") / "serve.log"
+    argv = [sys.executable, "-m", "mlxspec", "serve", "--port", "{port}", *parity.NATIVE_WEIGHTS]
+    with serve(argv, {**os.environ, "HF_HUB_OFFLINE": "1"}, log, timeout=300) as base:
+        yield base
+
+
+@pytest.fixture(scope="module")
+def http(parity_server: str) -> Iterator[httpx.Client]:
     with httpx.Client(timeout=300) as client:
         yield client
 
 
 @pytest.mark.real_model
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
-def test_matches_mlx_lm_server(case: Case, real_server: str, http: httpx.Client) -> None:
-    outcome = parity.check_recorded(http, real_server, case)
+def test_matches_mlx_lm_server(case: Case, parity_server: str, http: httpx.Client) -> None:
+    outcome = parity.check_recorded(http, parity_server, case)
     assert outcome.ok, f"{outcome.verdict}: {outcome.fields} {outcome.detail}"
 
 

@@ -42,6 +42,10 @@ from .observe import (
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "parity"
 
+NATIVE_WEIGHTS = ("--cpu-weights", "native")
+"""mlxspec's flags for parity runs: the checkpoint's own weights and precision, as
+mlx_lm.server computes with (float32 CPU weights change logprobs in the third decimal)."""
+
 
 @dataclass(frozen=True)
 class Case:
@@ -270,6 +274,7 @@ def run_live(
                     "127.0.0.1",
                     "--port",
                     "{port}",
+                    *NATIVE_WEIGHTS,
                 ],
                 env,
                 tmp / "mlxspec.log",
@@ -295,7 +300,7 @@ def run_recorded(
             (tmp / "hub").mkdir()
             ours_url = stack.enter_context(
                 serve(
-                    [sys.executable, "-m", "mlxspec", "serve", "--port", "{port}"],
+                    [sys.executable, "-m", "mlxspec", "serve", "--port", "{port}", *NATIVE_WEIGHTS],
                     offline_env(str(tmp / "hub")),
                     tmp / "mlxspec.log",
                 )

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import dataclasses
 import functools
 import logging
 import queue
@@ -31,6 +32,7 @@ from typing import Any, TypeVar
 
 from .admission import Admission, AdmissionLimits
 from .batching import BatchLane
+from .cpu_weights import CpuWeights, apply_cpu_weights
 from .fit import ModelMemory, model_memory
 from .grammar import GrammarCache
 from .handles import ExclusiveJob, RequestHandle
@@ -116,6 +118,8 @@ class Engine:
         self.submitted = 0
         #: Lone requests moved into the batch mid-request (:mod:`.solo`).
         self.handoffs = 0
+        #: Whether :meth:`load` made the weights float32 for the CPU BLAS.
+        self.cpu_weights: CpuWeights | None = None
         limits = limits or AdmissionLimits()
         memory = self.memory if limits.memory_budget is not None else None
         self.admission = Admission(limits, max_batch, info.context_window, memory)
@@ -158,6 +162,7 @@ class Engine:
         ssd_cache: Path | None = None,
         ssd_cache_bytes: int = DEFAULT_SSD_CACHE_BYTES,
         grammar: bool = True,
+        cpu_weights: str = "auto",
     ) -> Engine:
         """Load an MLX model folder with ``mlx_lm.load``.
 
@@ -175,19 +180,28 @@ class Engine:
             ssd_cache_bytes (int): disk budget of the SSD tier.
                 Default: :data:`~.ssd_cache.DEFAULT_SSD_CACHE_BYTES`.
             grammar (bool): enforce constraints. Default: ``True``.
+            cpu_weights (str): float32 weights on the CPU
+                (:func:`~.cpu_weights.apply_cpu_weights`). Default: ``"auto"``.
 
         Returns:
-            Engine: not yet started; call :meth:`start`.
+            Engine: not yet started; call :meth:`start` (``engine.cpu_weights``
+            says whether the weights were converted).
+
+        Raises:
+            ValueError: ``cpu_weights`` is not a known mode.
         """
         from mlx_lm import load
 
         model, tokenizer = load(str(path))
+        converted = apply_cpu_weights(model, cpu_weights)
         info = read_model_info(Path(path), model_id, model, tokenizer, source)
+        if converted.float32:  # float32 activations give other KV numbers
+            info = dataclasses.replace(info, weights=f"{info.weights}+float32")
         defaults = read_generation_config(Path(path)).merged(
             **(overrides or GenerationDefaults()).__dict__
         )
         cache = PromptCache.tiered(prompt_cache_bytes, ssd_cache, ssd_cache_bytes)
-        return cls(
+        engine = cls(
             model,
             tokenizer,
             info,
@@ -197,6 +211,8 @@ class Engine:
             prompt_cache=cache,
             grammar=grammar,
         )
+        engine.cpu_weights = converted
+        return engine
 
     def start(self) -> None:
         """Start the engine thread (idempotent)."""
