@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,8 @@ import pytest
 
 from mlxspec.app import create_app
 from mlxspec.cli import parse_config
-from mlxspec.conformance.httpx_checks import checking_async_client
+from mlxspec.conformance.httpx_checks import checking_async_client, checking_client
+from mlxspec.conformance.live import serve
 from mlxspec.engine import (
     Delta,
     Engine,
@@ -123,8 +126,8 @@ def test_tail_buckets_are_every_length_bucket_tail_rounds_to() -> None:
 def test_warmup_lengths_add_the_prefill_chunk_and_fit_the_window() -> None:
     assert warmup_lengths(32768, 512) == tail_buckets()
     assert warmup_lengths(32768, 2048) == (*tail_buckets(), 2048)
-    assert warmup_lengths(32768, 100) == (1, 2, 4, 8, 16, 32, 64, 100, 128, 192, 256, 320,
-                                          384, 448, 512)  # fmt: skip
+    with_100 = (1, 2, 4, 8, 16, 32, 64, 100, 128, 192, 256, 320, 384, 448, 512)
+    assert warmup_lengths(32768, 100) == with_100
     assert warmup_lengths(256, 512) == TINY_LENGTHS  # a prefill is at most 255 tokens
     assert warmup_lengths(193, 8) == (1, 2, 4, 8, 16, 32, 64, 128, 192)
     assert warmup_lengths(192, 8) == (1, 2, 4, 8, 16, 32, 64, 128)
@@ -147,7 +150,7 @@ def test_outputs_match_and_only_the_warmup_passes_differ(tiny_engine, max_batch,
         cold.close()
         warm.close()
     assert warm_out == cold_out
-    first, second = _prompts(cold)
+    second = _prompts(cold)[1]
     assert [(t[2], t[3]) for t in cold_out] == [("length", 0), ("length", len(second) - 1 - 16)]
     assert warm_model.shapes[: len(TINY_WARMUP_SHAPES)] == TINY_WARMUP_SHAPES
     assert warm_model.shapes[len(TINY_WARMUP_SHAPES) :] == cold_model.shapes
@@ -253,3 +256,19 @@ def test_mlxspec_warmup_env_rejects_other_values(monkeypatch, capsys) -> None:
         parse_config(["serve"])
     assert err.value.code == 2
     assert "MLXSPEC_WARMUP must be 0, 1 or auto" in capsys.readouterr().err
+
+
+def test_serve_warms_up_under_mlxspec_warmup_1(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """``MLXSPEC_WARMUP=1 mlxspec serve <tiny model>`` on this CPU warms before serving."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "MLXSPEC_WARMUP": "1"}
+    argv = [sys.executable, "-m", "mlxspec", "serve", str(tiny_model_dir), "--port", "{port}"]
+    log = tmp_path / "serve.log"
+    with serve(argv, env, log, timeout=120) as base, checking_client(base, timeout=60) as c:
+        r = c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+        assert r.status_code == 200
+    lines = [line for line in log.read_text().splitlines() if "warm-up" in line]
+    assert len(lines) == 1
+    assert lines[0].startswith(
+        "INFO mlxspec.engine: warm-up: 9 prefill lengths (1, 2, 4, 8, 16, 32, 64, 128, 192 "
+        "tokens) and a decode step in "
+    )
