@@ -17,6 +17,8 @@ from .config import ServeConfig
 
 EXIT_MODEL_ERROR = 2
 LOGPROBS_FORMATS = ("mlx", "openai")
+#: ``MLXSPEC_WARMUP`` values and what they set :attr:`ServeConfig.warmup` to.
+WARMUP_MODES = {"0": False, "1": True, "auto": None, "": None}
 
 #: On SIGINT/SIGTERM, how long in-flight requests may run before they are
 #: cancelled, seconds (the reference's shutdown default).
@@ -201,13 +203,17 @@ def _origins(text: str) -> list[str]:
 def parse_config(argv: Sequence[str] | None = None) -> ServeConfig:
     """Parse ``serve`` arguments into a :class:`ServeConfig` (argparse exits 2 on bad flags).
 
-    ``--logprobs-format`` falls back to ``MLXSPEC_LOGPROBS_FORMAT``, then ``mlx``.
+    ``--logprobs-format`` falls back to ``MLXSPEC_LOGPROBS_FORMAT``, then ``mlx``;
+    ``MLXSPEC_WARMUP`` is one of :data:`WARMUP_MODES`.
     """
     parser = _parser()
     args = parser.parse_args(argv)
     logprobs_format = args.logprobs_format or os.environ.get("MLXSPEC_LOGPROBS_FORMAT") or "mlx"
     if logprobs_format not in LOGPROBS_FORMATS:
         parser.error(f"MLXSPEC_LOGPROBS_FORMAT must be one of {', '.join(LOGPROBS_FORMATS)}")
+    warmup = os.environ.get("MLXSPEC_WARMUP", "auto").strip().lower()
+    if warmup not in WARMUP_MODES:
+        parser.error("MLXSPEC_WARMUP must be 0, 1 or auto")
     return ServeConfig(
         model=args.model,
         host=args.host,
@@ -230,6 +236,7 @@ def parse_config(argv: Sequence[str] | None = None) -> ServeConfig:
         logprobs_format=logprobs_format,
         grammar=os.environ.get("MLXSPEC_GRAMMAR", "1") != "0",
         cpu_weights=args.cpu_weights,
+        warmup=WARMUP_MODES[warmup],
     )
 
 
@@ -263,6 +270,7 @@ def load_engine(config: ServeConfig):  # noqa: ANN201 - returns mlxspec.engine.E
             ssd_cache_bytes=config.ssd_cache_bytes,
             grammar=config.grammar,
             cpu_weights=config.cpu_weights,
+            warmup=config.warmup,
         )
     except BudgetTooSmallError as exc:
         raise ModelLoadError(str(exc)) from exc

@@ -55,6 +55,10 @@ class ServeConfig:
         cpu_weights (str): ``auto``, ``float32`` or ``native``: whether the CPU
             backend holds the weights as float32 for the optimised BLAS
             (:mod:`mlxspec.engine.cpu_weights`). Default: ``"auto"``.
+        warmup (bool | None): run each prefill length a prompt-cache hit can
+            take once before serving (:mod:`mlxspec.engine.warmup`); environment
+            ``MLXSPEC_WARMUP``: ``0`` off, ``1`` on, unset or ``auto`` (``None``)
+            when the prompt cache buckets tails (on a GPU). Default: ``None``.
     """
 
     model: str | None = None
@@ -80,3 +84,4 @@ class ServeConfig:
     logprobs_format: str = "mlx"
     grammar: bool = True
     cpu_weights: str = "auto"
+    warmup: bool | None = None

@@ -44,6 +44,7 @@ from .sampling import GenerationDefaults, read_generation_config
 from .solo import SoloRun, run_alone
 from .ssd_cache import DEFAULT_SSD_CACHE_BYTES
 from .types import Constraint, Failed, GenerationRequest, ModelInfo
+from .warmup import warm_up_engine
 
 log = logging.getLogger("mlxspec.engine")
 T = TypeVar("T")
@@ -81,6 +82,10 @@ class Engine:
         grammar (bool): enforce constraints (structured output); ``False``
             (``MLXSPEC_GRAMMAR=0``) reports every one as not enforced. Default: ``True``.
         prefill_step (int): prompt tokens per prefill chunk. Default: :data:`PREFILL_STEP`.
+        warmup (bool | None): run each prefill length a prompt-cache hit can
+            take once on the engine thread before the first request
+            (:mod:`.warmup`); ``None`` warms when the prompt cache is on and
+            buckets tails (on a GPU). Default: ``None``.
 
     Raises:
         BudgetTooSmallError: ``limits`` leave no room for any request.
@@ -97,6 +102,7 @@ class Engine:
         prompt_cache: PromptCache | None = None,
         grammar: bool = True,
         prefill_step: int = PREFILL_STEP,
+        warmup: bool | None = None,
     ) -> None:
         self.model = model
         self.max_batch = max_batch
@@ -128,6 +134,12 @@ class Engine:
         #: Everything that changes KV numbers: the model and its weights (no adapters
         #: or KV quantisation yet).
         self.cache_namespace = CacheNamespace(info.id, weights=info.weights)
+        #: Whether :meth:`start` warms the prefill lengths before serving.
+        self.warmup = (
+            self.prompt_cache.enabled and self.prompt_cache.bucket_tails
+            if warmup is None
+            else warmup
+        )
 
     @property
     def lane_parts(self) -> LaneParts:
@@ -163,6 +175,7 @@ class Engine:
         ssd_cache_bytes: int = DEFAULT_SSD_CACHE_BYTES,
         grammar: bool = True,
         cpu_weights: str = "auto",
+        warmup: bool | None = None,
     ) -> Engine:
         """Load an MLX model folder with ``mlx_lm.load``.
 
@@ -182,6 +195,8 @@ class Engine:
             grammar (bool): enforce constraints. Default: ``True``.
             cpu_weights (str): float32 weights on the CPU
                 (:func:`~.cpu_weights.apply_cpu_weights`). Default: ``"auto"``.
+            warmup (bool | None): warm the prefill lengths at start (see
+                :class:`Engine`). Default: ``None`` (when tails are bucketed).
 
         Returns:
             Engine: not yet started; call :meth:`start` (``engine.cpu_weights``
@@ -210,12 +225,14 @@ class Engine:
             limits=limits,
             prompt_cache=cache,
             grammar=grammar,
+            warmup=warmup,
         )
         engine.cpu_weights = converted
         return engine
 
     def start(self) -> None:
-        """Start the engine thread (idempotent)."""
+        """Start the engine thread (idempotent); with :attr:`warmup` it warms
+        the prefill lengths first while submitted requests wait in its queue."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="mlxspec-engine", daemon=True)
             self._thread.start()
@@ -312,6 +329,8 @@ class Engine:
 
     # Engine thread.
     def _run(self) -> None:
+        if self.warmup:
+            warm_up_engine(self.model, self.info.context_window, self._prefill_step)
         lane = (
             BatchLane(self.lane_parts, self.max_batch, self._count) if self.max_batch > 1 else None
         )

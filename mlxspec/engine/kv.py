@@ -16,6 +16,20 @@ MAX_TAIL_BUCKET = 512
 TAIL_STEP = 64
 
 
+def tail_buckets() -> tuple[int, ...]:
+    """Every prefill length :func:`bucket_tail` rounds an uncached tail to.
+
+    Powers of two up to :data:`TAIL_STEP`, then multiples of it up to
+    :data:`MAX_TAIL_BUCKET`: ``(1, 2, 4, ..., 64, 128, 192, ..., 512)``, 14
+    lengths. The start-up warm-up (:mod:`.warmup`) runs each once.
+
+    Returns:
+        tuple[int, ...]: the lengths in tokens, ascending.
+    """
+    powers = tuple(1 << i for i in range(TAIL_STEP.bit_length()) if 1 << i <= TAIL_STEP)
+    return powers + tuple(range(2 * TAIL_STEP, MAX_TAIL_BUCKET + 1, TAIL_STEP))
+
+
 def bucket_tail(usable: int, prompt_tokens: int) -> int:
     """Move a hit's boundary back so the prefill after it has one of a few lengths.
 
@@ -28,7 +42,8 @@ def bucket_tail(usable: int, prompt_tokens: int) -> int:
     ``MLX_CUDA_USE_CUDNN_SDPA=0`` (cuDNN's attention plans per query *and*
     key length, ~50 ms each, so there only its graph cache helps). Rounding
     the tail up to 1, 2, 4 ... :data:`TAIL_STEP` tokens, then to a multiple of
-    it up to :data:`MAX_TAIL_BUCKET`, keeps that set to 14 lengths at the price
+    it up to :data:`MAX_TAIL_BUCKET` (:func:`tail_buckets`), keeps that set to
+    14 lengths, which the engine runs once at start-up (:mod:`.warmup`), at the price
     of re-running at most ``TAIL_STEP - 1`` tokens more than the tail had
     (plain powers of two re-ran up to half the tail: a 149-token tail became
     256, leaving 21 of 128 cached tokens, too few to use, on the H200).
