@@ -50,6 +50,8 @@ def build_prompt(tokenizer, n_tokens: int, salt: int) -> str:
 def server_command(kind: str, model: str, port: int, batch: int) -> list[str]:
     if kind == "mlxspec-nocache":  # the prompt cache's baseline: every prompt prefilled
         return [*server_command("mlxspec", model, port, batch), "--prompt-cache-bytes", "0"]
+    if kind == "mlxspec-native":  # the checkpoint's own weights: no float32 CPU copy
+        return [*server_command("mlxspec", model, port, batch), "--cpu-weights", "native"]
     if kind == "mlxspec":
         return [
             sys.executable,
