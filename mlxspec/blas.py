@@ -26,7 +26,6 @@ weights as float32 on the CPU when this BLAS is active and memory allows
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import importlib.metadata
 import os
 import sys
@@ -91,10 +90,12 @@ def _install() -> BlasStatus:
         if path is None:
             return BlasStatus(None, "the mkl wheel is not installed")
         reason = "MKL from the mkl wheel"
-        # The GNU threading layer shares libgomp with torch (imported by xgrammar);
-        # MKL's default Intel layer would load a second OpenMP runtime.
-        layer = "GNU" if ctypes.util.find_library("gomp") else "SEQUENTIAL"
-        os.environ.setdefault("MKL_THREADING_LAYER", layer)
+        # Sequential MKL: threaded MKL (GNU OpenMP) spins its workers, and on a
+        # shared 2-core box one busy process halved decode (6.5 against 11 tok/s)
+        # and doubled prefill, while idle it was no faster (benchmarks/README.md).
+        # MKL's default Intel layer would also load a second OpenMP runtime
+        # beside torch's libgomp. MKL_THREADING_LAYER set by the user wins.
+        os.environ.setdefault("MKL_THREADING_LAYER", "SEQUENTIAL")
     else:
         path = Path(choice)
         reason = "MLXSPEC_BLAS"

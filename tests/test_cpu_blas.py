@@ -48,14 +48,17 @@ PROBE = textwrap.dedent(
     mx.eval(product)
     err = float(np.abs(np.array(product) - np.array(a) @ np.array(b)).max())
     status = blas.status()
+    import os
     print(json.dumps({"library": status.library, "reason": status.reason,
+                      "layer": os.environ.get("MKL_THREADING_LAYER"),
                       "before": before, "after": mkl_libs(), "err": err}))
     """
 )
 
 
-def probe(blas_env: str | None, prelude: str = "") -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "MLXSPEC_BLAS"}
+def probe(blas_env: str | None, prelude: str = "", **extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("MLXSPEC_BLAS", "MKL_THREADING_LAYER")}
+    env.update(extra)
     if blas_env is not None:
         env["MLXSPEC_BLAS"] = blas_env
     env["PYTHONPATH"] = str(ROOT)
@@ -78,7 +81,17 @@ def test_auto_routes_mlx_float32_matmul_through_mkl() -> None:
     # mkl_rt loads its core and a CPU-specific kernel library on the first sgemm:
     # proof that MLX's cblas_sgemm call went to MKL, not the bundled reference BLAS.
     assert got["before"] == [got["library"].rsplit("/", 1)[-1]]
-    assert {"libmkl_core.so.3", "libmkl_intel_lp64.so.3"} <= set(got["after"])
+    assert got["layer"] == "SEQUENTIAL"  # threaded MKL starves on a shared CPU
+    assert {"libmkl_core.so.3", "libmkl_intel_lp64.so.3", "libmkl_sequential.so.3"} <= set(
+        got["after"]
+    )
+    assert got["err"] < 1e-4
+
+
+@pytest.mark.skipif(not LINUX_X86, reason="the mkl wheel exists for Linux x86-64 only")
+def test_users_mkl_threading_layer_wins() -> None:
+    got = probe(None, MKL_THREADING_LAYER="GNU")
+    assert got["layer"] == "GNU" and "libmkl_gnu_thread.so.3" in got["after"]
     assert got["err"] < 1e-4
 
 
@@ -152,6 +165,8 @@ def test_float32_mode_dequantizes_exactly_and_keeps_the_model_s_answers() -> Non
     done = apply_cpu_weights(model, "float32")
 
     assert done.float32 and dtypes(model) == {mx.float32}
+    # forced without MKL (this process runs MLXSPEC_BLAS=off): said plainly
+    assert done.reason == "--cpu-weights float32, but no optimised BLAS (MLXSPEC_BLAS=off)"
     dense_values = sum(v.size for _, v in tree_flatten(tiny_llama(quantized=False).parameters()))
     assert done.nbytes == float32_bytes(model) == 4 * dense_values
     assert isinstance(model.model.layers[0].self_attn.q_proj, nn.Linear)

@@ -110,7 +110,10 @@ def apply_cpu_weights(model: nn.Module, mode: str = "auto") -> CpuWeights:
     dequantize_model(model)
     model.set_dtype(mx.float32)
     mx.eval(model.parameters())
-    reason = f"float32 for the CPU BLAS ({blas.status().reason})"
+    if blas.status().fast:
+        reason = f"float32 for the CPU BLAS ({blas.status().reason})"
+    else:  # forced: the products stay at reference-BLAS speed
+        reason = f"--cpu-weights float32, but no optimised BLAS ({blas.status().reason})"
     return CpuWeights(True, reason, _held_bytes(model))
 
 
