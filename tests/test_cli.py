@@ -113,3 +113,14 @@ def test_busy_port_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert proc.stderr.strip() == (
         f"mlxspec: error: cannot listen on 127.0.0.1:{port}: Address already in use"
     )
+
+
+def test_serve_env_defaults_turn_cudnn_attention_off_unless_set() -> None:
+    from mlxspec.cli import apply_serve_env_defaults
+
+    env: dict[str, str] = {}
+    apply_serve_env_defaults(env)
+    assert env == {"MLX_CUDA_USE_CUDNN_SDPA": "0"}
+    env = {"MLX_CUDA_USE_CUDNN_SDPA": "1"}
+    apply_serve_env_defaults(env)
+    assert env == {"MLX_CUDA_USE_CUDNN_SDPA": "1"}
