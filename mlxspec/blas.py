@@ -92,7 +92,7 @@ def _install() -> BlasStatus:
         reason = "MKL from the mkl wheel"
         # Sequential MKL: threaded MKL (GNU OpenMP) spins its workers, and on a
         # shared 2-core box one busy process halved decode (6.5 against 11 tok/s)
-        # and doubled prefill, while idle it was no faster (benchmarks/README.md).
+        # and doubled prefill, while idle it gained at most ~25% (benchmarks/README.md).
         # MKL's default Intel layer would also load a second OpenMP runtime
         # beside torch's libgomp. MKL_THREADING_LAYER set by the user wins.
         os.environ.setdefault("MKL_THREADING_LAYER", "SEQUENTIAL")

@@ -168,3 +168,20 @@ def test_schemathesis_finds_nothing(tiny_serve: str) -> None:
         1 for item in load_spec()["paths"].values() for method in item if method in HTTP_METHODS
     )
     assert result.operations == operations
+
+
+def test_header_filter_drops_values_the_client_cannot_send() -> None:
+    """The seed-1 CI run drew ``session_id: "\\x856¼"`` for /v1/responses: requests
+    refused it before sending (a "Network Error" that never reached the server)."""
+    import requests.utils
+
+    from mlxspec.conformance.hooks import sendable_headers
+
+    for value in ("\x856¼", " lead", "\tx", "a\r\nb", "a\nb"):
+        assert not sendable_headers({"session_id": value})
+        with pytest.raises(requests.exceptions.InvalidHeader):
+            requests.utils.check_header_validity(("session_id", value))
+    for value in ("agent-42", "", "a b", "é", "x\x85y"):
+        assert sendable_headers({"session_id": value, "x-session-affinity": "ok"})
+        requests.utils.check_header_validity(("session_id", value))
+    assert sendable_headers(None) and sendable_headers({})

@@ -15,6 +15,7 @@ could run for minutes. Hence both the completion and the prompt text are capped.
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 #: Most tokens a fuzzed generation may produce.
@@ -178,13 +179,42 @@ def _shrink(value: Any, key: str | None) -> Any:
     return value
 
 
+_SENDABLE_HEADER = re.compile(r"^\S[^\r\n]*$|^$")
+
+
+def sendable_headers(headers: dict[str, Any] | None) -> bool:
+    """Whether the HTTP client (requests) will send every generated header value.
+
+    schemathesis can draw a value starting with a character Python counts as
+    whitespace but its own header filter lets through (``"\x85..."``, NEL);
+    requests then refuses to send the case and the run reports a "Network
+    Error" that never reached the server. Same rule as
+    ``requests.utils.check_header_validity``.
+
+    Args:
+        headers (dict | None): generated header values.
+
+    Returns:
+        bool: ``True`` to keep the case.
+    """
+    return all(
+        not isinstance(v, str) or _SENDABLE_HEADER.match(v) for v in (headers or {}).values()
+    )
+
+
 def register() -> None:
-    """Register the ``before_call`` hook with schemathesis (global scope).
+    """Register the ``before_call`` and ``filter_headers`` hooks with schemathesis
+    (global scope).
 
     Runs on import only when this module is the one ``SCHEMATHESIS_HOOKS``
     names, so importing the helpers above (e.g. in unit tests) registers nothing.
     """
     import schemathesis
+
+    @schemathesis.hook
+    def filter_headers(context: Any, headers: dict[str, Any] | None) -> bool:
+        """Drop cases whose headers the client could not send (:func:`sendable_headers`)."""
+        return sendable_headers(headers)
 
     @schemathesis.hook
     def before_call(context: Any, case: Any, kwargs: dict[str, Any]) -> None:
