@@ -13,7 +13,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from .config import ServeConfig
+from .config import ServeConfig, apply_serve_env_defaults
 
 EXIT_MODEL_ERROR = 2
 LOGPROBS_FORMATS = ("mlx", "openai")
@@ -425,29 +425,6 @@ def _stop_engine(engine) -> None:  # noqa: ANN001 - mlxspec.engine.Engine
         report["pendingSnapshots"],
         report["failedSpills"],
     )
-
-
-SERVE_ENV_DEFAULTS = {"MLX_CUDA_USE_CUDNN_SDPA": "0"}
-"""Environment defaults of ``mlxspec serve`` (a value the user set wins).
-
-``MLX_CUDA_USE_CUDNN_SDPA=0``: mlx-cuda's cuDNN attention builds a graph per
-query *and* key length (and batch shape), so a server, whose prompts and batches
-have new shapes all the time, pays the plan again and again; without it, on the
-H200 in one machine start (``benchmarks/README.md``, "cuDNN attention"), the 1.2B
-model streamed 384-434 tok/s against 283 at concurrency 1, and the 7.4B 199
-against 106 at 1 and 552 against 491 at 8 (TTFT 0.33 against 1.09 s). No effect
-off CUDA.
-"""
-
-
-def apply_serve_env_defaults(environ: dict[str, str] | None = None) -> None:
-    """Set :data:`SERVE_ENV_DEFAULTS` in ``environ`` (``os.environ``) where unset.
-
-    Must run before MLX reads them (the model load), as :func:`main` does.
-    """
-    environ = os.environ if environ is None else environ
-    for key, value in SERVE_ENV_DEFAULTS.items():
-        environ.setdefault(key, value)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

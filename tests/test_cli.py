@@ -116,7 +116,7 @@ def test_busy_port_is_one_line_and_exit_2(tmp_path: Path) -> None:
 
 
 def test_serve_env_defaults_turn_cudnn_attention_off_unless_set() -> None:
-    from mlxspec.cli import apply_serve_env_defaults
+    from mlxspec.config import apply_serve_env_defaults
 
     env: dict[str, str] = {}
     apply_serve_env_defaults(env)
