@@ -252,12 +252,32 @@ def refuse_content_encoding(headers: Iterable[tuple[bytes, bytes]]) -> None:
             )
 
 
+def _no_body(scope: Any) -> bool:
+    """Whether Connexion treats the request as bodiless: a ``Content-Length`` of 0
+    or none (its rule; a malformed length is left to Connexion)."""
+    for name, value in scope.get("headers", []):
+        if name.lower() == b"content-length":
+            try:
+                return int(value) == 0
+            except ValueError:
+                return False
+    return True
+
+
 class RequestBodyValidator(JSONRequestBodyValidator):
     """Connexion body validator: plain (unencoded) strict JSON, Draft 2020-12,
     OpenAI-shaped errors.
 
     Register under ``validator_map["body"]`` for ``*/*json`` in ``add_api``.
     """
+
+    async def wrap_receive(self, receive: Any, *, scope: Any) -> Any:
+        """Connexion's, except that a missing body gets the same 400 as ``null``
+        (Connexion answers an empty required body with its own "RequestBody is
+        required" before :meth:`_parse` runs)."""
+        if self._required and self._schema.get("default") is None and _no_body(scope):
+            raise ApiError("invalid_request", "request body is required")
+        return await super().wrap_receive(receive, scope=scope)
 
     async def _parse(self, stream: Any, scope: Any) -> Any:
         refuse_content_encoding(scope.get("headers", []))
