@@ -102,7 +102,7 @@ def apply_cpu_weights(model: nn.Module, mode: str = "auto") -> CpuWeights:
     if mode not in CPU_WEIGHT_MODES:
         raise ValueError(f"cpu weights mode must be one of {', '.join(CPU_WEIGHT_MODES)}")
     held = _held_bytes(model)
-    why_not = _why_not(model, mode, held)
+    why_not = _why_not(model, mode)
     if why_not is not None:
         return CpuWeights(False, why_not, held)
     from mlx_lm.utils import dequantize_model
@@ -117,7 +117,7 @@ def apply_cpu_weights(model: nn.Module, mode: str = "auto") -> CpuWeights:
     return CpuWeights(True, reason, _held_bytes(model))
 
 
-def _why_not(model: nn.Module, mode: str, held: int) -> str | None:
+def _why_not(model: nn.Module, mode: str) -> str | None:
     if mode == "native":
         return "--cpu-weights native"
     if mx.default_device().type != mx.DeviceType.cpu:
