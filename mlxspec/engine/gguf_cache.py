@@ -12,6 +12,7 @@ is not read again.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -19,11 +20,14 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import IO, Any
 
 from mlxspec.engine.gguf import CONVERTER_VERSION, MARKER_FILE, GGUFError, convert_gguf
 
 __all__ = [
+    "atomic_file",
     "content_digest",
     "conversion_folder",
     "convert_once",
@@ -87,16 +91,33 @@ def remember_digest(gguf: Path, root: Path, digest: str) -> None:
         logger.debug("cannot remember the digest of %s: %s", gguf, e)
 
 
-def _write_atomically(path: Path, text: str) -> None:
+@contextlib.contextmanager
+def atomic_file(path: Path, mode: str = "w") -> Iterator[IO[Any]]:
+    """Write ``path`` through a temporary file beside it, renamed over ``path``
+    when the block ends without an exception (removed otherwise), so readers see
+    the old file or the whole new one, never a part.
+
+    Args:
+        path (Path): the destination (its folder is created).
+        mode (str): ``"w"`` or ``"wb"``. Default: ``"w"``.
+
+    Yields:
+        IO: the open temporary file.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, mode) as f:
+            yield f
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    with atomic_file(path) as f:
+        f.write(text)
 
 
 def conversion_folder(root: Path, digest: str) -> Path:

