@@ -35,7 +35,7 @@ from .batching import BatchLane
 from .cpu_weights import CpuWeights, apply_cpu_weights
 from .fit import ModelMemory, model_memory
 from .grammar import GrammarCache
-from .handles import ExclusiveJob, RequestHandle
+from .handles import ExclusiveJob, RequestHandle, coalesced_wakeups
 from .lanes import LaneParts
 from .loader import read_model_info
 from .prompt import encode_text, normalize_messages, render_chat
@@ -340,7 +340,8 @@ class Engine:
                     self._step_solo()
                 elif lane is not None and len(lane):
                     try:
-                        lane.step()
+                        with coalesced_wakeups():  # one loop wake-up per step, not per row
+                            lane.step()
                     except Exception:  # a broken batch fails its rows, not the engine
                         log.exception("batch step failed")
                         self.counters["failed"] += lane.fail_all("generation failed")
