@@ -1,0 +1,103 @@
+"""Connexion's ASGI dispatch, with each operation's set-up done once.
+
+Connexion 3.3's ``AsyncOperation`` builds its decorator chain on every
+request: a ``StarletteDecorator``, the parameter decorator (which runs
+``inspect.signature`` on the handler), the response decorator, and a URI
+parser over the operation's parameters and body definition. None of that
+depends on the request, only on the operation, so :class:`PreparedOperation`
+builds it once when the API is added and each request only creates its
+``ConnexionRequest`` and calls the chain, which still reads the request
+through Connexion's context (``operation``, ``scope``, ``receive``) as before.
+Routing, security and request validation are untouched: they run in
+Connexion's middleware before the operation is called.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from connexion.apps.asynchronous import AsyncApi, AsyncOperation
+from connexion.context import receive, scope
+from connexion.decorators import StarletteDecorator
+from connexion.jsonifier import Jsonifier
+from connexion.operations import AbstractOperation
+from connexion.uri_parsing import AbstractURIParser
+
+
+class _PreparedDecorator(StarletteDecorator):
+    """``StarletteDecorator`` whose chain is built at decoration time, with one
+    URI parser for every request (Connexion's parsers keep no request state)."""
+
+    def __init__(self, uri_parser: AbstractURIParser, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._uri_parser = uri_parser
+
+    def __call__(self, function: Callable) -> Callable:
+        decorated = self.decorate(function)
+        framework, uri_parser = self.framework, self._uri_parser
+
+        @functools.wraps(function)
+        async def wrapper() -> Any:
+            request = framework.get_request(uri_parser=uri_parser, scope=scope, receive=receive)
+            return await decorated(request)
+
+        return wrapper
+
+
+class PreparedOperation(AsyncOperation):
+    """An ``AsyncOperation`` that decorates its handler once, not per request.
+
+    Args:
+        fn (Callable): the resolved handler.
+        jsonifier (Jsonifier): encodes JSON responses.
+        operation_id (str): the document's ``operationId``.
+        pythonic_params (bool): Connexion's parameter-name conversion.
+        uri_parser (AbstractURIParser): parses the operation's path, query
+            and form parameters.
+    """
+
+    def __init__(
+        self,
+        fn: Callable,
+        jsonifier: Jsonifier,
+        operation_id: str,
+        pythonic_params: bool,
+        uri_parser: AbstractURIParser,
+    ) -> None:
+        super().__init__(fn, jsonifier, operation_id, pythonic_params)
+        decorator = _PreparedDecorator(
+            uri_parser, pythonic_params=pythonic_params, jsonifier=jsonifier
+        )
+        self._prepared = decorator(fn)
+
+    @classmethod
+    def from_operation(  # type: ignore[override]
+        cls, operation: AbstractOperation, *, pythonic_params: bool, jsonifier: Jsonifier
+    ) -> PreparedOperation:
+        """The prepared operation of a document operation (Connexion's factory)."""
+        uri_parser = operation.uri_parser_class(operation.parameters, operation.body_definition())
+        return cls(
+            operation.function,
+            jsonifier=jsonifier,
+            operation_id=operation.operation_id,
+            pythonic_params=pythonic_params,
+            uri_parser=uri_parser,
+        )
+
+    @property
+    def fn(self) -> Callable:
+        """The decorated handler, built once."""
+        return self._prepared
+
+
+class PreparedApi(AsyncApi):
+    """Connexion's ``AsyncApi`` with :class:`PreparedOperation` operations; set it
+    as the ``api_cls`` of an ``AsyncApp``'s routing app before ``add_api``."""
+
+    def make_operation(self, operation: AbstractOperation) -> AsyncOperation:
+        """Connexion's hook: one :class:`PreparedOperation` per document operation."""
+        return PreparedOperation.from_operation(
+            operation, pythonic_params=self.pythonic_params, jsonifier=self.jsonifier
+        )
