@@ -39,9 +39,13 @@ _LINE_BREAKS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": 
 _encode_string = json.encoder.encode_basestring
 
 
+#: What ``json.dumps(payload, ensure_ascii=False, separators=(",", ":"))``
+#: builds on every call (an encoder with non-default options), built once.
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
 def _json_line(payload: Any) -> bytes:
-    text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
-    return text.translate(_LINE_BREAKS).encode()
+    return _ENCODER.encode(payload).translate(_LINE_BREAKS).encode()
 
 
 def data_frame(payload: Any) -> bytes:

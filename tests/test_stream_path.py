@@ -4,6 +4,7 @@ frame templates and the chat chunker (same bytes, less work per token)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from typing import Any
@@ -30,6 +31,22 @@ def _choice(delta: dict, logprobs: Any = None, finish: str | None = None, index:
 def test_frame_template_matches_data_frame(text: str) -> None:
     template = sse.FrameTemplate({"a": [1, {"b": sse.SLOT}], "c": None})
     assert template.frame(text) == sse.data_frame({"a": [1, {"b": text}], "c": None})
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(JSON_VALUES)
+def test_data_frame_is_compact_json_with_line_breaks_escaped(payload: Any) -> None:
+    text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    for raw, escaped in (("\u2028", "\\u2028"), ("\u2029", "\\u2029"), ("\x85", "\\u0085")):
+        text = text.replace(raw, escaped)
+    assert sse.data_frame(payload) == b"data: " + text.encode() + b"\n\n"
 
 
 def test_frame_template_escapes_line_breaks_in_the_slot() -> None:
