@@ -325,3 +325,34 @@ def encode_text(tokenizer: Any, prompt: str) -> list[int]:
     if not tokens:
         raise PromptError("the prompt is empty after tokenization", param="prompt")
     return tokens
+
+
+def token_prompt(ids: Sequence[int], vocab_size: int | None) -> list[int]:
+    """A pre-tokenized completion prompt (OpenAI's token-id ``prompt``), used as given.
+
+    The document has checked that ``ids`` is a non-empty list of non-negative
+    integers; only the model knows the upper bound, and MLX's embedding lookup
+    does not bounds-check (an id past the table reads other memory or fails
+    deep in the forward pass).
+
+    Args:
+        ids (Sequence[int]): token ids of the served model.
+        vocab_size (int | None): rows of the model's embedding table; ``None``
+            if unknown (then unchecked).
+
+    Returns:
+        list[int]: ``ids`` as a new list (nothing added, no BOS).
+
+    Raises:
+        PromptError: a negative id or one not below ``vocab_size`` (``param="prompt"``).
+    """
+    tokens = list(ids)
+    top = vocab_size if vocab_size is not None else float("inf")
+    bad = next((t for t in tokens if not 0 <= t < top), None)
+    if bad is not None:
+        span = f"0 to {vocab_size - 1}" if vocab_size is not None else "non-negative"
+        raise PromptError(
+            f"prompt token {bad} is not a token id of this model (token ids are {span})",
+            param="prompt",
+        )
+    return tokens
