@@ -314,6 +314,32 @@ def dedupe_bos(tokens: list[int], bos_id: int | None) -> list[int]:
     return tokens
 
 
+#: transformers' once-per-tokenizer flag for its "Token indices sequence length
+#: is longer than the specified maximum sequence length" warning
+#: (``PreTrainedTokenizerBase._eventual_warn_about_too_long_sequence``).
+_TOO_LONG_WARNING = "sequence-length-is-longer-than-the-specified-maximum"
+
+
+def quiet_length_warning(tokenizer: Any) -> None:
+    """Stop ``tokenizer`` warning that a long encode "will result in indexing errors".
+
+    transformers logs that line the first time an encode is longer than the
+    tokenizer's ``model_max_length``. Here nothing runs such a prompt: the
+    engine's admission answers an over-long prompt with a 400
+    (``context_length_exceeded``) after encoding it, so the line only misleads
+    an operator. Marking transformers' own warn-once flag as spent silences
+    that one message on this tokenizer; every other warning, and other
+    tokenizers, are untouched.
+
+    Args:
+        tokenizer: a Hugging Face tokenizer or mlx-lm's ``TokenizerWrapper``
+            around one; anything without transformers' flags is left alone.
+    """
+    flags = getattr(tokenizer, "deprecation_warnings", None)
+    if isinstance(flags, dict):
+        flags[_TOO_LONG_WARNING] = True
+
+
 def encode_text(tokenizer: Any, prompt: str) -> list[int]:
     """Tokenize a raw completion prompt exactly as ``mlx_lm.server``
     (``tokenizer.encode(prompt)``, the tokenizer's own BOS handling).
