@@ -36,20 +36,38 @@ def merge_runs(runs: list[dict]) -> dict:
     return {"levels": levels, "multi_turn": runs[0]["multi_turn"]}
 
 
+#: The servers mlxspec's levels are divided by: ``mlx_lm`` (mlx_lm.server as
+#: shipped) and ``mlx_lm-nocudnn`` (with ``mlxspec serve``'s cuDNN setting).
+BASELINES = ("mlx_lm", "mlx_lm-nocudnn")
+
+
+def level_ratios(ours: dict, theirs: dict) -> list[dict]:
+    """Per level, our aggregate tokens/s and TTFT p50 over another server's.
+
+    Args:
+        ours (dict): mlxspec's merged result (:func:`merge_runs`).
+        theirs (dict): the other server's, with the same levels in the same order.
+
+    Returns:
+        list[dict]: ``prompt_tokens``, ``concurrency``, ``tok_per_s_ratio`` and
+        ``ttft_p50_ratio`` per level.
+    """
+    return [
+        {
+            "prompt_tokens": a["prompt_tokens"],
+            "concurrency": a["concurrency"],
+            "tok_per_s_ratio": a["tok_per_s"] / max(b["tok_per_s"], 1e-9),
+            "ttft_p50_ratio": a["ttft_p50"] / max(b["ttft_p50"], 1e-9),
+        }
+        for a, b in zip(ours["levels"], theirs["levels"], strict=True)
+    ]
+
+
 def summarise(report: dict) -> None:
     servers = report["servers"]
-    if {"mlx_lm", "mlxspec"} <= servers.keys():
-        ratios = []
-        for a, b in zip(servers["mlxspec"]["levels"], servers["mlx_lm"]["levels"], strict=True):
-            ratios.append(
-                {
-                    "prompt_tokens": a["prompt_tokens"],
-                    "concurrency": a["concurrency"],
-                    "tok_per_s_ratio": a["tok_per_s"] / max(b["tok_per_s"], 1e-9),
-                    "ttft_p50_ratio": a["ttft_p50"] / max(b["ttft_p50"], 1e-9),
-                }
-            )
-        report["ratios_mlxspec_over_mlx_lm"] = ratios
+    for base in BASELINES:  # mlx_lm.server as shipped, and with mlxspec's MLX settings
+        if {base, "mlxspec"} <= servers.keys():
+            report[f"ratios_mlxspec_over_{base}"] = level_ratios(servers["mlxspec"], servers[base])
     single_stream_summary(report)
     print(
         f"{'server':8} {'prompt':>6} {'conc':>4} {'tok/s':>8} {'TTFT p50':>9} {'p95':>7} "
@@ -77,11 +95,12 @@ def summarise(report: dict) -> None:
             + ", ".join(f"{r:.2f}" for r in per_turn)
             + f" (later turns p50 {report['prompt_cache_ttft_ratio']['later_turns_p50']:.2f})"
         )
-    for r in report.get("ratios_mlxspec_over_mlx_lm", []):
-        print(
-            f"ratio prompt {r['prompt_tokens']:5} conc {r['concurrency']:3}: "
-            f"tok/s x{r['tok_per_s_ratio']:.2f}, TTFT p50 x{r['ttft_p50_ratio']:.2f}"
-        )
+    for base in BASELINES:
+        for r in report.get(f"ratios_mlxspec_over_{base}", []):
+            print(
+                f"mlxspec/{base} prompt {r['prompt_tokens']:5} conc {r['concurrency']:3}: "
+                f"tok/s x{r['tok_per_s_ratio']:.2f}, TTFT p50 x{r['ttft_p50_ratio']:.2f}"
+            )
     if "single_stream_vs_stream_generate" in report:
         runs = report["single_stream_vs_stream_generate_runs"]
         direct = report.get("mlx_lm_stream_generate_tok_per_s_runs", [])

@@ -6,7 +6,8 @@ EOS is forbidden with ``logit_bias``) at several concurrency levels, and
 reports per server and level: aggregate output tokens/s, TTFT p50/p95 and
 inter-token latency p50/p95, plus a repeated multi-turn conversation's TTFT
 (prompt-cache effect) and mlx-lm's own single-stream ``stream_generate`` speed,
-measured in this process before each repeat of the servers and after the last.
+measured in a child process, under ``mlxspec serve``'s MLX environment defaults,
+before each repeat of the servers and after the last.
 Writes ``benchmarks/results/<name>.json`` and a PNG plot; prints mlxspec/mlx_lm
 ratios. Run by hand, never in CI:
 
@@ -47,7 +48,19 @@ def build_prompt(tokenizer, n_tokens: int, salt: int) -> str:
     return tokenizer.decode(ids) + "\nSummarise."
 
 
+#: Server kinds that differ from another kind only in their environment.
+#: ``mlx_lm-nocudnn``: mlx_lm.server with cuDNN attention off, as ``mlxspec serve``
+#: runs by default (``mlxspec.config.SERVE_ENV_DEFAULTS``): the like-for-like
+#: comparison beside the out-of-the-box one.
+KIND_ENV = {"mlx_lm-nocudnn": ("mlx_lm", {"MLX_CUDA_USE_CUDNN_SDPA": "0"})}
+#: Kinds measured only on the multi-turn conversation (their levels would add time,
+#: not information): the prompt cache's baseline.
+TURNS_ONLY = {"mlxspec-nocache"}
+
+
 def server_command(kind: str, model: str, port: int, batch: int) -> list[str]:
+    if kind in KIND_ENV:
+        return server_command(KIND_ENV[kind][0], model, port, batch)
     if kind == "mlxspec-nocache":  # the prompt cache's baseline: every prompt prefilled
         return [*server_command("mlxspec", model, port, batch), "--prompt-cache-bytes", "0"]
     if kind == "mlxspec-native":  # the checkpoint's own weights: no float32 CPU copy
@@ -83,7 +96,7 @@ def server_command(kind: str, model: str, port: int, batch: int) -> list[str]:
 
 def start_server(kind: str, model: str, batch: int, log: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", **KIND_ENV.get(kind, ("", {}))[1]}
     out = open(log, "w")
     proc = subprocess.Popen(
         server_command(kind, model, port, batch), stdout=out, stderr=subprocess.STDOUT, env=env
@@ -258,6 +271,37 @@ def mlx_lm_direct(model: str, prompt: str, max_tokens: int, bias: dict) -> float
     return tps
 
 
+def direct_in_child(model: str, prompt: str, max_tokens: int, bias: dict) -> float:
+    """:func:`mlx_lm_direct` in a child process under ``mlxspec serve``'s MLX
+    environment defaults (``SERVE_ENV_DEFAULTS``; a value set in this process's
+    environment wins, as in the server), so the baseline runs the kernels the
+    server runs and its memory is returned to the system when it ends.
+
+    Returns:
+        float: decode tokens/s, as :func:`mlx_lm_direct`.
+
+    Raises:
+        subprocess.CalledProcessError: when the child fails (its output is shown).
+    """
+    from mlxspec.config import apply_serve_env_defaults
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    apply_serve_env_defaults(env)
+    job = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "bias": bias})
+    done = subprocess.run(
+        [sys.executable, __file__, "--direct-child"],
+        input=job,
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    if done.returncode:
+        print(done.stdout[-2000:], done.stderr[-4000:], file=sys.stderr)
+        done.check_returncode()
+    return float(done.stdout.strip().splitlines()[-1])
+
+
 def run_repeats(
     args: argparse.Namespace, tokenizer, bias: dict, bar, out_dir: Path
 ) -> tuple[dict[str, list[dict]], list[float]]:
@@ -276,7 +320,7 @@ def run_repeats(
     def baseline() -> None:
         if args.skip_direct:
             return
-        direct.append(mlx_lm_direct(args.model, prompt, args.max_tokens, bias))
+        direct.append(direct_in_child(args.model, prompt, args.max_tokens, bias))
         (bar.write if bar else print)(f"mlx-lm stream_generate: {direct[-1]:.1f} tok/s")
 
     runs: dict[str, list[dict]] = {kind: [] for kind in args.servers}
@@ -284,6 +328,8 @@ def run_repeats(
     for rep in range(args.repeats):  # alternate the order: no server always runs first
         baseline()
         for kind in order:
+            if kind in TURNS_ONLY and rep:  # its one conversation is measured already
+                continue
             runs[kind].append(
                 measure_server(kind, args, tokenizer, bias, bar, out_dir, with_turns=rep == 0)
             )
@@ -293,6 +339,11 @@ def run_repeats(
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv == ["--direct-child"]:  # direct_in_child's child: a JSON job on stdin
+        job = json.loads(sys.stdin.read())
+        print(mlx_lm_direct(job["model"], job["prompt"], job["max_tokens"], job["bias"]))
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", help="MLX model folder (default: the embedded SmolLM2)")
     ap.add_argument("--name", default="bench", help="results file stem")
@@ -348,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     report["device"] = str(mx.default_device())
     total = (
         args.repeats
-        * len(args.servers)
+        * len(set(args.servers) - TURNS_ONLY)
         * len(args.prompt_tokens)
         * sum(c * args.rounds for c in args.concurrency)
     )
@@ -378,7 +429,7 @@ def measure_server(
     proc, base = start_server(kind, args.model, args.batch, out_dir / f"{args.name}-{kind}.log")
     try:
         levels = []
-        for n in args.prompt_tokens:
+        for n in args.prompt_tokens if kind not in TURNS_ONLY else ():
             prompts = [build_prompt(tokenizer, n, s) for s in range(64)]
             asyncio.run(run_level(base, prompts[:1], 1, 1, 4, bias, None))  # warm-up
             for conc in args.concurrency:
