@@ -38,7 +38,7 @@ from .grammar import GrammarCache
 from .handles import ExclusiveJob, RequestHandle
 from .lanes import LaneParts
 from .loader import read_model_info
-from .prompt import encode_text, normalize_messages, render_chat
+from .prompt import encode_text, normalize_messages, quiet_length_warning, render_chat
 from .prompt_cache import DEFAULT_PROMPT_CACHE_BYTES, CacheNamespace, PromptCache
 from .sampling import GenerationDefaults, read_generation_config
 from .solo import SoloRun, run_alone
@@ -107,6 +107,8 @@ class Engine:
         self.model = model
         self.max_batch = max_batch
         self.tokenizer = tokenizer
+        # Admission refuses over-long prompts; transformers' "indexing errors" line misleads.
+        quiet_length_warning(tokenizer)
         self.info = info
         self.defaults = defaults
         self._jobs: queue.Queue[RequestHandle | ExclusiveJob | None] = queue.Queue()
