@@ -31,6 +31,8 @@ def merge_runs(runs: list[dict]) -> dict:
         same = sorted((r["levels"][i] for r in runs), key=lambda lv: lv["tok_per_s"])
         mid = dict(same[(len(same) - 1) // 2])
         mid["tok_per_s_runs"] = [r["levels"][i]["tok_per_s"] for r in runs]
+        if "decode_tok_per_s_p50" in first:
+            mid["decode_tok_per_s_runs"] = [r["levels"][i]["decode_tok_per_s_p50"] for r in runs]
         assert mid["concurrency"] == first["concurrency"]
         levels.append(mid)
     return {"levels": levels, "multi_turn": runs[0]["multi_turn"]}
@@ -112,6 +114,14 @@ def summarise(report: dict) -> None:
             + (", ".join(f"{d:.1f}" for d in direct) or "one run")
             + ")"
         )
+    if "single_stream_decode_vs_stream_generate" in report:
+        runs = report["single_stream_decode_vs_stream_generate_runs"]
+        print(
+            "single stream, decode only (first token to last, as generation_tps): "
+            f"x{report['single_stream_decode_vs_stream_generate']:.2f} (median of repeats "
+            + ", ".join(f"{r:.2f}" for r in runs)
+            + ")"
+        )
 
 
 def multi_turn_line(mt: dict) -> str:
@@ -172,7 +182,12 @@ def single_stream_summary(report: dict) -> None:
     prompt). ``mlxspec_single_stream_over_stream_generate`` is the older figure
     (median level over median baseline), kept for old result files;
     ``single_stream_vs_stream_generate`` is the median of the per-repeat ratios
-    (:func:`single_stream_ratios`), listed in ``single_stream_vs_stream_generate_runs``.
+    (:func:`single_stream_ratios`), listed in ``single_stream_vs_stream_generate_runs``;
+    it divides the level's aggregate tokens/s, whose time includes each
+    request's TTFT, by a decode-only rate. ``single_stream_decode_vs_stream_generate``
+    (with ``..._runs``) divides the level's median decode-only rate (tokens after the
+    first over first-to-last token time, what ``generation_tps`` counts) instead:
+    the like-for-like figure, in results that have it.
 
     Args:
         report (dict): a ``serve_bench.py`` result; changed in place. Nothing is
@@ -191,6 +206,13 @@ def single_stream_summary(report: dict) -> None:
     )
     report["single_stream_vs_stream_generate_runs"] = ratios
     report["single_stream_vs_stream_generate"] = statistics.median(ratios)
+    decode = level.get("decode_tok_per_s_runs")
+    if decode and all(decode):  # results from before the decode-only figure lack it
+        ratios = single_stream_ratios(
+            decode, report.get("mlx_lm_stream_generate_tok_per_s_runs", [direct])
+        )
+        report["single_stream_decode_vs_stream_generate_runs"] = ratios
+        report["single_stream_decode_vs_stream_generate"] = statistics.median(ratios)
 
 
 def plot(report: dict, path: Path) -> None:

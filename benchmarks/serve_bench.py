@@ -146,8 +146,12 @@ async def stream_one(
     gaps = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
     tokens = (usage or {}).get("completion_tokens") or len(stamps)
     details = (usage or {}).get("prompt_tokens_details") or {}
+    # decode speed as stream_generate's generation_tps counts it: the tokens after
+    # the first over the time from the first token to the last
+    span = stamps[-1] - stamps[0] if len(stamps) > 1 else 0.0
     return {
         "ttft": (stamps[0] - t0) if stamps else end - t0,
+        "decode_tps": (tokens - 1) / span if span > 0 else None,
         "gaps": gaps,
         "tokens": tokens,
         "seconds": end - t0,
@@ -193,6 +197,7 @@ async def run_level(
         "tok_per_s": sum(r["tokens"] for r in results) / wall,
         "ttft_p50": pct(ttfts, 0.5) or 0.0,
         "ttft_p95": pct(ttfts, 0.95) or 0.0,
+        "decode_tok_per_s_p50": pct([r["decode_tps"] for r in results if r["decode_tps"]], 0.5),
         "itl_p50": pct(gaps, 0.5),
         "itl_p95": pct(gaps, 0.95),
     }

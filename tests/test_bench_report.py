@@ -126,3 +126,31 @@ def test_the_nocudnn_kind_is_mlx_lm_server_with_cudnn_attention_off():
         "0",
     ]
     assert serve_bench.TURNS_ONLY == {"mlxspec-nocache"}
+
+
+def test_the_decode_only_single_stream_ratio_uses_each_repeats_decode_rate(capsys):
+    report = json.loads(OLD_RESULT.read_text())
+    report["mlx_lm_stream_generate_tok_per_s_runs"] = [6.0, 5.0, 4.0]
+    report["mlx_lm_stream_generate_tok_per_s"] = 5.0
+    first = report["servers"]["mlxspec"]["levels"][0]
+    assert first["concurrency"] == 1
+    first["decode_tok_per_s_runs"] = [5.5, 4.5]  # repeat 1, repeat 2
+    bench_report.summarise(report)
+    # 5.5 / mean(6, 5) = 1.0; 4.5 / mean(5, 4) = 1.0
+    assert report["single_stream_decode_vs_stream_generate_runs"] == [1.0, 1.0]
+    assert report["single_stream_decode_vs_stream_generate"] == 1.0
+    assert (
+        "decode only (first token to last, as generation_tps): x1.00 (median of repeats "
+        "1.00, 1.00)" in capsys.readouterr().out
+    )
+
+
+def test_merged_levels_keep_every_runs_decode_rate():
+    def run(tps: float, decode: float) -> dict:
+        level = {"prompt_tokens": 64, "concurrency": 1, "tok_per_s": tps}
+        return {"levels": [{**level, "decode_tok_per_s_p50": decode}], "multi_turn": None}
+
+    merged = bench_report.merge_runs([run(10.0, 12.0), run(8.0, 11.0), run(9.0, 13.0)])
+    (level,) = merged["levels"]
+    assert level["tok_per_s"] == 9.0  # the median run by aggregate tokens/s
+    assert level["decode_tok_per_s_runs"] == [12.0, 11.0, 13.0]
