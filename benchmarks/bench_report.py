@@ -25,7 +25,9 @@ def pct(values: list[float], q: float) -> float | None:
 def merge_runs(runs: list[dict]) -> dict:
     """One server's repeated runs -> one result: each level is its median run by
     aggregate tokens/s (the lower middle one for an even count), with every
-    run's tokens/s kept in ``tok_per_s_runs``; the multi-turn result is the first run's."""
+    run's tokens/s kept in ``tok_per_s_runs``; the multi-turn result is the first run's;
+    each run's engine step times (mlxspec's ``GET /stats`` ``batch.steps``) are kept in
+    ``engine_steps_runs``."""
     levels = []
     for i, first in enumerate(runs[0]["levels"]):
         same = sorted((r["levels"][i] for r in runs), key=lambda lv: lv["tok_per_s"])
@@ -35,7 +37,10 @@ def merge_runs(runs: list[dict]) -> dict:
             mid["decode_tok_per_s_runs"] = [r["levels"][i]["decode_tok_per_s_p50"] for r in runs]
         assert mid["concurrency"] == first["concurrency"]
         levels.append(mid)
-    return {"levels": levels, "multi_turn": runs[0]["multi_turn"]}
+    merged = {"levels": levels, "multi_turn": runs[0]["multi_turn"]}
+    if any(r.get("engine_steps") for r in runs):  # mlxspec's GET /stats batch.steps per run
+        merged["engine_steps_runs"] = [r.get("engine_steps") for r in runs]
+    return merged
 
 
 #: The servers mlxspec's levels are divided by: ``mlx_lm`` (mlx_lm.server as
@@ -84,6 +89,13 @@ def summarise(report: dict) -> None:
             )
         if data.get("multi_turn"):
             print(f"{kind:8} {multi_turn_line(data['multi_turn'])}")
+        for steps in data.get("engine_steps_runs") or ():
+            if steps and steps["steps"]:
+                print(
+                    f"{kind:8} batched steps {steps['steps']}: {steps['mean_rows']:.1f} rows, "
+                    f"model {steps['generate_ms_mean']:.2f} ms + routing "
+                    f"{steps['route_ms_mean']:.2f} ms per step"
+                )
     if {"mlxspec", "mlxspec-nocache"} <= servers.keys():
         cached = servers["mlxspec"]["multi_turn"]["turns"]
         fresh = servers["mlxspec-nocache"]["multi_turn"]["turns"]

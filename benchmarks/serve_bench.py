@@ -446,7 +446,10 @@ def measure_server(
         if with_turns:
             prompt = build_prompt(tokenizer, args.prompt_tokens[-1], 999)
             turns = asyncio.run(multi_turn(base, prompt, args.max_tokens, bias, args.turns))
-        return {"levels": levels, "multi_turn": turns}
+        steps = None
+        if kind.startswith("mlxspec"):  # the engine's own per-step times (GET /stats)
+            steps = httpx.get(f"{base}/stats", timeout=30).json()["batch"]["steps"]
+        return {"levels": levels, "multi_turn": turns, "engine_steps": steps}
     finally:
         proc.terminate()
         proc.wait(30)

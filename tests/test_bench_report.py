@@ -154,3 +154,20 @@ def test_merged_levels_keep_every_runs_decode_rate():
     (level,) = merged["levels"]
     assert level["tok_per_s"] == 9.0  # the median run by aggregate tokens/s
     assert level["decode_tok_per_s_runs"] == [12.0, 11.0, 13.0]
+
+
+def test_engine_step_times_of_each_run_are_kept_and_printed(capsys):
+    report = json.loads(OLD_RESULT.read_text())
+    steps = {"steps": 900, "mean_rows": 7.5, "generate_ms_mean": 8.25, "route_ms_mean": 0.5}
+    runs = [
+        {"levels": report["servers"]["mlxspec"]["levels"], "multi_turn": None, "engine_steps": s}
+        for s in (steps, None)
+    ]
+    merged = bench_report.merge_runs(runs)
+    assert merged["engine_steps_runs"] == [steps, None]
+    report["servers"]["mlxspec"] = merged
+    bench_report.summarise(report)
+    assert (
+        "mlxspec  batched steps 900: 7.5 rows, model 8.25 ms + routing 0.50 ms per step"
+        in capsys.readouterr().out
+    )
