@@ -25,31 +25,56 @@ def pct(values: list[float], q: float) -> float | None:
 def merge_runs(runs: list[dict]) -> dict:
     """One server's repeated runs -> one result: each level is its median run by
     aggregate tokens/s (the lower middle one for an even count), with every
-    run's tokens/s kept in ``tok_per_s_runs``; the multi-turn result is the first run's."""
+    run's tokens/s kept in ``tok_per_s_runs``; the multi-turn result is the first run's;
+    each run's engine step times (mlxspec's ``GET /stats`` ``batch.steps``) are kept in
+    ``engine_steps_runs``."""
     levels = []
     for i, first in enumerate(runs[0]["levels"]):
         same = sorted((r["levels"][i] for r in runs), key=lambda lv: lv["tok_per_s"])
         mid = dict(same[(len(same) - 1) // 2])
         mid["tok_per_s_runs"] = [r["levels"][i]["tok_per_s"] for r in runs]
+        if "decode_tok_per_s_p50" in first:
+            mid["decode_tok_per_s_runs"] = [r["levels"][i]["decode_tok_per_s_p50"] for r in runs]
         assert mid["concurrency"] == first["concurrency"]
         levels.append(mid)
-    return {"levels": levels, "multi_turn": runs[0]["multi_turn"]}
+    merged = {"levels": levels, "multi_turn": runs[0]["multi_turn"]}
+    if any(r.get("engine_steps") for r in runs):  # mlxspec's GET /stats batch.steps per run
+        merged["engine_steps_runs"] = [r.get("engine_steps") for r in runs]
+    return merged
+
+
+#: The servers mlxspec's levels are divided by: ``mlx_lm`` (mlx_lm.server as
+#: shipped) and ``mlx_lm-nocudnn`` (with ``mlxspec serve``'s cuDNN setting).
+BASELINES = ("mlx_lm", "mlx_lm-nocudnn")
+
+
+def level_ratios(ours: dict, theirs: dict) -> list[dict]:
+    """Per level, our aggregate tokens/s and TTFT p50 over another server's.
+
+    Args:
+        ours (dict): mlxspec's merged result (:func:`merge_runs`).
+        theirs (dict): the other server's, with the same levels in the same order.
+
+    Returns:
+        list[dict]: ``prompt_tokens``, ``concurrency``, ``tok_per_s_ratio`` and
+        ``ttft_p50_ratio`` per level.
+    """
+    return [
+        {
+            "prompt_tokens": a["prompt_tokens"],
+            "concurrency": a["concurrency"],
+            "tok_per_s_ratio": a["tok_per_s"] / max(b["tok_per_s"], 1e-9),
+            "ttft_p50_ratio": a["ttft_p50"] / max(b["ttft_p50"], 1e-9),
+        }
+        for a, b in zip(ours["levels"], theirs["levels"], strict=True)
+    ]
 
 
 def summarise(report: dict) -> None:
     servers = report["servers"]
-    if {"mlx_lm", "mlxspec"} <= servers.keys():
-        ratios = []
-        for a, b in zip(servers["mlxspec"]["levels"], servers["mlx_lm"]["levels"], strict=True):
-            ratios.append(
-                {
-                    "prompt_tokens": a["prompt_tokens"],
-                    "concurrency": a["concurrency"],
-                    "tok_per_s_ratio": a["tok_per_s"] / max(b["tok_per_s"], 1e-9),
-                    "ttft_p50_ratio": a["ttft_p50"] / max(b["ttft_p50"], 1e-9),
-                }
-            )
-        report["ratios_mlxspec_over_mlx_lm"] = ratios
+    for base in BASELINES:  # mlx_lm.server as shipped, and with mlxspec's MLX settings
+        if {base, "mlxspec"} <= servers.keys():
+            report[f"ratios_mlxspec_over_{base}"] = level_ratios(servers["mlxspec"], servers[base])
     single_stream_summary(report)
     print(
         f"{'server':8} {'prompt':>6} {'conc':>4} {'tok/s':>8} {'TTFT p50':>9} {'p95':>7} "
@@ -64,6 +89,13 @@ def summarise(report: dict) -> None:
             )
         if data.get("multi_turn"):
             print(f"{kind:8} {multi_turn_line(data['multi_turn'])}")
+        for steps in data.get("engine_steps_runs") or ():
+            if steps and steps["steps"]:
+                print(
+                    f"{kind:8} batched steps {steps['steps']}: {steps['mean_rows']:.1f} rows, "
+                    f"model {steps['generate_ms_mean']:.2f} ms + routing "
+                    f"{steps['route_ms_mean']:.2f} ms per step"
+                )
     if {"mlxspec", "mlxspec-nocache"} <= servers.keys():
         cached = servers["mlxspec"]["multi_turn"]["turns"]
         fresh = servers["mlxspec-nocache"]["multi_turn"]["turns"]
@@ -77,11 +109,12 @@ def summarise(report: dict) -> None:
             + ", ".join(f"{r:.2f}" for r in per_turn)
             + f" (later turns p50 {report['prompt_cache_ttft_ratio']['later_turns_p50']:.2f})"
         )
-    for r in report.get("ratios_mlxspec_over_mlx_lm", []):
-        print(
-            f"ratio prompt {r['prompt_tokens']:5} conc {r['concurrency']:3}: "
-            f"tok/s x{r['tok_per_s_ratio']:.2f}, TTFT p50 x{r['ttft_p50_ratio']:.2f}"
-        )
+    for base in BASELINES:
+        for r in report.get(f"ratios_mlxspec_over_{base}", []):
+            print(
+                f"mlxspec/{base} prompt {r['prompt_tokens']:5} conc {r['concurrency']:3}: "
+                f"tok/s x{r['tok_per_s_ratio']:.2f}, TTFT p50 x{r['ttft_p50_ratio']:.2f}"
+            )
     if "single_stream_vs_stream_generate" in report:
         runs = report["single_stream_vs_stream_generate_runs"]
         direct = report.get("mlx_lm_stream_generate_tok_per_s_runs", [])
@@ -91,6 +124,14 @@ def summarise(report: dict) -> None:
             + ", ".join(f"{r:.2f}" for r in runs)
             + "; stream_generate tok/s "
             + (", ".join(f"{d:.1f}" for d in direct) or "one run")
+            + ")"
+        )
+    if "single_stream_decode_vs_stream_generate" in report:
+        runs = report["single_stream_decode_vs_stream_generate_runs"]
+        print(
+            "single stream, decode only (first token to last, as generation_tps): "
+            f"x{report['single_stream_decode_vs_stream_generate']:.2f} (median of repeats "
+            + ", ".join(f"{r:.2f}" for r in runs)
             + ")"
         )
 
@@ -153,7 +194,12 @@ def single_stream_summary(report: dict) -> None:
     prompt). ``mlxspec_single_stream_over_stream_generate`` is the older figure
     (median level over median baseline), kept for old result files;
     ``single_stream_vs_stream_generate`` is the median of the per-repeat ratios
-    (:func:`single_stream_ratios`), listed in ``single_stream_vs_stream_generate_runs``.
+    (:func:`single_stream_ratios`), listed in ``single_stream_vs_stream_generate_runs``;
+    it divides the level's aggregate tokens/s, whose time includes each
+    request's TTFT, by a decode-only rate. ``single_stream_decode_vs_stream_generate``
+    (with ``..._runs``) divides the level's median decode-only rate (tokens after the
+    first over first-to-last token time, what ``generation_tps`` counts) instead:
+    the like-for-like figure, in results that have it.
 
     Args:
         report (dict): a ``serve_bench.py`` result; changed in place. Nothing is
@@ -172,6 +218,13 @@ def single_stream_summary(report: dict) -> None:
     )
     report["single_stream_vs_stream_generate_runs"] = ratios
     report["single_stream_vs_stream_generate"] = statistics.median(ratios)
+    decode = level.get("decode_tok_per_s_runs")
+    if decode and all(decode):  # results from before the decode-only figure lack it
+        ratios = single_stream_ratios(
+            decode, report.get("mlx_lm_stream_generate_tok_per_s_runs", [direct])
+        )
+        report["single_stream_decode_vs_stream_generate_runs"] = ratios
+        report["single_stream_decode_vs_stream_generate"] = statistics.median(ratios)
 
 
 def plot(report: dict, path: Path) -> None:

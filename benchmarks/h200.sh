@@ -3,8 +3,9 @@
 #   step 1 (carry .whl/a):              bash benchmarks/h200.sh stash
 #   step 2 (carry .whl/b, .whl/c and .bench):   bash benchmarks/h200.sh setup [SIZE...]
 #   step 3 (machine still warm):        bash benchmarks/h200.sh bench NAME SIZE [serve_bench args]
-#   or (carry .whl/py, the py-spy wheel): bash benchmarks/h200.sh profile SIZE
-#     serve + 40 bursts of 8 streams (burst_ttft.py) + py-spy (GIL-holders, then all threads)
+#   or (carry .whl/py, the py-spy wheel): bash benchmarks/h200.sh profile SIZE [full]
+#     serve + 40 bursts of 8 streams (burst_ttft.py) + py-spy (GIL-holders, then all threads);
+#     `full` reads every stream to its end (sustained decode at 8 rows) instead of the first token
 # Wheels are staged here by ../shared/gpu/stage-mlx-cuda.sh (see ../shared/gpu/README.md);
 # .bench/tok holds tokenizer files of the converted embedded model.
 set -euo pipefail
@@ -30,13 +31,13 @@ case "$1" in
     python3 benchmarks/serve_bench.py --model /tmp/rand$size --name "$name" "$@"
     mkdir -p "$OUT" && cp benchmarks/results/"$name".* "$OUT"/ ;;
   profile)
-    size=$2; mkdir -p /tmp/pyspy "$OUT"
+    size=$2 mode=${3:-}; mkdir -p /tmp/pyspy "$OUT"
     python3 -m zipfile -e .whl/py/py_spy*.whl /tmp/pyspy
     spy=$(find /tmp/pyspy -name py-spy -type f | head -1); chmod +x "$spy"
     python3 -m mlxspec serve /tmp/rand$size --port 8999 --batch 16 --log-level warning > "$OUT/serve.log" 2>&1 &
     pid=$!
     for _ in $(seq 120); do curl -sf localhost:8999/health > /dev/null && break; sleep 1; done
-    python3 benchmarks/burst_ttft.py http://127.0.0.1:8999 '{"2": -100, "0": -100}' 40 > "$OUT/load.log" 2>&1 &
+    python3 benchmarks/burst_ttft.py http://127.0.0.1:8999 '{"2": -100, "0": -100}' 40 $mode > "$OUT/load.log" 2>&1 &
     load=$!
     sleep 6
     "$spy" record -p $pid -d 12 -r 250 -f raw --threads --gil -o "$OUT/raw-gil.txt"

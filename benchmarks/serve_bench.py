@@ -6,7 +6,8 @@ EOS is forbidden with ``logit_bias``) at several concurrency levels, and
 reports per server and level: aggregate output tokens/s, TTFT p50/p95 and
 inter-token latency p50/p95, plus a repeated multi-turn conversation's TTFT
 (prompt-cache effect) and mlx-lm's own single-stream ``stream_generate`` speed,
-measured in this process before each repeat of the servers and after the last.
+measured in a child process, under ``mlxspec serve``'s MLX environment defaults,
+before each repeat of the servers and after the last.
 Writes ``benchmarks/results/<name>.json`` and a PNG plot; prints mlxspec/mlx_lm
 ratios. Run by hand, never in CI:
 
@@ -47,7 +48,19 @@ def build_prompt(tokenizer, n_tokens: int, salt: int) -> str:
     return tokenizer.decode(ids) + "\nSummarise."
 
 
+#: Server kinds that differ from another kind only in their environment.
+#: ``mlx_lm-nocudnn``: mlx_lm.server with cuDNN attention off, as ``mlxspec serve``
+#: runs by default (``mlxspec.config.SERVE_ENV_DEFAULTS``): the like-for-like
+#: comparison beside the out-of-the-box one.
+KIND_ENV = {"mlx_lm-nocudnn": ("mlx_lm", {"MLX_CUDA_USE_CUDNN_SDPA": "0"})}
+#: Kinds measured only on the multi-turn conversation (their levels would add time,
+#: not information): the prompt cache's baseline.
+TURNS_ONLY = {"mlxspec-nocache"}
+
+
 def server_command(kind: str, model: str, port: int, batch: int) -> list[str]:
+    if kind in KIND_ENV:
+        return server_command(KIND_ENV[kind][0], model, port, batch)
     if kind == "mlxspec-nocache":  # the prompt cache's baseline: every prompt prefilled
         return [*server_command("mlxspec", model, port, batch), "--prompt-cache-bytes", "0"]
     if kind == "mlxspec-native":  # the checkpoint's own weights: no float32 CPU copy
@@ -83,7 +96,7 @@ def server_command(kind: str, model: str, port: int, batch: int) -> list[str]:
 
 def start_server(kind: str, model: str, batch: int, log: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", **KIND_ENV.get(kind, ("", {}))[1]}
     out = open(log, "w")
     proc = subprocess.Popen(
         server_command(kind, model, port, batch), stdout=out, stderr=subprocess.STDOUT, env=env
@@ -133,8 +146,12 @@ async def stream_one(
     gaps = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
     tokens = (usage or {}).get("completion_tokens") or len(stamps)
     details = (usage or {}).get("prompt_tokens_details") or {}
+    # decode speed as stream_generate's generation_tps counts it: the tokens after
+    # the first over the time from the first token to the last
+    span = stamps[-1] - stamps[0] if len(stamps) > 1 else 0.0
     return {
         "ttft": (stamps[0] - t0) if stamps else end - t0,
+        "decode_tps": (tokens - 1) / span if span > 0 else None,
         "gaps": gaps,
         "tokens": tokens,
         "seconds": end - t0,
@@ -180,6 +197,7 @@ async def run_level(
         "tok_per_s": sum(r["tokens"] for r in results) / wall,
         "ttft_p50": pct(ttfts, 0.5) or 0.0,
         "ttft_p95": pct(ttfts, 0.95) or 0.0,
+        "decode_tok_per_s_p50": pct([r["decode_tps"] for r in results if r["decode_tps"]], 0.5),
         "itl_p50": pct(gaps, 0.5),
         "itl_p95": pct(gaps, 0.95),
     }
@@ -258,6 +276,37 @@ def mlx_lm_direct(model: str, prompt: str, max_tokens: int, bias: dict) -> float
     return tps
 
 
+def direct_in_child(model: str, prompt: str, max_tokens: int, bias: dict) -> float:
+    """:func:`mlx_lm_direct` in a child process under ``mlxspec serve``'s MLX
+    environment defaults (``SERVE_ENV_DEFAULTS``; a value set in this process's
+    environment wins, as in the server), so the baseline runs the kernels the
+    server runs and its memory is returned to the system when it ends.
+
+    Returns:
+        float: decode tokens/s, as :func:`mlx_lm_direct`.
+
+    Raises:
+        subprocess.CalledProcessError: when the child fails (its output is shown).
+    """
+    from mlxspec.config import apply_serve_env_defaults
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    apply_serve_env_defaults(env)
+    job = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "bias": bias})
+    done = subprocess.run(
+        [sys.executable, __file__, "--direct-child"],
+        input=job,
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    if done.returncode:
+        print(done.stdout[-2000:], done.stderr[-4000:], file=sys.stderr)
+        done.check_returncode()
+    return float(done.stdout.strip().splitlines()[-1])
+
+
 def run_repeats(
     args: argparse.Namespace, tokenizer, bias: dict, bar, out_dir: Path
 ) -> tuple[dict[str, list[dict]], list[float]]:
@@ -276,7 +325,7 @@ def run_repeats(
     def baseline() -> None:
         if args.skip_direct:
             return
-        direct.append(mlx_lm_direct(args.model, prompt, args.max_tokens, bias))
+        direct.append(direct_in_child(args.model, prompt, args.max_tokens, bias))
         (bar.write if bar else print)(f"mlx-lm stream_generate: {direct[-1]:.1f} tok/s")
 
     runs: dict[str, list[dict]] = {kind: [] for kind in args.servers}
@@ -284,6 +333,8 @@ def run_repeats(
     for rep in range(args.repeats):  # alternate the order: no server always runs first
         baseline()
         for kind in order:
+            if kind in TURNS_ONLY and rep:  # its one conversation is measured already
+                continue
             runs[kind].append(
                 measure_server(kind, args, tokenizer, bias, bar, out_dir, with_turns=rep == 0)
             )
@@ -293,6 +344,11 @@ def run_repeats(
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv == ["--direct-child"]:  # direct_in_child's child: a JSON job on stdin
+        job = json.loads(sys.stdin.read())
+        print(mlx_lm_direct(job["model"], job["prompt"], job["max_tokens"], job["bias"]))
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", help="MLX model folder (default: the embedded SmolLM2)")
     ap.add_argument("--name", default="bench", help="results file stem")
@@ -348,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     report["device"] = str(mx.default_device())
     total = (
         args.repeats
-        * len(args.servers)
+        * len(set(args.servers) - TURNS_ONLY)
         * len(args.prompt_tokens)
         * sum(c * args.rounds for c in args.concurrency)
     )
@@ -378,7 +434,7 @@ def measure_server(
     proc, base = start_server(kind, args.model, args.batch, out_dir / f"{args.name}-{kind}.log")
     try:
         levels = []
-        for n in args.prompt_tokens:
+        for n in args.prompt_tokens if kind not in TURNS_ONLY else ():
             prompts = [build_prompt(tokenizer, n, s) for s in range(64)]
             asyncio.run(run_level(base, prompts[:1], 1, 1, 4, bias, None))  # warm-up
             for conc in args.concurrency:
@@ -390,7 +446,10 @@ def measure_server(
         if with_turns:
             prompt = build_prompt(tokenizer, args.prompt_tokens[-1], 999)
             turns = asyncio.run(multi_turn(base, prompt, args.max_tokens, bias, args.turns))
-        return {"levels": levels, "multi_turn": turns}
+        steps = None
+        if kind.startswith("mlxspec"):  # the engine's own per-step times (GET /stats)
+            steps = httpx.get(f"{base}/stats", timeout=30).json()["batch"]["steps"]
+        return {"levels": levels, "multi_turn": turns, "engine_steps": steps}
     finally:
         proc.terminate()
         proc.wait(30)

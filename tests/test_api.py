@@ -290,7 +290,7 @@ def test_message_errors(client: httpx.Client) -> None:
 
 def test_prompt_errors(client: httpx.Client) -> None:
     assert_error(client.post(COMP, json={"prompt": ""}), 400, param="prompt")
-    assert_error(client.post(COMP, json={"prompt": ["a"]}), 400, param="prompt")
+    assert_error(client.post(COMP, json={"prompt": ["a", "b"]}), 400, param="prompt")
     assert_error(client.post(COMP, json={}), 400, param="prompt")
 
 

@@ -63,7 +63,7 @@ def test_old_result_file_still_reports(capsys, tmp_path):
         "single stream: mlxspec c=1 / stream_generate x0.86 (median of repeats 0.96, 0.77; "
         "stream_generate tok/s one run)" in out
     )
-    assert "ratio prompt    64 conc   1: tok/s x0.93, TTFT p50" in out
+    assert "mlxspec/mlx_lm prompt    64 conc   1: tok/s x0.93, TTFT p50" in out
     assert json.loads(path.read_text()) == json.loads(OLD_RESULT.read_text())  # not rewritten
 
 
@@ -88,3 +88,86 @@ def test_every_saved_serve_bench_result_still_reports(path, capsys):
         assert f"\n{kind:8} " in "\n" + out  # each server's rows are printed
     if "mlx_lm_stream_generate_tok_per_s" in report and "mlxspec" in report["servers"]:
         assert "single stream: mlxspec c=1 / stream_generate x" in out
+
+
+def test_mlxspec_is_divided_by_each_mlx_lm_baseline_present(capsys):
+    report = json.loads(OLD_RESULT.read_text())
+    theirs = json.loads(json.dumps(report["servers"]["mlx_lm"]))
+    for lv in theirs["levels"]:  # mlx_lm.server with cuDNN off: twice as fast, half the TTFT
+        lv["tok_per_s"] *= 2
+        lv["ttft_p50"] /= 2
+    report["servers"]["mlx_lm-nocudnn"] = theirs
+    bench_report.summarise(report)
+    shipped = report["ratios_mlxspec_over_mlx_lm"]
+    same_settings = report["ratios_mlxspec_over_mlx_lm-nocudnn"]
+    assert [r["concurrency"] for r in same_settings] == [r["concurrency"] for r in shipped]
+    for a, b in zip(shipped, same_settings, strict=True):
+        assert b["tok_per_s_ratio"] == pytest.approx(a["tok_per_s_ratio"] / 2)
+        assert b["ttft_p50_ratio"] == pytest.approx(a["ttft_p50_ratio"] * 2)
+    assert "mlxspec/mlx_lm-nocudnn prompt    64 conc   1: tok/s x0.46" in capsys.readouterr().out
+
+
+def test_the_nocudnn_kind_is_mlx_lm_server_with_cudnn_attention_off():
+    import sys
+
+    sys.path.insert(0, str(BENCH))
+    try:
+        spec = importlib.util.spec_from_file_location("serve_bench", BENCH / "serve_bench.py")
+        serve_bench = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(serve_bench)
+    finally:
+        sys.path.remove(str(BENCH))
+    cmd = serve_bench.server_command("mlx_lm-nocudnn", "/m", 8123, 8)
+    assert cmd == serve_bench.server_command("mlx_lm", "/m", 8123, 8)
+    assert cmd[1:5] == ["-m", "mlx_lm.server", "--model", "/m"]
+    assert serve_bench.KIND_ENV["mlx_lm-nocudnn"] == ("mlx_lm", {"MLX_CUDA_USE_CUDNN_SDPA": "0"})
+    assert serve_bench.server_command("mlxspec-nocache", "/m", 8123, 8)[-2:] == [
+        "--prompt-cache-bytes",
+        "0",
+    ]
+    assert serve_bench.TURNS_ONLY == {"mlxspec-nocache"}
+
+
+def test_the_decode_only_single_stream_ratio_uses_each_repeats_decode_rate(capsys):
+    report = json.loads(OLD_RESULT.read_text())
+    report["mlx_lm_stream_generate_tok_per_s_runs"] = [6.0, 5.0, 4.0]
+    report["mlx_lm_stream_generate_tok_per_s"] = 5.0
+    first = report["servers"]["mlxspec"]["levels"][0]
+    assert first["concurrency"] == 1
+    first["decode_tok_per_s_runs"] = [5.5, 4.5]  # repeat 1, repeat 2
+    bench_report.summarise(report)
+    # 5.5 / mean(6, 5) = 1.0; 4.5 / mean(5, 4) = 1.0
+    assert report["single_stream_decode_vs_stream_generate_runs"] == [1.0, 1.0]
+    assert report["single_stream_decode_vs_stream_generate"] == 1.0
+    assert (
+        "decode only (first token to last, as generation_tps): x1.00 (median of repeats "
+        "1.00, 1.00)" in capsys.readouterr().out
+    )
+
+
+def test_merged_levels_keep_every_runs_decode_rate():
+    def run(tps: float, decode: float) -> dict:
+        level = {"prompt_tokens": 64, "concurrency": 1, "tok_per_s": tps}
+        return {"levels": [{**level, "decode_tok_per_s_p50": decode}], "multi_turn": None}
+
+    merged = bench_report.merge_runs([run(10.0, 12.0), run(8.0, 11.0), run(9.0, 13.0)])
+    (level,) = merged["levels"]
+    assert level["tok_per_s"] == 9.0  # the median run by aggregate tokens/s
+    assert level["decode_tok_per_s_runs"] == [12.0, 11.0, 13.0]
+
+
+def test_engine_step_times_of_each_run_are_kept_and_printed(capsys):
+    report = json.loads(OLD_RESULT.read_text())
+    steps = {"steps": 900, "mean_rows": 7.5, "generate_ms_mean": 8.25, "route_ms_mean": 0.5}
+    runs = [
+        {"levels": report["servers"]["mlxspec"]["levels"], "multi_turn": None, "engine_steps": s}
+        for s in (steps, None)
+    ]
+    merged = bench_report.merge_runs(runs)
+    assert merged["engine_steps_runs"] == [steps, None]
+    report["servers"]["mlxspec"] = merged
+    bench_report.summarise(report)
+    assert (
+        "mlxspec  batched steps 900: 7.5 rows, model 8.25 ms + routing 0.50 ms per step"
+        in capsys.readouterr().out
+    )

@@ -485,8 +485,10 @@ REJECTED = [
     ),
     ("prompt missing", COMPLETION, {"max_tokens": 4}, []),
     ("prompt empty", COMPLETION, {"prompt": ""}, ["prompt"]),
-    ("prompt token array", COMPLETION, {"prompt": ["tok"]}, ["prompt"]),
-    ("prompt ints", COMPLETION, {"prompt": [1, 2, 3]}, ["prompt"]),
+    ("prompt several strings", COMPLETION, {"prompt": ["a", "b"]}, ["prompt"]),
+    ("prompt several token arrays", COMPLETION, {"prompt": [[1], [2]]}, ["prompt"]),
+    ("prompt negative token id", COMPLETION, {"prompt": [1, -1]}, ["prompt", 1]),
+    ("prompt float token id", COMPLETION, {"prompt": [[1.5]]}, ["prompt", 0, 0]),
     ("completion temperature", COMPLETION, _completion(temperature=-1), ["temperature"]),
     ("completion top_logprobs", COMPLETION, _completion(top_logprobs=12), ["top_logprobs"]),
     ("completion logprobs int", COMPLETION, _completion(logprobs=5), ["logprobs"]),
@@ -579,6 +581,9 @@ ACCEPTED = [
     ("minimal completion", COMPLETION, _completion()),
     ("completion sampling", COMPLETION, _completion(temperature=0, top_k=0, logprobs=True)),
     ("completion unknown fields", COMPLETION, _completion(echo=False, suffix=None)),
+    ("prompt token ids", COMPLETION, {"prompt": [1, 2, 3]}),
+    ("prompt one string in an array", COMPLETION, {"prompt": ["tok"]}),
+    ("prompt one token-id array in an array", COMPLETION, {"prompt": [[0, 7]]}),
 ]
 
 

@@ -314,17 +314,51 @@ def test_stats_counters_move(tiny_engine: Any, tiny_app: Any) -> None:
         "started_at": tiny_engine.info.created,
         "uptime_s": 0,
     }
-    assert after["batch"] | {"submitted_rows": 0} == {
+    assert after["batch"] | {"submitted_rows": 0, "steps": None} == {
         "configured": 8,
         "mode": "batch",
         "batched": True,
         "active_rows": 0,
         "pending_rows": 0,
         "submitted_rows": 0,
+        "steps": None,
     }
     assert after["kv_quant"] == {"mode": "off", "dtype": "float32", "layers": {"float32": 2}}
     assert after["admission"]["enforced_context_tokens"] is None
     assert after["admission"]["weights_bytes"] == tiny_weight_bytes(tiny_engine)
+
+
+def test_stats_step_times_count_the_batched_steps(tiny_engine: Any, tiny_app: Any) -> None:
+    body = {"prompt": "hello", "max_tokens": 6, "logit_bias": NO_EOS}
+
+    async def go(c: httpx.AsyncClient) -> tuple[dict, list, dict]:
+        before = (await c.get("/stats")).json()["batch"]["steps"]
+        answers = await asyncio.gather(*(c.post("/v1/completions", json=body) for _ in range(3)))
+        return before, answers, (await c.get("/stats")).json()["batch"]["steps"]
+
+    before, answers, after = call(tiny_app, go)
+    assert [a.json()["usage"]["completion_tokens"] for a in answers] == [6, 6, 6]
+    # At most one of the three decodes alone (before the others arrive) and is handed
+    # to the batch, so at least two run their 6 tokens there: 12 to 18 tokens routed.
+    rows = after["mean_rows"] * after["steps"] - before["mean_rows"] * before["steps"]
+    assert 12 <= round(rows) <= 18
+    assert after["steps"] - before["steps"] >= 6
+    assert after["generate_ms_mean"] > 0 and after["route_ms_mean"] > 0
+
+
+def test_step_times_snapshot_is_per_step_means_in_milliseconds() -> None:
+    from mlxspec.engine.batching import StepTimes
+
+    assert StepTimes().snapshot() == {
+        "steps": 0,
+        "mean_rows": 0.0,
+        "generate_ms_mean": 0.0,
+        "route_ms_mean": 0.0,
+    }
+    times = StepTimes(steps=4, rows=10, generate_s=0.2, route_s=0.004)
+    assert times.snapshot() == pytest.approx(
+        {"steps": 4, "mean_rows": 2.5, "generate_ms_mean": 50.0, "route_ms_mean": 1.0}
+    )
 
 
 def tiny_weight_bytes(engine: Any) -> int:

@@ -76,8 +76,9 @@ def cap_max_tokens(body: Any, cap: int = MAX_TOKENS_CAP) -> Any:
 def trim_prompt(
     body: Any, budget: int = PROMPT_CHAR_BUDGET, max_messages: int = MAX_MESSAGES
 ) -> Any:
-    """Shorten long prompts: a completion ``prompt``, and the message list and
-    the text of message ``content`` (strings and ``text`` parts) of a chat.
+    """Shorten long prompts: a completion ``prompt`` (text or token ids), and the
+    message list and the text of message ``content`` (strings and ``text``
+    parts) of a chat.
 
     Prefill costs about as much per token as decoding on CPU, so the text of a
     whole request shares one character budget. Only values of the right type
@@ -95,14 +96,26 @@ def trim_prompt(
     if not isinstance(body, dict):
         return body
     out = dict(body)
-    prompt = out.get("prompt")
-    if isinstance(prompt, str) and len(prompt) > budget:
-        out["prompt"] = prompt[: max(budget, 1)]
+    if "prompt" in out:
+        out["prompt"] = _trim_prompt_value(out["prompt"], max(budget, 1))
     messages = out.get("messages")
     if isinstance(messages, list):
         left = [budget]
         out["messages"] = [_trim_message(m, left) for m in messages[:max_messages]]
     return out
+
+
+def _trim_prompt_value(prompt: Any, keep: int) -> Any:
+    """A completion ``prompt`` cut to ``keep`` characters or token ids: a
+    string, a token-id list, or a one-element list holding either; a list of
+    several prompts is a 400 however long, so the outer list is kept whole."""
+    if isinstance(prompt, str) or (
+        isinstance(prompt, list) and all(type(t) is int for t in prompt)
+    ):
+        return prompt[:keep]
+    if isinstance(prompt, list) and len(prompt) == 1:
+        return [_trim_prompt_value(prompt[0], keep)]
+    return prompt
 
 
 def _trim_text(text: str, left: list[int]) -> str:

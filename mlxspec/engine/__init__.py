@@ -9,7 +9,7 @@ scoring (:func:`score_answers`) and embeddings (:func:`embed_texts`).
 from .admission import AdmissionLimits, BudgetTooSmallError, ContextBudgetError, QueueFullError
 from .embedding import Embeddings, embed_texts
 from .generator import Engine, RequestHandle
-from .prompt import off_loop
+from .prompt import off_loop, token_prompt
 from .sampling import GenerationDefaults
 from .scoring import ScoredAnswers, score_answers
 from .ssd_cache import FLUSH_TIMEOUT_S
@@ -60,4 +60,5 @@ __all__ = [
     "embed_texts",
     "off_loop",
     "score_answers",
+    "token_prompt",
 ]

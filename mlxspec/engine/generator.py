@@ -31,14 +31,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from .admission import Admission, AdmissionLimits
-from .batching import BatchLane
+from .batching import BatchLane, StepTimes
 from .cpu_weights import CpuWeights, apply_cpu_weights
 from .fit import ModelMemory, model_memory
 from .grammar import GrammarCache
 from .handles import ExclusiveJob, RequestHandle, coalesced_wakeups
 from .lanes import LaneParts
 from .loader import read_model_info
-from .prompt import encode_text, normalize_messages, render_chat
+from .prompt import encode_text, normalize_messages, quiet_length_warning, render_chat
 from .prompt_cache import DEFAULT_PROMPT_CACHE_BYTES, CacheNamespace, PromptCache
 from .sampling import GenerationDefaults, read_generation_config
 from .solo import SoloRun, run_alone
@@ -107,6 +107,8 @@ class Engine:
         self.model = model
         self.max_batch = max_batch
         self.tokenizer = tokenizer
+        # Admission refuses over-long prompts; transformers' "indexing errors" line misleads.
+        quiet_length_warning(tokenizer)
         self.info = info
         self.defaults = defaults
         self._jobs: queue.Queue[RequestHandle | ExclusiveJob | None] = queue.Queue()
@@ -124,6 +126,8 @@ class Engine:
         self.submitted = 0
         #: Lone requests moved into the batch mid-request (:mod:`.solo`).
         self.handoffs = 0
+        #: Batched-lane step times since start (``GET /stats`` ``batch.steps``).
+        self.step_times = StepTimes()
         #: Whether :meth:`load` made the weights float32 for the CPU BLAS.
         self.cpu_weights: CpuWeights | None = None
         limits = limits or AdmissionLimits()
@@ -332,7 +336,9 @@ class Engine:
         if self.warmup:
             warm_up_engine(self.model, self.info.context_window, self._prefill_step)
         lane = (
-            BatchLane(self.lane_parts, self.max_batch, self._count) if self.max_batch > 1 else None
+            BatchLane(self.lane_parts, self.max_batch, self._count, self.step_times)
+            if self.max_batch > 1
+            else None
         )
         try:
             while self._admit(lane):
@@ -346,7 +352,9 @@ class Engine:
                         log.exception("batch step failed")
                         self.counters["failed"] += lane.fail_all("generation failed")
                         lane.close()
-                        lane = BatchLane(self.lane_parts, self.max_batch, self._count)
+                        lane = BatchLane(
+                            self.lane_parts, self.max_batch, self._count, self.step_times
+                        )
         finally:
             if self._solo is not None:
                 self._solo.cancel()

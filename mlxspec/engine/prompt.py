@@ -314,6 +314,32 @@ def dedupe_bos(tokens: list[int], bos_id: int | None) -> list[int]:
     return tokens
 
 
+#: transformers' once-per-tokenizer flag for its "Token indices sequence length
+#: is longer than the specified maximum sequence length" warning
+#: (``PreTrainedTokenizerBase._eventual_warn_about_too_long_sequence``).
+_TOO_LONG_WARNING = "sequence-length-is-longer-than-the-specified-maximum"
+
+
+def quiet_length_warning(tokenizer: Any) -> None:
+    """Stop ``tokenizer`` warning that a long encode "will result in indexing errors".
+
+    transformers logs that line the first time an encode is longer than the
+    tokenizer's ``model_max_length``. Here nothing runs such a prompt: the
+    engine's admission answers an over-long prompt with a 400
+    (``context_length_exceeded``) after encoding it, so the line only misleads
+    an operator. Marking transformers' own warn-once flag as spent silences
+    that one message on this tokenizer; every other warning, and other
+    tokenizers, are untouched.
+
+    Args:
+        tokenizer: a Hugging Face tokenizer or mlx-lm's ``TokenizerWrapper``
+            around one; anything without transformers' flags is left alone.
+    """
+    flags = getattr(tokenizer, "deprecation_warnings", None)
+    if isinstance(flags, dict):
+        flags[_TOO_LONG_WARNING] = True
+
+
 def encode_text(tokenizer: Any, prompt: str) -> list[int]:
     """Tokenize a raw completion prompt exactly as ``mlx_lm.server``
     (``tokenizer.encode(prompt)``, the tokenizer's own BOS handling).
@@ -324,4 +350,35 @@ def encode_text(tokenizer: Any, prompt: str) -> list[int]:
     tokens = list(tokenizer.encode(prompt))
     if not tokens:
         raise PromptError("the prompt is empty after tokenization", param="prompt")
+    return tokens
+
+
+def token_prompt(ids: Sequence[int], vocab_size: int | None) -> list[int]:
+    """A pre-tokenized completion prompt (OpenAI's token-id ``prompt``), used as given.
+
+    The document has checked that ``ids`` is a non-empty list of non-negative
+    integers; only the model knows the upper bound, and MLX's embedding lookup
+    does not bounds-check (an id past the table reads other memory or fails
+    deep in the forward pass).
+
+    Args:
+        ids (Sequence[int]): token ids of the served model.
+        vocab_size (int | None): rows of the model's embedding table; ``None``
+            if unknown (then unchecked).
+
+    Returns:
+        list[int]: ``ids`` as a new list (nothing added, no BOS).
+
+    Raises:
+        PromptError: a negative id or one not below ``vocab_size`` (``param="prompt"``).
+    """
+    tokens = list(ids)
+    top = vocab_size if vocab_size is not None else float("inf")
+    bad = next((t for t in tokens if not 0 <= t < top), None)
+    if bad is not None:
+        span = f"0 to {vocab_size - 1}" if vocab_size is not None else "non-negative"
+        raise PromptError(
+            f"prompt token {bad} is not a token id of this model (token ids are {span})",
+            param="prompt",
+        )
     return tokens

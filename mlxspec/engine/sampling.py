@@ -3,6 +3,7 @@ plus the model author's defaults from ``generation_config.json``."""
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -101,27 +102,62 @@ def build_sampler(params: SamplingParams, special_tokens: list[int]) -> Callable
     :data:`MIN_TOP_P` are moved to those bounds, which sample the same way
     without float32 underflow.
 
+    Requests with the same settings get the same sampler object unless they use
+    XTC: ``BatchGenerator`` samples a batch whose rows share one sampler in one
+    call over ``(rows, vocab)`` instead of one call per row (mlx-lm's top-p,
+    min-p, top-k and categorical draw all work along the last axis). XTC draws
+    one "apply or not" number per call, so a shared XTC sampler would make that
+    choice for the whole batch at once: those samplers stay per request.
+
     Args:
         params (SamplingParams): request sampling settings.
         special_tokens (list[int]): tokens XTC never removes (newline and EOS,
             as ``mlx_lm.server._make_sampler`` passes).
 
     Returns:
-        Callable: ``logprobs (1, vocab) float -> token id (1,) uint32``.
+        Callable: ``logprobs (rows, vocab) float -> token ids (rows,) uint32``.
     """
-    from mlx_lm.sample_utils import make_sampler
-
     temperature = params.temperature if params.temperature >= GREEDY_BELOW else 0.0
     top_p = max(params.top_p, MIN_TOP_P) if params.top_p > 0 else params.top_p
-    return make_sampler(
+    settings = (
         min(temperature, MAX_TEMPERATURE),
-        top_p=top_p,
-        min_p=params.min_p,
-        top_k=params.top_k,
-        xtc_probability=params.xtc_probability,
-        xtc_threshold=params.xtc_threshold,
-        xtc_special_tokens=special_tokens,
+        top_p,
+        params.min_p,
+        params.top_k,
+        params.xtc_probability,
+        params.xtc_threshold,
+        tuple(special_tokens),
     )
+    if params.xtc_probability > 0:
+        return _make_sampler(*settings)
+    return _shared_sampler(*settings)
+
+
+def _make_sampler(
+    temperature: float,
+    top_p: float,
+    min_p: float,
+    top_k: int,
+    xtc_probability: float,
+    xtc_threshold: float,
+    special_tokens: tuple[int, ...],
+) -> Callable:
+    from mlx_lm.sample_utils import make_sampler
+
+    return make_sampler(
+        temperature,
+        top_p=top_p,
+        min_p=min_p,
+        top_k=top_k,
+        xtc_probability=xtc_probability,
+        xtc_threshold=xtc_threshold,
+        xtc_special_tokens=list(special_tokens),
+    )
+
+
+#: One sampler per distinct setting (see :func:`build_sampler`); the settings are
+#: request values, so the cache is bounded.
+_shared_sampler = functools.lru_cache(maxsize=256)(_make_sampler)
 
 
 def build_logits_processors(params: LogitsParams) -> list[Callable]:

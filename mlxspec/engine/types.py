@@ -20,7 +20,8 @@ class SamplingParams:
     Args:
         temperature (float): softmax temperature; ``0`` means greedy (argmax).
             Default: ``0.0`` (``mlx_lm.server``'s default).
-        top_p (float): nucleus mass in ``[0, 1]``; ``0`` or ``1`` is off. Default: ``1.0``.
+        top_p (float): nucleus mass in ``[0, 1]``; ``0`` or ``1`` is off (the
+            reference's "0 = off", as in ``make_sampler``). Default: ``1.0``.
         top_k (int): keep the k most likely tokens; ``0`` is off. Default: ``0``.
         min_p (float): min-p threshold relative to the top token; ``0`` is off.
             Default: ``0.0``.

@@ -12,7 +12,14 @@ from collections.abc import Callable
 from typing import Any
 
 from mlxspec import sse
-from mlxspec.engine import Finished, GenerationRequest, RequestHandle, off_loop
+from mlxspec.engine import (
+    Engine,
+    Finished,
+    GenerationRequest,
+    RequestHandle,
+    off_loop,
+    token_prompt,
+)
 
 from .choices import (
     ChoiceStream,
@@ -41,10 +48,11 @@ from .structured import structured_output
 
 
 async def create_completion(body: dict[str, Any]) -> Any:
-    """Tokenize ``prompt`` as mlx-lm does, generate ``n`` choices, answer as JSON or SSE."""
+    """Tokenize ``prompt`` as mlx-lm does (or take its token ids), generate ``n``
+    choices, answer as JSON or SSE."""
     engine = current_engine()
     body, warning = await structured_output(engine, body, chat=False)
-    prompt = await off_loop(engine.text_prompt, body["prompt"])
+    prompt = await off_loop(prompt_tokens, engine, body["prompt"])
     session = session_key(body, request_headers())
     first = to_generation_request(body, prompt, engine.defaults, engine.info, session)
     # The output continues the prompt's text, so a leading space is kept
@@ -82,6 +90,31 @@ async def create_completion(body: dict[str, Any]) -> Any:
     finished = [r.finished for r in results if r.finished is not None]
     out = {**head, "choices": choices, "usage": choices_usage(finished)}
     return out, 200, {**JSON, **warning}
+
+
+def prompt_tokens(engine: Engine, prompt: str | list) -> list[int]:
+    """The token ids of a validated ``prompt`` (a prompt thread's work).
+
+    The document admits OpenAI's shapes of one prompt: a string, tokenized as
+    ``mlx_lm.server`` does; a list of token ids, used as given; or a
+    one-element list holding either (the batch form with one entry).
+
+    Args:
+        engine (Engine): the serving engine (its tokenizer and vocabulary size).
+        prompt (str | list): the body's ``prompt``.
+
+    Returns:
+        list[int]: the prompt's token ids.
+
+    Raises:
+        PromptError: the string encodes to no tokens, or a token id is not one
+            of the model's.
+    """
+    if isinstance(prompt, list) and len(prompt) == 1 and not isinstance(prompt[0], int):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return engine.text_prompt(prompt)
+    return token_prompt(prompt, engine.info.vocab_size)
 
 
 def _chunker(head: dict[str, Any]) -> Callable[[dict[str, Any]], dict[str, Any] | bytes]:

@@ -94,6 +94,7 @@ def _batch(engine: Any) -> dict[str, Any]:
         "active_rows": adm.running(in_flight),
         "pending_rows": adm.waiting(in_flight),
         "submitted_rows": engine.submitted,
+        "steps": engine.step_times.snapshot(),
     }
 
 
