@@ -116,6 +116,8 @@ def commit_of(tree: Path) -> str:
     dirty = subprocess.run(
         [*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True
     ).stdout.strip()
+    if head.returncode != 0:
+        return "no git checkout"
     return head.stdout.strip() + ("+dirty" if dirty else "")
 
 

@@ -47,6 +47,7 @@ SPEC: dict[str, Any] = {
     },
 }
 
+
 async def echo(name: str, body: dict[str, Any], times: int = 1) -> dict[str, Any]:
     """The test route's handler: its arguments back."""
     return {"name": name, "times": times, "word": body["word"]}
