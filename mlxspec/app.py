@@ -27,7 +27,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.types import Receive, Scope, Send
 
 from .config import ServeConfig
-from .dispatch import PreparedApi
+from .dispatch import PreparedApi, remember_body_definitions
 from .engine import ContextBudgetError, ContextLengthError, EngineRequestError, QueueFullError
 from .errors import ApiError, error_json, error_status, surface_for_path
 from .metrics import Metrics, RequestMetricsMiddleware, RouteLabels
@@ -216,6 +216,7 @@ def create_app(engine: Any, config: Any = None, *, validate_responses: bool = Fa
     """
     config = config or ServeConfig()
     enable_openapi_31()
+    remember_body_definitions()
     spec = served_spec(config.logprobs_format)
     security_map = security_options(spec, config.api_key)
     app = connexion.AsyncApp("mlxspec", security_map=security_map)

@@ -100,3 +100,25 @@ def test_each_request_gets_its_own_arguments_from_one_prepared_handler() -> None
     assert handlers == [[operation.fn]]
     handler = inspect.unwrap(operation.fn)
     assert (handler.__module__, handler.__qualname__) == ("tests.test_dispatch", "echo")
+
+
+def test_body_definitions_are_remembered_for_declared_content_types_only() -> None:
+    from connexion.operations import OpenAPIOperation
+    from connexion.resolver import Resolver
+
+    from mlxspec.dispatch import remember_body_definitions
+
+    remember_body_definitions()
+    remember_body_definitions()  # idempotent: one wrapper, not two
+    wrapped = OpenAPIOperation.body_definition
+    assert not hasattr(wrapped.__wrapped__, "__wrapped__")
+    post = SPEC["paths"]["/items/{name}"]["post"]
+    operation = OpenAPIOperation("post", "/items/{name}", post, Resolver())
+    declared = post["requestBody"]["content"]["application/json"]
+    assert operation.body_definition() is declared
+    assert operation.body_definition("application/json") is declared
+    assert operation.body_definition("text/plain") == {}
+    assert operation.__dict__["_mlxspec_body_definitions"] == {
+        None: declared,
+        "application/json": declared,
+    }
