@@ -19,8 +19,15 @@ plus the hand-off to the event loop), so ``ttft - server_ttft`` is the HTTP
 side (reading, routing and validating the request, templating it, writing
 the frames); and ``loop_cpu`` (CPU time of the server's main thread, the event
 loop, per request, from ``/proc/<pid>/task/<pid>/schedstat``), which holds
-the GIL the engine thread needs. Medians over all rounds. Writes
-``benchmarks/results/<name>.json``. Run by hand, never in CI:
+the GIL the engine thread needs. Medians over all rounds.
+
+Those times move with the machine's load; ``python_calls`` does not: for each
+build, in a subprocess, the ASGI app of ``create_app`` on a scripted engine
+(``fixtures.tool_models.ScriptedEngine``: a real chat template, no model, no
+engine thread) serves the same streamed request (``--max-tokens`` one-letter
+chunks) in process under ``cProfile``, which counts the Python function calls
+per request: the work the event loop does for one request, less the engine.
+Writes ``benchmarks/results/<name>.json``. Run by hand, never in CI:
 
     python benchmarks/http_overhead.py --builds before=/work/main after=. --name cpu-http-overhead
 """
@@ -39,6 +46,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -153,6 +161,87 @@ def servers(builds: dict[str, Path], model_dir: Path, logs: Path):
             proc.wait(30)
 
 
+async def _asgi_request(app: Any, body: bytes) -> bytes:
+    """One ``POST /v1/chat/completions`` through an ASGI app; the response body."""
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/chat/completions",
+        "raw_path": b"/v1/chat/completions",
+        "root_path": "",
+        "query_string": b"",
+        "headers": [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"host", b"bench"),
+        ],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 80),
+    }
+    sent, done, out = False, asyncio.Event(), []
+
+    async def receive() -> dict:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await done.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        out.append(message.get("body", b""))
+
+    await app(scope, receive, send)
+    done.set()
+    return b"".join(out)
+
+
+def count_calls(tree: str, model_dir: str, chunks: int, n: int = 50) -> int:
+    """Python function calls per streamed chat request through ``tree``'s app
+    on a scripted engine (run in a subprocess whose path starts at ``tree``)."""
+    import cProfile
+    import pstats
+
+    import uvloop
+
+    sys.path.insert(0, tree)
+    from fixtures.tool_models import ScriptedEngine
+    from mlxspec.app import create_app
+
+    assert Path(sys.modules["mlxspec"].__file__).is_relative_to(tree)
+    engine = ScriptedEngine(Path(model_dir))
+    engine.script = ["a"] * chunks
+    app = create_app(engine)
+    body = json.dumps({**chat_body(0, chunks), "logit_bias": {}}).encode()
+
+    async def many() -> None:
+        for _ in range(n):
+            assert (await _asgi_request(app, body)).endswith(b"data: [DONE]\n\n")
+            engine.requests.clear()
+            engine.prompts.clear()
+
+    uvloop.run(many())  # warm-up: first-use imports and caches
+    profile = cProfile.Profile()
+    profile.enable()
+    uvloop.run(many())
+    profile.disable()
+    return pstats.Stats(profile).total_calls // n
+
+
+def python_calls(builds: dict[str, Path], model_dir: Path, chunks: int) -> dict[str, int]:
+    """:func:`count_calls` for each build, each in its own interpreter."""
+    out = {}
+    for label, tree in builds.items():
+        argv = [sys.executable, __file__, "--count-calls", str(tree), str(model_dir), str(chunks)]
+        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        done = subprocess.run(argv, capture_output=True, text=True, env=env, check=True)
+        out[label] = int(done.stdout.split()[-1])
+    return out
+
+
 def summary(rounds: list[dict]) -> dict:
     """Medians (and p90 of client times) over every request of every round."""
     runs = [r for rnd in rounds for r in rnd["requests"]]
@@ -187,6 +276,9 @@ async def measure(live: dict, body: dict, args: argparse.Namespace) -> dict:
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--count-calls"]:  # the subprocess of python_calls
+        print(count_calls(sys.argv[2], sys.argv[3], int(sys.argv[4])))
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--builds", nargs="+", default=["current=" + str(HERE.parent)])
     parser.add_argument("--model", type=Path, help="model folder (default: a fresh tiny model)")
@@ -203,6 +295,8 @@ def main() -> None:
 
             model_dir = build_tiny_llama(Path(tmp) / "tiny-llama")
         body = chat_body(letter_token(model_dir), args.max_tokens)
+        calls = python_calls(builds, model_dir, args.max_tokens)
+        print(f"python calls per request: {calls}", flush=True)
         with servers(builds, model_dir, Path(tmp)) as live:
             raw = asyncio.run(measure(live, body, args))
     report = {
@@ -213,6 +307,7 @@ def main() -> None:
         "max_tokens": args.max_tokens,
         "rounds": args.rounds,
         "builds": {label: f"{tree} at {commit_of(tree)}" for label, tree in builds.items()},
+        "python_calls_per_request": calls,
         "summary": {label: {p: summary(raw[label][p]) for p in PHASES} for label in raw},
         "raw": raw,
     }
