@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from mlxspec import sse
 from mlxspec.engine import Delta, Finished, GenerationRequest, LogitsParams, RequestHandle
-from mlxspec.engine.handles import coalesced_wakeups
+from mlxspec.engine.handles import coalesced_wakeups, flush_wakeups
 from mlxspec.handlers.chat import _chunker
 from mlxspec.handlers.completions import _chunker as _text_chunker
 
@@ -227,11 +227,58 @@ def test_wakeups_outside_a_step_stay_immediate_and_nested_steps_flush_once() -> 
     ]
 
 
+def test_flush_wakeups_delivers_the_rows_served_so_far_before_slow_work() -> None:
+    """Inside a step, ``flush_wakeups`` wakes the rows already served (one
+    call for both); the rest are woken when the step ends."""
+
+    async def go(loop: CountingLoop) -> tuple[list[list[Any]], list[list[Any]]]:
+        handles = [RequestHandle(GenerationRequest((1,), max_tokens=1), loop) for _ in range(3)]
+        got: list[list[Any]] = [[], [], []]
+        seen_after_flush: list[list[Any]] = []
+
+        async def consume(i: int) -> None:
+            async for event in handles[i]:
+                got[i].append(event)
+
+        def engine() -> None:
+            with coalesced_wakeups():
+                handles[0].emit(Delta("a", (1,)))
+                handles[1].emit(Delta("b", (2,)))
+                flush_wakeups()
+                time.sleep(0.05)  # the slow work: the first two are served meanwhile
+                seen_after_flush.append([list(g) for g in got])
+                handles[2].emit(Delta("c", (3,)))
+                flush_wakeups()  # nothing held back twice
+                for handle in handles:
+                    handle.emit(Finished("length", 1, 1))
+
+        consumers = [asyncio.ensure_future(consume(i)) for i in range(3)]
+        await asyncio.sleep(0.01)
+        thread = threading.Thread(target=engine)
+        thread.start()
+        await asyncio.wait_for(asyncio.gather(*consumers), 10)
+        thread.join()
+        return got, seen_after_flush
+
+    with asyncio.Runner(loop_factory=CountingLoop) as runner:
+        loop = runner.get_loop()
+        assert isinstance(loop, CountingLoop)
+        got, seen_after_flush = runner.run(go(loop))
+    finished = Finished("length", 1, 1)
+    assert got == [
+        [Delta("a", (1,)), finished],
+        [Delta("b", (2,)), finished],
+        [Delta("c", (3,)), finished],
+    ]
+    assert seen_after_flush == [[[Delta("a", (1,))], [Delta("b", (2,))], []]]
+    assert loop.wakeups == [("_wake_all", 2), ("_wake_all", 1), ("_wake_all", 2)]
+
+
 def test_a_batch_of_three_rows_wakes_the_loop_at_most_once_per_step(tiny_engine) -> None:
     """Through the engine: three rows decoding together in the batched lane
     (``shared_prefill`` keeps the first off the lone-request path) wake their
-    loop at most once per step: 12 tokens each in at most 12 decode steps plus
-    the prefill, where one wake-up per row per step made up to 36."""
+    loop once per step, and a few times more in the steps where they finish,
+    where one wake-up per row per step made about three per step."""
     prompt = tuple(tiny_engine.text_prompt("hello"))
     request = GenerationRequest(
         prompt, max_tokens=12, logits=LogitsParams(logit_bias=((2, -1e9),)), shared_prefill=True
@@ -244,10 +291,12 @@ def test_a_batch_of_three_rows_wakes_the_loop_at_most_once_per_step(tiny_engine)
         handles = [tiny_engine.submit(request) for _ in range(3)]
         return await asyncio.wait_for(asyncio.gather(*(collect(h) for h in handles)), 60)
 
+    steps_before = tiny_engine.step_times.steps
     with asyncio.Runner(loop_factory=CountingLoop) as runner:
         loop = runner.get_loop()
         assert isinstance(loop, CountingLoop)
         results = runner.run(go())
+    steps = tiny_engine.step_times.steps - steps_before
     for events in results:
         assert sum(len(e.token_ids) for e in events if isinstance(e, Delta)) == 12
         assert events[-1].completion_tokens == 12 and events[-1].lane == "batched"
@@ -255,7 +304,11 @@ def test_a_batch_of_three_rows_wakes_the_loop_at_most_once_per_step(tiny_engine)
         e for e in results[0] if isinstance(e, Delta)
     ]
     assert {name for name, _ in loop.wakeups} <= {"_wake_all"}
-    assert len(loop.wakeups) <= 12 + 2
+    # One per batch step, plus one before each finishing row's KV cache is
+    # kept and one before the batch drops the rows that ended in a step
+    # (flush_wakeups): at most two more per row.
+    assert steps >= 12
+    assert len(loop.wakeups) <= steps + 2 * 3
 
 
 def test_handle_delivers_every_event_across_threads_in_order() -> None:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .handles import flush_wakeups
 from .lanes import Handoff, LaneParts
 from .rows import Row
 from .sampling import build_logits_processors, build_sampler
@@ -204,6 +205,7 @@ class BatchLane:
             if ended:
                 finished.append(r.uid)
         if finished:  # rows ended by a stop string are still in the generator
+            flush_wakeups()  # the rows served so far need not wait for the removal
             self._gen.remove(finished)
         for uid in finished:
             del self._rows[uid]
@@ -213,6 +215,7 @@ class BatchLane:
         """Keep the KV cache of the row ending at response ``r``: the generator
         hands it over when it ended the row itself, else the row is removed
         now (a stop string or EOS matched on our side)."""
+        flush_wakeups()  # the rows served so far need not wait for the keep
         if r.finish_reason is not None:
             self._keep({r.uid: (r.prompt_cache, r.all_tokens)})
         else:

@@ -115,7 +115,8 @@ def coalesced_wakeups() -> Iterator[None]:
     per step; now it costs one, which resolves the waiters in emission order.
     Events themselves are buffered at once, as outside the block. Nested
     blocks fold into the outermost one. Only for blocks that end promptly
-    (one step): a consumer sees nothing emitted inside until the block ends.
+    (one step): a consumer sees nothing emitted inside until the block ends
+    or :func:`flush_wakeups` is called.
 
     Yields:
         None.
@@ -123,11 +124,25 @@ def coalesced_wakeups() -> Iterator[None]:
     if getattr(_step, "waiters", None) is not None:
         yield
         return
-    _step.waiters = waiters = []
+    _step.waiters = []
     try:
         yield
     finally:
-        _step.waiters = None
+        waiters, _step.waiters = _step.waiters, None
+        _flush(waiters)
+
+
+def flush_wakeups() -> None:
+    """Make the wake-ups held back so far in this thread's
+    :func:`coalesced_wakeups` block now (a no-op outside one).
+
+    For slow work inside a step (keeping a finished row's KV cache, removing
+    rows from the batch): the rows already served get their tokens before it,
+    as they did when every emit woke the loop at once.
+    """
+    waiters = getattr(_step, "waiters", None)
+    if waiters:
+        _step.waiters = []
         _flush(waiters)
 
 
