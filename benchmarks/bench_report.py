@@ -40,6 +40,8 @@ def merge_runs(runs: list[dict]) -> dict:
     merged = {"levels": levels, "multi_turn": runs[0]["multi_turn"]}
     if any(r.get("engine_steps") for r in runs):  # mlxspec's GET /stats batch.steps per run
         merged["engine_steps_runs"] = [r.get("engine_steps") for r in runs]
+    if runs[0].get("fit"):  # mlxspec's GET /fit after its first run
+        merged["fit"] = runs[0]["fit"]
     return merged
 
 

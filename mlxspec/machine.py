@@ -2,8 +2,9 @@
 
 Linux facts come from ``/proc/cpuinfo`` and ``/proc/meminfo`` (proc(5));
 elsewhere the fields are ``None`` or fall back to ``os``. The bandwidth is a
-measured estimate (a timed NumPy copy, once per process), used by ``GET /fit``
-to predict decode speed: decoding one token reads every weight once, so it is
+measured estimate (a timed copy, once per process: NumPy in host memory, or MLX
+in the GPU's memory when MLX runs on one), used by ``GET /fit`` to predict
+decode speed: decoding one token reads every weight once, so it is
 memory-bound (the roofline argument of Williams et al., 2009).
 """
 
@@ -20,6 +21,9 @@ from typing import Any
 PROBE_BYTES = 64 * 2**20
 #: Timed copies; the fastest counts (the others include page faults and noise).
 PROBE_REPEATS = 3
+#: Bytes per buffer of the GPU probe: a GPU copies 64 MiB in ~30 us on an H200,
+#: too close to a kernel launch's cost, so the GPU copies more.
+DEVICE_PROBE_BYTES = 512 * 2**20
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,38 @@ def bandwidth_gbs() -> float:
         np.copyto(dst, src)
         best = min(best, time.perf_counter() - start)
     return 2 * PROBE_BYTES / max(best, 1e-9) / 1e9
+
+
+@functools.cache
+def device_bandwidth_gbs() -> float:
+    """Memory bandwidth of MLX's default device in GB/s (10**9 bytes), measured
+    once per process.
+
+    Times :data:`PROBE_REPEATS` evaluations of ``src + 1`` over a
+    :data:`DEVICE_PROBE_BYTES` float32 buffer after one untimed run (kernel
+    compilation); each reads and writes the buffer, so moves twice its size.
+    ``mx.eval`` returns when the result is computed, so the time includes one
+    kernel launch. Run it where MLX work runs (the engine thread): it allocates
+    two buffers of that size on the device for the duration.
+
+    Returns:
+        float: the fastest run's rate.
+    """
+    import mlx.core as mx
+
+    src = mx.ones((DEVICE_PROBE_BYTES // 4,), dtype=mx.float32)
+    mx.eval(src)
+    best = float("inf")
+    for i in range(PROBE_REPEATS + 1):
+        start = time.perf_counter()
+        dst = src + 1
+        mx.eval(dst)
+        if i:  # the first run compiles the kernel
+            best = min(best, time.perf_counter() - start)
+        del dst
+    del src
+    mx.clear_cache()
+    return 2 * DEVICE_PROBE_BYTES / max(best, 1e-9) / 1e9
 
 
 def gpu() -> Gpu | None:

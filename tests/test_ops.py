@@ -406,6 +406,50 @@ def test_fit_is_sane(tiny_engine: Any, tiny_app: Any) -> None:
     assert fit["typical_decode_tps"] == report["predicted_decode_tps"]
 
 
+def test_fit_on_a_gpu_uses_the_gpus_bandwidth_measured_on_the_engine_thread(
+    tiny_engine: Any, tiny_app: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    from mlxspec import machine
+
+    threads = []
+
+    def probe() -> float:
+        threads.append(threading.current_thread().name)
+        return 4000.0
+
+    fake = machine.Gpu("NVIDIA H200", 150_000_000_000, 140_000_000_000)
+    monkeypatch.setattr(machine, "gpu", lambda: fake)
+    monkeypatch.setattr(machine, "device_bandwidth_gbs", probe)
+    fit = call(tiny_app, lambda c: c.get("/fit")).json()
+    assert threads == ["mlxspec-engine"]  # where MLX work runs, never the event loop
+    assert fit["device"] == "gpu"
+    assert fit["machine"]["gpu"] == {
+        "name": "NVIDIA H200",
+        "memory_bytes": 150_000_000_000,
+        "free_bytes": 140_000_000_000,
+    }
+    assert fit["machine"]["bandwidth_gbs"] == 4000.0
+    assert fit["machine"]["bandwidth_source"] == "device memory copy (MLX on the GPU)"
+    report = fit["report"]
+    per_token = report["weights_bytes"] + report["kv_bytes_per_token"] * 256
+    assert report["predicted_decode_tps"] == round(4000.0e9 / per_token, 2)
+
+
+def test_the_device_bandwidth_probe_measures_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mlxspec import machine
+
+    monkeypatch.setattr(machine, "DEVICE_PROBE_BYTES", 16 * 2**20)  # small on this CPU
+    machine.device_bandwidth_gbs.cache_clear()
+    try:
+        first = machine.device_bandwidth_gbs()
+        assert 0.1 < first < 100_000
+        assert machine.device_bandwidth_gbs() == first  # cached: measured once
+    finally:
+        machine.device_bandwidth_gbs.cache_clear()
+
+
 def test_document_declares_the_operations_routes() -> None:
     spec = load_spec()
     for path, op in (("/stats", "getStats"), ("/fit", "getFit"), ("/metrics", "getMetrics")):

@@ -40,6 +40,14 @@ TINY_LENGTHS = (1, 2, 4, 8, 16, 32, 64, 128, 192)
 TINY_WARMUP_SHAPES = [(1, n) for n in TINY_LENGTHS] + [(1, 1)]
 
 
+def warmup_shapes(max_batch: int) -> list[tuple[int, int]]:
+    """The warm-up's passes for ``--batch max_batch``: :data:`TINY_WARMUP_SHAPES`,
+    then (batched lane only) a 16-token row and one decode step per row count 2..max."""
+    if max_batch < 2:
+        return TINY_WARMUP_SHAPES
+    return TINY_WARMUP_SHAPES + [(1, 16)] + [(b, 1) for b in range(2, max_batch + 1)]
+
+
 class RecordingModel:
     """The tiny model, recording each forward pass's input shape; with a gate, the
     first pass waits until the gate opens (so a test can act mid-warm-up)."""
@@ -152,13 +160,14 @@ def test_outputs_match_and_only_the_warmup_passes_differ(tiny_engine, max_batch,
     assert warm_out == cold_out
     second = _prompts(cold)[1]
     assert [(t[2], t[3]) for t in cold_out] == [("length", 0), ("length", len(second) - 1 - 16)]
-    assert warm_model.shapes[: len(TINY_WARMUP_SHAPES)] == TINY_WARMUP_SHAPES
-    assert warm_model.shapes[len(TINY_WARMUP_SHAPES) :] == cold_model.shapes
+    shapes = warmup_shapes(max_batch)
+    assert warm_model.shapes[: len(shapes)] == shapes
+    assert warm_model.shapes[len(shapes) :] == cold_model.shapes
     (line,) = [r for r in caplog.records if r.message.startswith("warm-up")]
     assert line.levelno == logging.INFO
     assert re.fullmatch(
         r"warm-up: 9 prefill lengths \(1, 2, 4, 8, 16, 32, 64, 128, 192 tokens\) "
-        r"and a decode step in \d+\.\d\d s",
+        rf"and decode steps of 1 to {max_batch} rows in \d+\.\d\d s",
         line.message,
     )
 
@@ -207,7 +216,7 @@ def test_a_request_during_warmup_waits_then_completes(tiny_engine) -> None:
     assert queued == (1, 0, [(1, 1)])
     assert (health.status_code, health.json()) == (200, {"status": "ok"})
     assert (text, ids, fin.completion_tokens) == want[:2] + (want[2].completion_tokens,)
-    assert model.shapes[: len(TINY_WARMUP_SHAPES)] == TINY_WARMUP_SHAPES
+    assert model.shapes[: len(warmup_shapes(8))] == warmup_shapes(8)
     assert engine.counters == {"completed": 1, "cancelled": 0, "failed": 0}
 
 
@@ -270,5 +279,5 @@ def test_serve_warms_up_under_mlxspec_warmup_1(tiny_model_dir: Path, tmp_path: P
     assert len(lines) == 1
     assert lines[0].startswith(
         "INFO mlxspec.engine: warm-up: 9 prefill lengths (1, 2, 4, 8, 16, 32, 64, 128, 192 "
-        "tokens) and a decode step in "
+        "tokens) and decode steps of 1 to 8 rows in "
     )

@@ -334,7 +334,7 @@ class Engine:
     # Engine thread.
     def _run(self) -> None:
         if self.warmup:
-            warm_up_engine(self.model, self.info.context_window, self._prefill_step)
+            warm_up_engine(self.model, self.info.context_window, self._prefill_step, self.max_batch)
         lane = (
             BatchLane(self.lane_parts, self.max_batch, self._count, self.step_times)
             if self.max_batch > 1

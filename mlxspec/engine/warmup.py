@@ -1,4 +1,5 @@
-"""Start-up warm-up: one forward pass per prefill length a prompt-cache hit can take.
+"""Start-up warm-up: one forward pass per prefill length a prompt-cache hit can
+take, and one decode step per batch size the batched lane can run.
 
 On mlx-cuda a forward pass on a token count not seen before plans its matrix
 products first: on an H200 a 7.4B model's first pass of a new length took
@@ -7,7 +8,11 @@ products first: on an H200 a 7.4B model's first pass of a new length took
 GPU rounds to one of the :func:`~.kv.tail_buckets` lengths
 (:func:`~.kv.bucket_tail`), so later turns of a conversation reach their
 target TTFT only once their bucket was seen. Running each bucket once before
-the first request moves that planning to start-up.
+the first request moves that planning to start-up. The batched lane decodes
+``(rows, 1)`` token batches on a left-padded ``BatchKVCache``; the first step at
+each new row count planned again in the first bursts of an H200 run (TTFT of the
+first 8-client burst 145-364 ms against 60-110 ms later, ``benchmarks/README.md``),
+so each row count up to ``--batch`` gets one decode step too.
 
 What is warmed: the matrix-product plans per token count. cuDNN's attention
 plans per query *and* key length, so a prefill over a longer cache may still
@@ -28,6 +33,9 @@ from typing import Any
 from .kv import tail_buckets
 
 log = logging.getLogger("mlxspec.engine")
+
+#: Tokens in each row of the batched warm-up steps' cache.
+BATCH_ROW_TOKENS = 16
 
 
 def warmup_lengths(context_window: int, prefill_step: int) -> tuple[int, ...]:
@@ -50,29 +58,43 @@ def warmup_lengths(context_window: int, prefill_step: int) -> tuple[int, ...]:
     return tuple(sorted(n for n in lengths if 1 <= n < context_window))
 
 
-def warm_up(model: Any, lengths: Sequence[int]) -> None:
-    """Run one prefill per length, then one decode step (engine thread).
+def warm_up(model: Any, lengths: Sequence[int], max_rows: int = 1) -> None:
+    """Run one prefill per length, then one decode step per row count (engine thread).
 
     Each prefill is a token-id batch of shape ``(1, L)`` (zeros, ``uint32``)
     on a fresh mlx-lm KV cache (``make_prompt_cache``), evaluated as the lanes
     evaluate a prefill chunk (the cache state only, as ``generate_step`` does).
     The decode step feeds one token on the last length's cache and evaluates
     the last position's log-probabilities and their argmax, as
-    ``generate_step``'s ``_step`` does. Everything runs on mlx-lm's
-    ``generation_stream`` and is freed afterwards (``mx.clear_cache``). No
-    prompt cache, random state or request is touched, so the lanes produce
-    exactly what they would without it.
+    ``generate_step``'s ``_step`` does. Then, for each row count ``B`` from 2
+    to ``max_rows``, a ``(B, 1)`` decode step runs on the batch cache mlx-lm's
+    ``BatchGenerator`` would build from ``B`` rows (each layer's ``merge`` of
+    ``B`` copies of a 16-token cache: short, so the warm-up's memory stays
+    small). Everything runs on mlx-lm's ``generation_stream`` and is freed
+    afterwards (``mx.clear_cache``). No prompt cache, random state or request
+    is touched, so the lanes produce exactly what they would without it.
 
     Args:
         model: the mlx-lm model (called as ``model(tokens, cache=cache)``).
         lengths (Sequence[int]): prefill lengths in tokens, each >= 1.
+        max_rows (int): the most rows the batched lane decodes at once
+            (``--batch``); 1 warms no batched step. Default: ``1``.
     """
     import mlx.core as mx
 
     try:
         _run_passes(model, lengths)
+        _run_batched_steps(model, max_rows)
     finally:  # the passes' arrays are gone by now: return their buffers
         mx.clear_cache()
+
+
+def _decode_step(model: Any, rows: int, cache: list[Any]) -> None:
+    import mlx.core as mx
+
+    logits = model(mx.zeros((rows, 1), dtype=mx.uint32), cache=cache)[:, -1, :]
+    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    mx.eval(mx.argmax(logprobs, axis=-1), logprobs)
 
 
 def _run_passes(model: Any, lengths: Sequence[int]) -> None:
@@ -87,13 +109,27 @@ def _run_passes(model: Any, lengths: Sequence[int]) -> None:
             model(mx.zeros((1, length), dtype=mx.uint32), cache=cache)
             mx.eval([c.state for c in cache])
         if cache:
-            logits = model(mx.zeros((1, 1), dtype=mx.uint32), cache=cache)[:, -1, :]
-            logprobs = logits - mx.logsumexp(logits, keepdims=True)
-            mx.eval(mx.argmax(logprobs, axis=-1), logprobs)
+            _decode_step(model, 1, cache)
 
 
-def warm_up_engine(model: Any, context_window: int, prefill_step: int) -> None:
-    """Warm the prefill lengths of :func:`warmup_lengths` and log the time it took.
+def _run_batched_steps(model: Any, max_rows: int) -> None:
+    import mlx.core as mx
+    from mlx_lm.generate import generation_stream
+    from mlx_lm.models.cache import make_prompt_cache
+
+    if max_rows < 2:
+        return
+    with mx.stream(generation_stream):
+        row = make_prompt_cache(model)
+        model(mx.zeros((1, BATCH_ROW_TOKENS), dtype=mx.uint32), cache=row)
+        mx.eval([c.state for c in row])
+        for rows in range(2, max_rows + 1):
+            _decode_step(model, rows, [c.merge([c] * rows) for c in row])
+
+
+def warm_up_engine(model: Any, context_window: int, prefill_step: int, max_rows: int = 1) -> None:
+    """Warm the prefill lengths of :func:`warmup_lengths` and the decode steps of
+    1 to ``max_rows`` rows, and log the time it took.
 
     A failure is logged and swallowed: the warm-up only saves later requests
     time, so the engine serves without it rather than not at all.
@@ -102,17 +138,19 @@ def warm_up_engine(model: Any, context_window: int, prefill_step: int) -> None:
         model: the mlx-lm model.
         context_window (int): the model's prompt + completion limit, tokens.
         prefill_step (int): prompt tokens per prefill chunk of the lanes.
+        max_rows (int): the batched lane's row cap (``--batch``). Default: ``1``.
     """
     lengths = warmup_lengths(context_window, prefill_step)
     start = time.perf_counter()
     try:
-        warm_up(model, lengths)
+        warm_up(model, lengths, max_rows)
     except Exception:
         log.exception("warm-up failed; serving without it")
         return
     log.info(
-        "warm-up: %d prefill lengths (%s tokens) and a decode step in %.2f s",
+        "warm-up: %d prefill lengths (%s tokens) and decode steps of 1 to %d rows in %.2f s",
         len(lengths),
         ", ".join(map(str, lengths)),
+        max_rows,
         time.perf_counter() - start,
     )

@@ -127,15 +127,21 @@ async def get_fit() -> dict[str, Any]:
     """How the model fits this machine and the decode rate it predicts
     (reference ``GET /fit``; the Apple SKU matrix does not apply off macOS)."""
     engine = current_engine()
-    # The bandwidth probe takes ~0.1 s the first time: off the event loop.
-    bandwidth = await asyncio.to_thread(machine.bandwidth_gbs)
+    gpu = machine.gpu()
+    # The bandwidth probes take ~0.1 s the first time: off the event loop. A GPU
+    # decodes from its own memory, measured with MLX where MLX work runs.
+    if gpu is not None:
+        bandwidth = await engine.run_exclusive(machine.device_bandwidth_gbs)
+        source = "device memory copy (MLX on the GPU)"
+    else:
+        bandwidth = await asyncio.to_thread(machine.bandwidth_gbs)
+        source = "host memory copy (NumPy, one thread)"
     memory, usable = engine.memory, _usable_bytes(engine)
     context = _max_safe_context(engine, usable)
     typical = min(TYPICAL_CONTEXT, context)
     kv_bytes = memory.kv_bytes_per_token * context
     transient = memory.transient_bytes(usable)
     total, available = machine.memory()
-    gpu = machine.gpu()
     return {
         "machine": {
             "cpu": machine.cpu_model(),
@@ -143,7 +149,7 @@ async def get_fit() -> dict[str, Any]:
             "ram_bytes": total,
             "available_bytes": available,
             "bandwidth_gbs": round(bandwidth, 2),
-            "bandwidth_source": "host memory copy (NumPy, one thread)",
+            "bandwidth_source": source,
             "gpu": None if gpu is None else gpu.__dict__.copy(),
         },
         "device": "gpu" if gpu is not None else "cpu",
