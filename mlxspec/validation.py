@@ -32,7 +32,7 @@ from typing import Any
 
 import jsonschema
 from connexion.validators import JSONRequestBodyValidator, JSONResponseBodyValidator
-from jsonschema.exceptions import ValidationError, best_match
+from jsonschema.exceptions import ValidationError, best_match, relevance
 
 from .errors import ApiError
 
@@ -286,10 +286,26 @@ class RequestBodyValidator(JSONRequestBodyValidator):
     def _validate(self, body: Any) -> dict | None:
         if body is None:
             raise ApiError("invalid_request", "request body is required")
-        error = best_match(validator_for(self._schema).iter_errors(body))
+        error = best_match(validator_for(self._schema).iter_errors(body), key=first_relevance)
         if error is not None:
             raise error_for(error, self._schema.get("x-mlxspec-param-style") == "dotted")
         return None
+
+
+def first_relevance(error: ValidationError) -> tuple:
+    """jsonschema's ``relevance`` key for ``best_match`` without its comparison of
+    sibling paths: with ``max`` it picks the *last* bad member (``prompt[1]`` of
+    ``[1.5, 2]``), so ties now go to the first error found, the instance's first
+    bad member. Deeper errors and stronger keywords still win (jsonschema's rules).
+
+    Args:
+        error (ValidationError): one of the errors ``iter_errors`` yields.
+
+    Returns:
+        tuple: the sort key ``best_match`` maximises.
+    """
+    depth, _, *rest = relevance(error)
+    return (depth, *rest)
 
 
 class ResponseBodyValidator(JSONResponseBodyValidator):

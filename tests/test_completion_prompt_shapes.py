@@ -115,6 +115,11 @@ def test_n_choices_on_a_token_id_prompt(sdk, tiny_engine) -> None:
         ([True], SHAPE, "prompt[0]"),
         ([["a"]], SHAPE, "prompt[0][0]"),
         (["a", 5], SHAPE, "prompt[1]"),
+        # the first bad member is named, not the last (jsonschema's best_match picked
+        # prompt[1] here: a fresh user saw it)
+        ([1.5, 2], SHAPE, "prompt[0]"),
+        ([True, False], SHAPE, "prompt[0]"),
+        ([-1, -2], NEGATIVE, "prompt[0]"),
         (5, SHAPE, "prompt"),
         ({"text": "a"}, SHAPE, "prompt"),
     ],
