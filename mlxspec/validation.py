@@ -137,7 +137,8 @@ def parse_json_body(raw: bytes) -> Any:
     Raises:
         ApiError: ``invalid_json`` with the message ``invalid JSON body``
             (``invalid JSON body: unpaired UTF-16 surrogate`` and ``invalid JSON
-            body: number out of range`` for the above).
+            body: number out of range`` for the above, ``invalid JSON body: nested
+            too deeply`` past Python's recursion limit).
     """
     if not raw.strip():
         return None
@@ -150,8 +151,9 @@ def parse_json_body(raw: bytes) -> Any:
         )
     except _OutOfRange as exc:
         raise ApiError("invalid_json", "invalid JSON body: number out of range") from exc
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-        # RecursionError: nesting deeper than Python's recursion limit.
+    except RecursionError as exc:  # valid JSON, deeper than Python's parser can follow
+        raise ApiError("invalid_json", "invalid JSON body: nested too deeply") from exc
+    except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError("invalid_json", "invalid JSON body") from exc
     if _SURROGATE_ESCAPE.search(raw):
         try:
