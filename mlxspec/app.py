@@ -126,10 +126,12 @@ def _unexpected(req: ConnexionRequest, exc: Exception) -> ConnexionResponse:
 
 class _WithEngine:
     """ASGI wrapper: puts the engine, config, metrics and Responses store (one
-    per app) into ``scope["state"]``, reads a POST body sent without
-    ``Content-Type`` as JSON, the only type the API takes (curl users often
-    omit the header; mlx_lm.server ignores it), and ignores ``Content-Type`` on
-    GET/HEAD, which carry no body (Connexion would otherwise try to parse a form)."""
+    per app) into ``scope["state"]``, reads each POST body whole (up to
+    ``--max-body-bytes``) and normalises its headers (:func:`_post_headers`: a
+    body sent without ``Content-Type`` is JSON, the only type the API takes, as
+    curl users often omit the header and mlx_lm.server ignores it), and ignores
+    ``Content-Type`` on GET/HEAD, which carry no body (Connexion would otherwise
+    try to parse a form)."""
 
     def __init__(self, app: Any, engine: Any, config: Any, metrics: Metrics) -> None:
         self.app, self.engine, self.config, self.metrics = app, engine, config, metrics
@@ -143,9 +145,7 @@ class _WithEngine:
             state["response_store"] = self.response_store
             headers = scope.get("headers", [])
             method = scope.get("method")
-            if method == "POST" and not any(k == b"content-type" for k, _ in headers):
-                scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
-            elif method in ("GET", "HEAD"):
+            if method in ("GET", "HEAD"):
                 kept = [(k, v) for k, v in headers if k != b"content-type"]
                 scope = {**scope, "headers": kept}
             if method == "POST":
@@ -154,8 +154,43 @@ class _WithEngine:
                 if body is None:
                     await _too_large(scope, send, limit)
                     return
+                scope = {**scope, "headers": _post_headers(headers, len(body))}
                 receive = _replay(body, receive)
         await self.app(scope, receive, send)
+
+
+def _post_headers(headers: list[tuple[bytes, bytes]], length: int) -> list[tuple[bytes, bytes]]:
+    """A POST's headers as Connexion needs them once the body has been read.
+
+    - ``Content-Type`` is normalised: media types are case-insensitive and
+      whitespace around ``;`` is allowed (RFC 9110 section 8.3.1), but
+      Connexion's validator map matches ``*/*json`` case-sensitively and skips
+      validation for ``application/JSON`` (the handler then got raw bytes: a
+      500), and it refuses ``application/json ; charset=utf-8``. Absent, it is
+      ``application/json``, the only type the API takes.
+    - ``Content-Length`` is the body's length and ``Transfer-Encoding`` is
+      dropped: the body is whole now, and Connexion takes a request without a
+      length for one without a body (a chunked upload was "request body is
+      required").
+
+    Args:
+        headers (list[tuple[bytes, bytes]]): the ASGI scope's raw headers.
+        length (int): bytes of the body read.
+
+    Returns:
+        list[tuple[bytes, bytes]]: the headers to pass on.
+    """
+    out, media = [], b"application/json"
+    seen_type = False
+    for key, value in headers:
+        if key == b"content-type" and not seen_type:
+            seen_type = True
+            kind, _, params = value.partition(b";")
+            parts = [kind.strip().lower()] + [p.strip() for p in params.split(b";") if p.strip()]
+            media = b"; ".join(parts)
+        elif key not in (b"content-type", b"content-length", b"transfer-encoding"):
+            out.append((key, value))
+    return [*out, (b"content-type", media), (b"content-length", str(length).encode())]
 
 
 async def _read_capped(receive: Receive, limit: int | None) -> bytes | None:
