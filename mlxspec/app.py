@@ -15,6 +15,8 @@ checked by Connexion's security middleware (:mod:`mlxspec.security`).
 from __future__ import annotations
 
 import logging
+import re
+from collections.abc import Callable
 from typing import Any
 
 import connexion
@@ -117,6 +119,57 @@ def _problem(req: ConnexionRequest, exc: Exception) -> ConnexionResponse:
     status = getattr(exc, "status", None) or getattr(exc, "status_code", 500)
     detail = getattr(exc, "detail", None) or getattr(exc, "title", None)
     return _render(_from_status(int(status), detail, getattr(exc, "headers", None)), req)
+
+
+#: The order methods are listed in an ``Allow`` header.
+_METHOD_ORDER = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+def allowed_methods(spec: dict[str, Any]) -> Callable[[str], str | None]:
+    """A function from a request path to the ``Allow`` header of its resource:
+    every method the document declares on the path templates that match it,
+    ``HEAD`` with ``GET`` (Starlette answers it), in :data:`_METHOD_ORDER`.
+
+    Starlette builds a 405's ``Allow`` from the first route whose path matched,
+    and Connexion adds one route per operation, so ``PUT /v1/responses/{id}``
+    listed ``HEAD, GET`` and left out ``DELETE``; RFC 9110 section 15.5.6 asks for
+    the methods the resource supports.
+
+    Args:
+        spec (dict): the served OpenAPI document.
+
+    Returns:
+        Callable[[str], str | None]: the header value, ``None`` for no match.
+    """
+    routes = []
+    for template, item in spec.get("paths", {}).items():
+        pattern = re.escape(template)
+        pattern = re.sub(r"\\\{[^/]+?\\\}", "[^/]+", pattern)
+        methods = {m.upper() for m in item if m.upper() in _METHOD_ORDER}
+        if "GET" in methods:
+            methods.add("HEAD")
+        routes.append((re.compile(pattern + r"\Z"), methods))
+
+    def allow(path: str) -> str | None:
+        found = set().union(*(m for rx, m in routes if rx.match(path)))
+        return ", ".join(m for m in _METHOD_ORDER if m in found) or None
+
+    return allow
+
+
+def _problem_handler(
+    allow: Callable[[str], str | None],
+) -> Callable[[ConnexionRequest, Exception], ConnexionResponse]:
+    """:func:`_problem`, a 405's ``Allow`` taken from the document (:func:`allowed_methods`)."""
+
+    def handle(req: ConnexionRequest, exc: Exception) -> ConnexionResponse:
+        if getattr(exc, "status_code", None) == 405 or getattr(exc, "status", None) == 405:
+            methods = allow(req.url.path)
+            if methods:
+                exc.headers = {**(getattr(exc, "headers", None) or {}), "Allow": methods}
+        return _problem(req, exc)
+
+    return handle
 
 
 def _unexpected(req: ConnexionRequest, exc: Exception) -> ConnexionResponse:
@@ -271,10 +324,11 @@ def create_app(engine: Any, config: Any = None, *, validate_responses: bool = Fa
     app.add_error_handler(ApiError, _api_error)
     app.add_error_handler(EngineRequestError, _engine_error)
     app.add_error_handler(QueueFullError, _queue_full)
-    app.add_error_handler(404, _problem)
-    app.add_error_handler(405, _problem)
-    app.add_error_handler(ProblemException, _problem)
-    app.add_error_handler(HTTPException, _problem)
+    problem = _problem_handler(allowed_methods(spec))
+    app.add_error_handler(404, problem)
+    app.add_error_handler(405, problem)
+    app.add_error_handler(ProblemException, problem)
+    app.add_error_handler(HTTPException, problem)
     app.add_error_handler(Exception, _unexpected)
     metrics = Metrics(engine)
     asgi: Any = _WithEngine(app, engine, config, metrics)

@@ -101,3 +101,34 @@ def test_a_non_json_type_is_still_415(client: httpx.Client) -> None:
     raw = json.dumps(_body(CHAT[1])).encode()
     r = client.post(CHAT[0], content=raw, headers={"content-type": "Text/Plain"})
     assert r.status_code == 415
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "allow"),
+    [
+        ("PUT", "/v1/responses/resp_x", "GET, HEAD, DELETE"),
+        ("PATCH", "/v1/responses/resp_x", "GET, HEAD, DELETE"),
+        ("POST", "/v1/responses/resp_x", "GET, HEAD, DELETE"),
+        ("PUT", "/health", "GET, HEAD"),
+        ("GET", "/v1/chat/completions", "POST"),
+        ("DELETE", "/v1/models/some-model", "GET, HEAD"),
+    ],
+)
+def test_a_405_allows_every_method_of_the_resource(
+    client: httpx.Client, method: str, path: str, allow: str
+) -> None:
+    r = client.request(method, path)
+    assert r.status_code == 405
+    assert r.headers["allow"] == allow
+    assert r.json()["error"]["message"] == "method not allowed"
+
+
+def test_allowed_methods_follow_the_document() -> None:
+    from mlxspec.app import allowed_methods
+
+    spec = {"paths": {"/a/{id}": {"get": {}, "delete": {}}, "/a/{id}/b": {"post": {}}}}
+    allow = allowed_methods(spec)
+    assert allow("/a/x") == "GET, HEAD, DELETE"
+    assert allow("/a/x/b") == "POST"
+    assert allow("/a/x/y") is None
+    assert allow("/a/") is None
