@@ -361,3 +361,20 @@ def test_text_format_stream_is_enforced_and_a_bad_schema_degrades(
     note = instruction(Constraint("json_schema", json.dumps(bad["schema"])))
     messages = [{"role": "system", "content": note}, {"role": "user", "content": "hi"}]
     assert r.json()["usage"]["input_tokens"] == prompt_tokens(tiny_engine, messages)
+
+
+@pytest.mark.parametrize("path", ["/v1/responses", "/v1/chat/completions"])
+def test_an_empty_conversation_is_a_clear_400(client: httpx.Client, path: str) -> None:
+    # the template's own words ("Cannot apply chat template to an empty conversation")
+    # used to reach the client after "prompt build failed:"
+    body = {"input": []} if path == "/v1/responses" else {"messages": []}
+    r = client.post(path, json={**body, "max_tokens": 2} if "chat" in path else body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    if path == "/v1/responses":
+        assert (error["message"], error["param"]) == (
+            "the conversation is empty: send at least one message",
+            "input",
+        )
+    else:  # the document refuses an empty messages array before any template runs
+        assert error["param"] == "messages"

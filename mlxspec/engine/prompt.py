@@ -152,11 +152,14 @@ def render_chat(
         list[int]: prompt token ids.
 
     Raises:
-        PromptError: the model has no chat template, the template failed or
-            rendered nothing (a model cannot continue an empty prompt).
+        PromptError: the model has no chat template, ``messages`` is empty, the
+            template failed or rendered nothing (a model cannot continue an
+            empty prompt).
     """
     if not getattr(tokenizer, "chat_template", None):
         raise PromptError("model has no chat template; use /v1/completions", param="messages")
+    if not messages:  # e.g. a Responses body with `input: []` (templates raise their own words)
+        raise PromptError("the conversation is empty: send at least one message", param="messages")
     if not template_renders_tools(tokenizer.chat_template):
         # The template knows no tools: calls and results in the history become
         # text in the syntax the tool instruction teaches.
