@@ -378,6 +378,33 @@ OPENAI_ERRORS = [
         "input: must contain 1–9007199254740991 entries",
     ),
     (
+        {"model": "m", "input": None, "questions": [QUESTION]},
+        "input",
+        "input: must contain 1–9007199254740991 entries",
+    ),
+    (
+        {"model": "m", "input": [], "questions": [QUESTION]},
+        "input",
+        "input: must contain 1–9007199254740991 entries",
+    ),
+    # a bad member of the array is named by its own message, as the reference does
+    # (a fresh user got the array's "must contain" message for ["a", "b"])
+    (
+        {"model": "m", "input": ["a", "b"], "questions": [QUESTION]},
+        "input.0",
+        "input.0: must be an object",
+    ),
+    (
+        {"model": "m", "input": [{"role": "assistant", "content": "x"}], "questions": [QUESTION]},
+        "input.0.role",  # the reference names input.0
+        "input.0.role: must be a user message",
+    ),
+    (
+        {"model": "m", "input": [{"role": "user", "content": []}], "questions": [QUESTION]},
+        "input.0.content",
+        "input.0.content: must contain 1–9007199254740991 entries",
+    ),
+    (
         {"model": "m", "input": "x", "questions": []},
         "questions",
         "questions: must contain 1–200 entries",
