@@ -82,6 +82,9 @@ def _from_status(status: int, detail: Any, headers: Any = None) -> ApiError:
         )
     messages = {"not_found": "not found", "method_not_allowed": "method not allowed"}
     message = messages.get(kind) or str(detail or kind.replace("_", " "))
+    # Connexion's parameter validation passes jsonschema's whole report (the failing
+    # schema and instance after a blank line): the first line is the message.
+    message = message.split("\n\nFailed validating", 1)[0]
     allow = (headers or {}).get("Allow") if kind == "method_not_allowed" else None
     if kind == "unauthorized":  # RFC 6750 section 3: name the scheme to use
         return ApiError(kind, message, headers={"WWW-Authenticate": "Bearer"})

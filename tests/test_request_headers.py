@@ -132,3 +132,21 @@ def test_allowed_methods_follow_the_document() -> None:
     assert allow("/a/x/b") == "POST"
     assert allow("/a/x/y") is None
     assert allow("/a/") is None
+
+
+def test_an_empty_model_id_is_a_404(client: httpx.Client) -> None:
+    r = client.get("/v1/models/")  # the document's 400 dumped jsonschema's report here
+    assert r.status_code == 404
+    assert r.json()["error"] == {
+        "message": "model '' not found",
+        "type": "not_found_error",
+        "param": "model_id",
+        "code": None,
+    }
+
+
+def test_a_parameter_error_keeps_only_the_first_line_of_jsonschemas_report() -> None:
+    from mlxspec.app import _from_status
+
+    detail = "'' should be non-empty\n\nFailed validating 'minLength' in schema:\n    {}"
+    assert _from_status(400, detail).message == "'' should be non-empty"
