@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from asgi_scope import chat_post_scope
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
@@ -163,24 +164,7 @@ def servers(builds: dict[str, Path], model_dir: Path, logs: Path):
 
 async def _asgi_request(app: Any, body: bytes) -> bytes:
     """One ``POST /v1/chat/completions`` through an ASGI app; the response body."""
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": "/v1/chat/completions",
-        "raw_path": b"/v1/chat/completions",
-        "root_path": "",
-        "query_string": b"",
-        "headers": [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-            (b"host", b"bench"),
-        ],
-        "client": ("127.0.0.1", 1),
-        "server": ("127.0.0.1", 80),
-    }
+    scope = chat_post_scope(len(body))
     sent, done, out = False, asyncio.Event(), []
 
     async def receive() -> dict:

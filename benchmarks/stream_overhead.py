@@ -50,6 +50,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from asgi_scope import chat_post_scope
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
@@ -131,24 +133,7 @@ async def asgi_once(app, body: dict) -> tuple[float, float, float]:
     """One streamed request through the ASGI app in process; (wall, process
     CPU, loop CPU) µs per token."""
     payload = json.dumps(body).encode()
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": "/v1/chat/completions",
-        "raw_path": b"/v1/chat/completions",
-        "root_path": "",
-        "query_string": b"",
-        "headers": [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(payload)).encode()),
-            (b"host", b"bench"),
-        ],
-        "client": ("127.0.0.1", 1),
-        "server": ("127.0.0.1", 80),
-    }
+    scope = chat_post_scope(len(payload))
     sent = False
     done = asyncio.Event()
 
