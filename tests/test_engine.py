@@ -197,13 +197,13 @@ def test_a_vanishing_temperature_samples_greedily(temperature: float) -> None:
 def test_prefill_chunks_are_128_tokens_on_the_cpu_and_512_on_a_gpu(tiny_engine, monkeypatch):
     import mlx.core as mx
 
-    from mlxspec.engine import generator
+    from mlxspec.engine import lanes
 
     assert tiny_engine.lane_parts.prefill_step == 128  # this CPU
-    assert generator.default_prefill_step() == generator.CPU_PREFILL_STEP == 128
+    assert lanes.default_prefill_step() == lanes.CPU_PREFILL_STEP == 128
 
     class Gpu:
         type = mx.gpu
 
     monkeypatch.setattr(mx, "default_device", lambda: Gpu())
-    assert generator.default_prefill_step() == generator.PREFILL_STEP == 512
+    assert lanes.default_prefill_step() == lanes.PREFILL_STEP == 512

@@ -36,7 +36,7 @@ from .cpu_weights import CpuWeights, apply_cpu_weights
 from .fit import ModelMemory, model_memory
 from .grammar import GrammarCache
 from .handles import ExclusiveJob, RequestHandle, coalesced_wakeups
-from .lanes import LaneParts
+from .lanes import LaneParts, default_prefill_step
 from .loader import read_model_info
 from .prompt import encode_text, normalize_messages, quiet_length_warning, render_chat
 from .prompt_cache import DEFAULT_PROMPT_CACHE_BYTES, CacheNamespace, PromptCache
@@ -48,22 +48,6 @@ from .warmup import warm_up_engine
 
 log = logging.getLogger("mlxspec.engine")
 T = TypeVar("T")
-
-#: Prompt tokens per prefill chunk on a GPU. Cancellation is noticed between
-#: chunks, so a smaller chunk frees the engine sooner when a client leaves mid-prefill.
-PREFILL_STEP = 512
-#: Prompt tokens per prefill chunk on the CPU. A CPU prefills at the same rate in
-#: chunks of 128 as of 512 (embedded SmolLM2 with MKL on 2 cores: 2000 tokens in
-#: 23.3 s against 25.0 s), while a batched chunk of 8 prompts x 512 tokens took
-#: ~30 s, the time a client that left mid-prefill kept its slot and the queue waited.
-CPU_PREFILL_STEP = 128
-
-
-def default_prefill_step() -> int:
-    """:data:`PREFILL_STEP` when MLX runs on a GPU, else :data:`CPU_PREFILL_STEP`."""
-    import mlx.core as mx
-
-    return PREFILL_STEP if mx.default_device().type == mx.gpu else CPU_PREFILL_STEP
 
 
 #: Started engines, joined at interpreter exit: an engine thread still inside
@@ -94,7 +78,7 @@ class Engine:
         grammar (bool): enforce constraints (structured output); ``False``
             (``MLXSPEC_GRAMMAR=0``) reports every one as not enforced. Default: ``True``.
         prefill_step (int | None): prompt tokens per prefill chunk. Default:
-            ``None`` (:func:`default_prefill_step`).
+            ``None`` (:func:`~.lanes.default_prefill_step`).
         warmup (bool | None): run each prefill length a prompt-cache hit can
             take once on the engine thread before the first request
             (:mod:`.warmup`); ``None`` warms when the prompt cache is on and

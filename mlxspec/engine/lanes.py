@@ -1,4 +1,5 @@
-"""What the engine's lanes share: the model's parts and the hand-over of a running request.
+"""What the engine's lanes share: the model's parts, the prefill chunk size and the
+hand-over of a running request.
 
 :class:`LaneParts` is what both lanes need to start a request (model,
 tokenizer, stop tokens, prompt cache, grammar compiler). :class:`Handoff` is a
@@ -21,6 +22,22 @@ from .prompt_cache import CacheNamespace, PromptCache
 from .rows import Row
 
 log = logging.getLogger("mlxspec.engine")
+
+#: Prompt tokens per prefill chunk on a GPU. Cancellation is noticed between
+#: chunks, so a smaller chunk frees the engine sooner when a client leaves mid-prefill.
+PREFILL_STEP = 512
+#: Prompt tokens per prefill chunk on the CPU. A CPU prefills at the same rate in
+#: chunks of 128 as of 512 (embedded SmolLM2 with MKL on 2 cores: 2000 tokens in
+#: 23.3 s against 25.0 s), while a batched chunk of 8 prompts x 512 tokens took
+#: ~30 s, the time a client that left mid-prefill kept its slot and the queue waited.
+CPU_PREFILL_STEP = 128
+
+
+def default_prefill_step() -> int:
+    """:data:`PREFILL_STEP` when MLX runs on a GPU, else :data:`CPU_PREFILL_STEP`."""
+    import mlx.core as mx
+
+    return PREFILL_STEP if mx.default_device().type == mx.gpu else CPU_PREFILL_STEP
 
 
 @dataclass(frozen=True)
