@@ -26,8 +26,8 @@ def merge_runs(runs: list[dict]) -> dict:
     """One server's repeated runs -> one result: each level is its median run by
     aggregate tokens/s (the lower middle one for an even count), with every
     run's tokens/s kept in ``tok_per_s_runs``; the multi-turn result is the first run's;
-    each run's engine step times (mlxspec's ``GET /stats`` ``batch.steps``) are kept in
-    ``engine_steps_runs``."""
+    each run's engine step times (mlxspec's ``GET /stats`` ``batch.steps`` and
+    ``batch.solo_steps``) are kept in ``engine_steps_runs`` and ``engine_solo_steps_runs``."""
     levels = []
     for i, first in enumerate(runs[0]["levels"]):
         same = sorted((r["levels"][i] for r in runs), key=lambda lv: lv["tok_per_s"])
@@ -38,8 +38,9 @@ def merge_runs(runs: list[dict]) -> dict:
         assert mid["concurrency"] == first["concurrency"]
         levels.append(mid)
     merged = {"levels": levels, "multi_turn": runs[0]["multi_turn"]}
-    if any(r.get("engine_steps") for r in runs):  # mlxspec's GET /stats batch.steps per run
-        merged["engine_steps_runs"] = [r.get("engine_steps") for r in runs]
+    for key in ("engine_steps", "engine_solo_steps"):  # mlxspec's GET /stats step times
+        if any(r.get(key) for r in runs):
+            merged[f"{key}_runs"] = [r.get(key) for r in runs]
     if runs[0].get("fit"):  # mlxspec's GET /fit after its first run
         merged["fit"] = runs[0]["fit"]
     return merged
@@ -91,13 +92,14 @@ def summarise(report: dict) -> None:
             )
         if data.get("multi_turn"):
             print(f"{kind:8} {multi_turn_line(data['multi_turn'])}")
-        for steps in data.get("engine_steps_runs") or ():
-            if steps and steps["steps"]:
-                print(
-                    f"{kind:8} batched steps {steps['steps']}: {steps['mean_rows']:.1f} rows, "
-                    f"model {steps['generate_ms_mean']:.2f} ms + routing "
-                    f"{steps['route_ms_mean']:.2f} ms per step"
-                )
+        for key, what in (("engine_steps_runs", "batched"), ("engine_solo_steps_runs", "solo")):
+            for steps in data.get(key) or ():
+                if steps and steps["steps"]:
+                    print(
+                        f"{kind:8} {what} steps {steps['steps']}: {steps['mean_rows']:.1f} rows, "
+                        f"model {steps['generate_ms_mean']:.2f} ms + routing "
+                        f"{steps['route_ms_mean']:.2f} ms per step"
+                    )
     if {"mlxspec", "mlxspec-nocache"} <= servers.keys():
         cached = servers["mlxspec"]["multi_turn"]["turns"]
         fresh = servers["mlxspec-nocache"]["multi_turn"]["turns"]

@@ -446,11 +446,18 @@ def measure_server(
         if with_turns:
             prompt = build_prompt(tokenizer, args.prompt_tokens[-1], 999)
             turns = asyncio.run(multi_turn(base, prompt, args.max_tokens, bias, args.turns))
-        steps = fit = None
+        steps = solo = fit = None
         if kind.startswith("mlxspec"):  # the engine's own per-step times, and its /fit
-            steps = httpx.get(f"{base}/stats", timeout=30).json()["batch"]["steps"]
+            batch = httpx.get(f"{base}/stats", timeout=30).json()["batch"]
+            steps, solo = batch["steps"], batch["solo_steps"]
             fit = httpx.get(f"{base}/fit", timeout=60).json()
-        return {"levels": levels, "multi_turn": turns, "engine_steps": steps, "fit": fit}
+        return {
+            "levels": levels,
+            "multi_turn": turns,
+            "engine_steps": steps,
+            "engine_solo_steps": solo,
+            "fit": fit,
+        }
     finally:
         proc.terminate()
         proc.wait(30)

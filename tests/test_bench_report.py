@@ -159,15 +159,17 @@ def test_merged_levels_keep_every_runs_decode_rate():
 def test_engine_step_times_of_each_run_are_kept_and_printed(capsys):
     report = json.loads(OLD_RESULT.read_text())
     steps = {"steps": 900, "mean_rows": 7.5, "generate_ms_mean": 8.25, "route_ms_mean": 0.5}
+    solo = {"steps": 60, "mean_rows": 1.0, "generate_ms_mean": 2.5, "route_ms_mean": 0.25}
+    levels = report["servers"]["mlxspec"]["levels"]
     runs = [
-        {"levels": report["servers"]["mlxspec"]["levels"], "multi_turn": None, "engine_steps": s}
-        for s in (steps, None)
+        {"levels": levels, "multi_turn": None, "engine_steps": s, "engine_solo_steps": o}
+        for s, o in ((steps, solo), (None, None))
     ]
     merged = bench_report.merge_runs(runs)
     assert merged["engine_steps_runs"] == [steps, None]
+    assert merged["engine_solo_steps_runs"] == [solo, None]
     report["servers"]["mlxspec"] = merged
     bench_report.summarise(report)
-    assert (
-        "mlxspec  batched steps 900: 7.5 rows, model 8.25 ms + routing 0.50 ms per step"
-        in capsys.readouterr().out
-    )
+    out = capsys.readouterr().out
+    assert "mlxspec  batched steps 900: 7.5 rows, model 8.25 ms + routing 0.50 ms per step" in out
+    assert "mlxspec  solo steps 60: 1.0 rows, model 2.50 ms + routing 0.25 ms per step" in out

@@ -314,7 +314,7 @@ def test_stats_counters_move(tiny_engine: Any, tiny_app: Any) -> None:
         "started_at": tiny_engine.info.created,
         "uptime_s": 0,
     }
-    assert after["batch"] | {"submitted_rows": 0, "steps": None} == {
+    assert after["batch"] | {"submitted_rows": 0, "steps": None, "solo_steps": None} == {
         "configured": 8,
         "mode": "batch",
         "batched": True,
@@ -322,6 +322,7 @@ def test_stats_counters_move(tiny_engine: Any, tiny_app: Any) -> None:
         "pending_rows": 0,
         "submitted_rows": 0,
         "steps": None,
+        "solo_steps": None,
     }
     assert after["kv_quant"] == {"mode": "off", "dtype": "float32", "layers": {"float32": 2}}
     assert after["admission"]["enforced_context_tokens"] is None
@@ -344,6 +345,23 @@ def test_stats_step_times_count_the_batched_steps(tiny_engine: Any, tiny_app: An
     assert 12 <= round(rows) <= 18
     assert after["steps"] - before["steps"] >= 6
     assert after["generate_ms_mean"] > 0 and after["route_ms_mean"] > 0
+
+
+def test_stats_solo_steps_count_a_lone_requests_decode_steps(tiny_app: Any) -> None:
+    body = {"prompt": "hello", "max_tokens": 5, "logit_bias": NO_EOS}
+
+    async def go(c: httpx.AsyncClient) -> tuple[dict, dict, dict]:
+        before = (await c.get("/stats")).json()["batch"]
+        answer = (await c.post("/v1/completions", json=body)).json()
+        return before, answer, (await c.get("/stats")).json()["batch"]
+
+    before, answer, after = call(tiny_app, go)
+    assert answer["usage"]["completion_tokens"] == 5
+    # alone, the request decodes on generate_step: one step per token, none batched
+    assert after["solo_steps"]["steps"] - before["solo_steps"]["steps"] == 5
+    assert after["steps"]["steps"] == before["steps"]["steps"]
+    assert after["solo_steps"]["mean_rows"] == 1.0
+    assert after["solo_steps"]["generate_ms_mean"] > 0 and after["solo_steps"]["route_ms_mean"] > 0
 
 
 def test_step_times_snapshot_is_per_step_means_in_milliseconds() -> None:

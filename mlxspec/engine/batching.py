@@ -17,52 +17,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .handles import flush_wakeups
-from .lanes import Handoff, LaneParts
+from .lanes import Handoff, LaneParts, StepTimes
 from .rows import Row
 from .sampling import build_logits_processors, build_sampler
 from .types import Failed
 
 if TYPE_CHECKING:
     from .generator import RequestHandle
-
-
-@dataclass
-class StepTimes:
-    """Where the batched lane's steps spend their time, since start (engine
-    thread writes, ``GET /stats`` reads).
-
-    A step is one ``BatchGenerator.next()`` call (a prefill chunk and/or one
-    decode step of every running row) plus routing its tokens to the requests
-    (detokenizing, stop strings, logprobs, events: :class:`~.rows.Row`).
-    Measured with ``time.perf_counter``, so a profiler that cannot see inside
-    MLX still shows whether the model or our per-token work takes the time.
-
-    Attributes:
-        steps (int): steps run.
-        rows (int): tokens routed (one per row that got a token in a step).
-        generate_s (float): seconds inside ``BatchGenerator.next()``.
-        route_s (float): seconds routing tokens and ending rows.
-    """
-
-    steps: int = 0
-    rows: int = 0
-    generate_s: float = 0.0
-    route_s: float = 0.0
-
-    def snapshot(self) -> dict[str, float | int]:
-        """``steps``, ``mean_rows`` per step, ``generate_ms_mean`` and
-        ``route_ms_mean`` per step (milliseconds; 0 before the first step)."""
-        n = max(self.steps, 1)
-        return {
-            "steps": self.steps,
-            "mean_rows": self.rows / n,
-            "generate_ms_mean": 1000 * self.generate_s / n,
-            "route_ms_mean": 1000 * self.route_s / n,
-        }
 
 
 class BatchLane:
@@ -183,11 +147,7 @@ class BatchLane:
         _, responses = self._gen.next()
         routed = time.perf_counter()
         self._route(responses)
-        times = self.times
-        times.steps += 1
-        times.rows += len(responses)
-        times.generate_s += routed - start
-        times.route_s += time.perf_counter() - routed
+        self.times.add(len(responses), routed - start, time.perf_counter() - routed)
 
     def _route(self, responses: list[Any]) -> None:
         """Hand each response's token to its row; remove the rows that ended."""

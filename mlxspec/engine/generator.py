@@ -31,12 +31,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from .admission import Admission, AdmissionLimits
-from .batching import BatchLane, StepTimes
+from .batching import BatchLane
 from .cpu_weights import CpuWeights, apply_cpu_weights
 from .fit import ModelMemory, model_memory
 from .grammar import GrammarCache
 from .handles import ExclusiveJob, RequestHandle, coalesced_wakeups
-from .lanes import LaneParts, default_prefill_step
+from .lanes import LaneParts, StepTimes, default_prefill_step
 from .loader import read_model_info
 from .prompt import encode_text, normalize_messages, quiet_length_warning, render_chat
 from .prompt_cache import DEFAULT_PROMPT_CACHE_BYTES, CacheNamespace, PromptCache
@@ -125,6 +125,8 @@ class Engine:
         self.handoffs = 0
         #: Batched-lane step times since start (``GET /stats`` ``batch.steps``).
         self.step_times = StepTimes()
+        #: Decode steps of requests running alone (``batch.solo_steps``).
+        self.solo_times = StepTimes()
         #: Whether :meth:`load` made the weights float32 for the CPU BLAS.
         self.cpu_weights: CpuWeights | None = None
         limits = limits or AdmissionLimits()
@@ -374,7 +376,9 @@ class Engine:
                 self._serial(handle)
             elif self._goes_solo(lane, handle):
                 budget = self._budget(handle.request)
-                solo = functools.partial(SoloRun, handle, self.lane_parts, budget, "batched")
+                solo = functools.partial(
+                    SoloRun, handle, self.lane_parts, budget, "batched", self.solo_times
+                )
                 self._solo = self._guard(handle, solo)
             else:
                 self._hand_over(lane)
@@ -438,7 +442,9 @@ class Engine:
 
     def _serial(self, handle: RequestHandle) -> None:
         """Run ``handle`` alone to its end (the batch and any lone request wait)."""
-        run = functools.partial(run_alone, handle, self.lane_parts, self._budget(handle.request))
+        run = functools.partial(
+            run_alone, handle, self.lane_parts, self._budget(handle.request), self.solo_times
+        )
         outcome = self._guard(handle, run)
         if outcome is not None:
             self._count(outcome)

@@ -40,6 +40,56 @@ def default_prefill_step() -> int:
     return PREFILL_STEP if mx.default_device().type == mx.gpu else CPU_PREFILL_STEP
 
 
+@dataclass
+class StepTimes:
+    """Where a lane's steps spend their time, since start (engine thread
+    writes, ``GET /stats`` reads).
+
+    A batched step is one ``BatchGenerator.next()`` call (a prefill chunk and/or
+    one decode step of every running row); a lone request's decode step is one
+    ``next()`` of its ``generate_step`` (:mod:`.solo`). Either is followed by
+    routing its tokens to the requests (detokenizing, stop strings, logprobs,
+    events: :class:`~.rows.Row`). Measured with ``time.perf_counter``, so a
+    profiler that cannot see inside MLX still shows whether the model or our
+    per-token work takes the time.
+
+    Attributes:
+        steps (int): steps run.
+        rows (int): tokens routed (one per row that got a token in a step).
+        generate_s (float): seconds in the model step (``next()``).
+        route_s (float): seconds routing tokens and ending rows.
+    """
+
+    steps: int = 0
+    rows: int = 0
+    generate_s: float = 0.0
+    route_s: float = 0.0
+
+    def snapshot(self) -> dict[str, float | int]:
+        """``steps``, ``mean_rows`` per step, ``generate_ms_mean`` and
+        ``route_ms_mean`` per step (milliseconds; 0 before the first step)."""
+        n = max(self.steps, 1)
+        return {
+            "steps": self.steps,
+            "mean_rows": self.rows / n,
+            "generate_ms_mean": 1000 * self.generate_s / n,
+            "route_ms_mean": 1000 * self.route_s / n,
+        }
+
+    def add(self, rows: int, generate_s: float, route_s: float) -> None:
+        """Count one step that handed out ``rows`` tokens.
+
+        Args:
+            rows (int): tokens routed in the step.
+            generate_s (float): seconds in the model step.
+            route_s (float): seconds routing its tokens.
+        """
+        self.steps += 1
+        self.rows += rows
+        self.generate_s += generate_s
+        self.route_s += route_s
+
+
 @dataclass(frozen=True)
 class LaneParts:
     """The engine's pieces a lane needs to run requests (engine thread only).

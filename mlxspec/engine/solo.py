@@ -23,9 +23,10 @@ so no forward pass is repeated or lost.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
-from .lanes import Handoff, LaneParts
+from .lanes import Handoff, LaneParts, StepTimes
 from .rows import Row
 from .sampling import build_logits_processors, build_sampler, penalty_window, with_history
 
@@ -55,13 +56,24 @@ class SoloRun:
         parts (LaneParts): model, tokenizer, caches of the engine.
         budget (int): tokens it may generate (>= 1).
         lane (str): reported in ``Finished`` (``"serial"`` or ``"batched"``).
+        times (StepTimes | None): where its decode steps are timed. Default:
+            ``None`` (its own).
     """
 
-    def __init__(self, handle: RequestHandle, parts: LaneParts, budget: int, lane: str) -> None:
+    def __init__(
+        self,
+        handle: RequestHandle,
+        parts: LaneParts,
+        budget: int,
+        lane: str,
+        times: StepTimes | None = None,
+    ) -> None:
         from mlx_lm.models.cache import make_prompt_cache
 
         req = handle.request
         self.handle, self._parts, self._budget = handle, parts, budget
+        #: Where this run's decode steps are timed (the engine's, for ``GET /stats``).
+        self.times = StepTimes() if times is None else times
         #: ``"completed"`` or ``"cancelled"`` once the request ended.
         self.outcome = "completed"
         grammar = None if parts.grammars is None else parts.grammars.for_request(req.constraint)
@@ -94,8 +106,11 @@ class SoloRun:
                     self._prefill_chunk()
                     return False
                 self._steps = self._start()
+            start = time.perf_counter()
             token, logprobs = next(self._steps)
+            stepped = time.perf_counter()
             ended = self._push(token, logprobs)
+            self.times.add(1, stepped - start, time.perf_counter() - stepped)
         except BaseException:
             self._close()
             raise
@@ -206,13 +221,16 @@ class SoloRun:
         self._parts.keep(self._tokens, self._cache, self.handle.request.session)
 
 
-def run_alone(handle: RequestHandle, parts: LaneParts, budget: int) -> str:
+def run_alone(
+    handle: RequestHandle, parts: LaneParts, budget: int, times: StepTimes | None = None
+) -> str:
     """Run one request to its end on the serial lane (seeded first if it has a seed).
 
     Args:
         handle (RequestHandle): the request.
         parts (LaneParts): the engine's parts.
         budget (int): tokens it may generate (>= 1).
+        times (StepTimes | None): where its decode steps are timed. Default: ``None``.
 
     Returns:
         str: ``"completed"`` or ``"cancelled"``.
@@ -221,7 +239,7 @@ def run_alone(handle: RequestHandle, parts: LaneParts, budget: int) -> str:
 
     if handle.request.sampling.seed is not None:
         mx.random.seed(handle.request.sampling.seed)
-    run = SoloRun(handle, parts, budget, lane="serial")
+    run = SoloRun(handle, parts, budget, lane="serial", times=times)
     while not run.step():
         pass
     return run.outcome

@@ -95,6 +95,7 @@ def _batch(engine: Any) -> dict[str, Any]:
         "pending_rows": adm.waiting(in_flight),
         "submitted_rows": engine.submitted,
         "steps": engine.step_times.snapshot(),
+        "solo_steps": engine.solo_times.snapshot(),
     }
 
 
