@@ -1,8 +1,11 @@
-"""The ASGI scope of one ``POST /v1/chat/completions`` with a JSON body, for the
-benchmarks that drive the app in process (``http_overhead.py``, ``stream_overhead.py``)."""
+"""The ASGI scope and ``receive`` of one ``POST /v1/chat/completions`` with a JSON
+body, for the benchmarks that drive the app in process (``http_overhead.py``,
+``stream_overhead.py``)."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 
@@ -33,3 +36,27 @@ def chat_post_scope(body_bytes: int) -> dict[str, Any]:
         "client": ("127.0.0.1", 1),
         "server": ("127.0.0.1", 80),
     }
+
+
+def one_body_receive(body: bytes) -> tuple[Callable[[], Awaitable[dict]], asyncio.Event]:
+    """An ASGI ``receive`` that hands over ``body`` in one message, then waits for
+    the returned event before reporting the client's disconnect (set it once the
+    app has answered, so a streaming response is not cut short).
+
+    Args:
+        body (bytes): the whole request body.
+
+    Returns:
+        tuple: ``(receive, done)``.
+    """
+    sent, done = False, asyncio.Event()
+
+    async def receive() -> dict:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await done.wait()
+        return {"type": "http.disconnect"}
+
+    return receive, done

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from asgi_scope import chat_post_scope
+from asgi_scope import chat_post_scope, one_body_receive
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
@@ -165,15 +165,8 @@ def servers(builds: dict[str, Path], model_dir: Path, logs: Path):
 async def _asgi_request(app: Any, body: bytes) -> bytes:
     """One ``POST /v1/chat/completions`` through an ASGI app; the response body."""
     scope = chat_post_scope(len(body))
-    sent, done, out = False, asyncio.Event(), []
-
-    async def receive() -> dict:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        await done.wait()
-        return {"type": "http.disconnect"}
+    receive, done = one_body_receive(body)
+    out = []
 
     async def send(message: dict) -> None:
         out.append(message.get("body", b""))

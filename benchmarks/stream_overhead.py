@@ -50,7 +50,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from asgi_scope import chat_post_scope
+from asgi_scope import chat_post_scope, one_body_receive
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
@@ -134,17 +134,7 @@ async def asgi_once(app, body: dict) -> tuple[float, float, float]:
     CPU, loop CPU) µs per token."""
     payload = json.dumps(body).encode()
     scope = chat_post_scope(len(payload))
-    sent = False
-    done = asyncio.Event()
-
-    async def receive() -> dict:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": payload, "more_body": False}
-        await done.wait()
-        return {"type": "http.disconnect"}
-
+    receive, done = one_body_receive(payload)
     stamps: list[float] = []
     frames: list[bytes] = []
 
