@@ -81,10 +81,12 @@ def warm_up(model: Any, lengths: Sequence[int], max_rows: int = 1) -> None:
             (``--batch``); 1 warms no batched step. Default: ``1``.
     """
     import mlx.core as mx
+    from mlx_lm.generate import generation_stream
 
     try:
-        _run_passes(model, lengths)
-        _run_batched_steps(model, max_rows)
+        with mx.stream(generation_stream):
+            _run_passes(model, lengths)
+            _run_batched_steps(model, max_rows)
     finally:  # the passes' arrays are gone by now: return their buffers
         mx.clear_cache()
 
@@ -99,32 +101,28 @@ def _decode_step(model: Any, rows: int, cache: list[Any]) -> None:
 
 def _run_passes(model: Any, lengths: Sequence[int]) -> None:
     import mlx.core as mx
-    from mlx_lm.generate import generation_stream
     from mlx_lm.models.cache import make_prompt_cache
 
-    with mx.stream(generation_stream):
-        cache: list[Any] = []
-        for length in lengths:
-            cache = make_prompt_cache(model)
-            model(mx.zeros((1, length), dtype=mx.uint32), cache=cache)
-            mx.eval([c.state for c in cache])
-        if cache:
-            _decode_step(model, 1, cache)
+    cache: list[Any] = []
+    for length in lengths:
+        cache = make_prompt_cache(model)
+        model(mx.zeros((1, length), dtype=mx.uint32), cache=cache)
+        mx.eval([c.state for c in cache])
+    if cache:
+        _decode_step(model, 1, cache)
 
 
 def _run_batched_steps(model: Any, max_rows: int) -> None:
     import mlx.core as mx
-    from mlx_lm.generate import generation_stream
     from mlx_lm.models.cache import make_prompt_cache
 
     if max_rows < 2:
         return
-    with mx.stream(generation_stream):
-        row = make_prompt_cache(model)
-        model(mx.zeros((1, BATCH_ROW_TOKENS), dtype=mx.uint32), cache=row)
-        mx.eval([c.state for c in row])
-        for rows in range(2, max_rows + 1):
-            _decode_step(model, rows, [c.merge([c] * rows) for c in row])
+    row = make_prompt_cache(model)
+    model(mx.zeros((1, BATCH_ROW_TOKENS), dtype=mx.uint32), cache=row)
+    mx.eval([c.state for c in row])
+    for rows in range(2, max_rows + 1):
+        _decode_step(model, rows, [c.merge([c] * rows) for c in row])
 
 
 def warm_up_engine(model: Any, context_window: int, prefill_step: int, max_rows: int = 1) -> None:
