@@ -140,9 +140,8 @@ def parse_json_body(raw: bytes) -> Any:
             body: number out of range`` for the above, ``invalid JSON body: nested
             too deeply`` past Python's recursion limit).
     """
-    raw = raw.removeprefix(
-        b"\xef\xbb\xbf"
-    )  # a UTF-8 BOM, which RFC 8259 section 8.1 lets parsers ignore
+    # A UTF-8 BOM, which RFC 8259 section 8.1 lets parsers ignore.
+    raw = raw.removeprefix(b"\xef\xbb\xbf")
     if not raw.strip():
         return None
     try:
