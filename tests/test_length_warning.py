@@ -3,10 +3,12 @@ maximum sequence length ... indexing errors" line stays quiet: admission
 answers an over-long prompt with a 400, so nothing is ever indexed past the
 window. Other tokenizer warnings still come through.
 
-transformers logs through its own library logger (which does not propagate),
-so the tests attach pytest's ``caplog`` handler to it. Every tokenizer and
-engine here is fresh: the line is warn-once per tokenizer, and the shared
-``tiny_engine`` may have been used for over-long prompts by other modules.
+transformers logs through its own library logger, which propagates only when
+the environment says ``CI=true``; the tests attach pytest's ``caplog`` handler
+to it and stop propagation meanwhile, so each record is captured once either
+way. Every tokenizer and engine here is fresh: the line is warn-once per
+tokenizer, and the shared ``tiny_engine`` may have been used for over-long
+prompts by other modules.
 """
 
 from __future__ import annotations
@@ -29,11 +31,14 @@ LONG = "hello there " * 200  # ~400 tokens, the tiny model's window is 256
 def transformers_log(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
     """``caplog`` receiving the records of transformers' library logger."""
     logger = logging.getLogger("transformers")
+    propagate = logger.propagate
+    logger.propagate = False
     logger.addHandler(caplog.handler)
     try:
         yield caplog
     finally:
         logger.removeHandler(caplog.handler)
+        logger.propagate = propagate
 
 
 def _fresh_tokenizer(model_dir: Path):
