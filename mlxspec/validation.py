@@ -32,9 +32,10 @@ from typing import Any
 
 import jsonschema
 from connexion.validators import JSONRequestBodyValidator, JSONResponseBodyValidator
-from jsonschema.exceptions import ValidationError, best_match, relevance
+from jsonschema.exceptions import ValidationError
 
 from .errors import ApiError
+from .schema_errors import best_error, describe
 
 _patched = False
 
@@ -182,7 +183,7 @@ def error_for(error: ValidationError, dotted: bool = False) -> ApiError:
     """Turn the best jsonschema error into a 400 naming the field.
 
     Args:
-        error (ValidationError): from :func:`jsonschema.exceptions.best_match`.
+        error (ValidationError): from :func:`~mlxspec.schema_errors.best_error`.
         dotted (bool): name the field as :func:`dotted_path` does instead of
             :func:`format_path`. Default: ``False``.
 
@@ -204,7 +205,7 @@ def error_for(error: ValidationError, dotted: bool = False) -> ApiError:
     if error.validator == "required":
         return ApiError("invalid_request", f"{param} is required", param=param)
     where = f"'{param}'" if param else "request body"
-    return ApiError("invalid_request", f"Invalid value for {where}: {error.message}", param=param)
+    return ApiError("invalid_request", describe(error, where), param=param)
 
 
 def _custom_message(error: ValidationError, schema: dict) -> str | None:
@@ -290,26 +291,10 @@ class RequestBodyValidator(JSONRequestBodyValidator):
     def _validate(self, body: Any) -> dict | None:
         if body is None:
             raise ApiError("invalid_request", "request body is required")
-        error = best_match(validator_for(self._schema).iter_errors(body), key=first_relevance)
+        error = best_error(validator_for(self._schema).iter_errors(body))
         if error is not None:
             raise error_for(error, self._schema.get("x-mlxspec-param-style") == "dotted")
         return None
-
-
-def first_relevance(error: ValidationError) -> tuple:
-    """jsonschema's ``relevance`` key for ``best_match`` without its comparison of
-    sibling paths: with ``max`` it picks the *last* bad member (``prompt[1]`` of
-    ``[1.5, 2]``), so ties now go to the first error found, the instance's first
-    bad member. Deeper errors and stronger keywords still win (jsonschema's rules).
-
-    Args:
-        error (ValidationError): one of the errors ``iter_errors`` yields.
-
-    Returns:
-        tuple: the sort key ``best_match`` maximises.
-    """
-    depth, _, *rest = relevance(error)
-    return (depth, *rest)
 
 
 class ResponseBodyValidator(JSONResponseBodyValidator):

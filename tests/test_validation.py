@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from jsonschema.exceptions import best_match
 
 from mlxspec.errors import ApiError, openai_error_body
+from mlxspec.schema_errors import best_error
 from mlxspec.validation import (
     enable_openapi_31,
     error_for,
@@ -40,7 +40,7 @@ SCHEMA = {
 
 
 def first_error(body: dict) -> ApiError | None:
-    err = best_match(validator_for(SCHEMA).iter_errors(body))
+    err = best_error(validator_for(SCHEMA).iter_errors(body))
     return None if err is None else error_for(err)
 
 
@@ -58,7 +58,8 @@ def test_custom_messages_by_keyword() -> None:
     assert first_error({"messages": [{}], "top": -2}).message == "top must be at least 0"
     # A keyword without a custom message falls back to the generic text.
     assert (
-        "12 is greater than the maximum of 11" in first_error({"messages": [{}], "top": 12}).message
+        first_error({"messages": [{}], "top": 12}).message
+        == "Invalid value for 'top': 12 is greater than the maximum of 11"
     )
 
 
@@ -127,3 +128,116 @@ def test_nesting_past_the_recursion_limit_is_invalid_json(depth: int) -> None:
     while shallow:  # 500 nested lists parse; the innermost is empty
         shallow, levels = shallow[0], levels + 1
     assert levels == 499
+
+
+UNIONS = {
+    "type": "object",
+    "properties": {
+        "fmt": {
+            "anyOf": [
+                {
+                    "type": "object",
+                    "required": ["type"],
+                    "properties": {"type": {"enum": ["plain", "schema"]}},
+                    "if": {"properties": {"type": {"const": "schema"}}},
+                    "then": {"required": ["name"], "properties": {"name": {"type": "string"}}},
+                },
+                {"type": "null"},
+            ]
+        },
+        "part": {
+            "oneOf": [
+                {
+                    "type": "object",
+                    "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+                    "required": ["type", "text"],
+                },
+                {
+                    "type": "object",
+                    "properties": {
+                        "type": {"const": "image"},
+                        "url": {"type": "string", "maxLength": 8},
+                    },
+                    "required": ["type", "url"],
+                },
+            ]
+        },
+        "input": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "integer"}}]},
+        "name": {"type": "string", "maxLength": 4},
+        "kind": {"enum": ["float", "base64", None]},
+        "role": {"const": "user"},
+        "flag": {"type": ["boolean", "null"]},
+        "closed": {"type": "object", "properties": {"a": {}}, "additionalProperties": False},
+    },
+}
+
+
+def union_error(body: dict) -> tuple[str, str | None]:
+    err = error_for(best_error(validator_for(UNIONS).iter_errors(body)))
+    return err.message, err.param
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        # JSON words and JSON values, never Python's (True, None, {'a': 1})
+        (
+            {"flag": 1},
+            "Invalid type for 'flag': expected a boolean or null, but got an integer instead.",
+        ),
+        ({"name": True}, "Invalid type for 'name': expected a string, but got a boolean instead."),
+        ({"name": 2.5}, "Invalid type for 'name': expected a string, but got a number instead."),
+        (
+            {"name": {"a": 1}},
+            "Invalid type for 'name': expected a string, but got an object instead.",
+        ),
+        ({"name": [None]}, "Invalid type for 'name': expected a string, but got an array instead."),
+        (
+            {"kind": "hex"},
+            """Invalid value for 'kind': "hex" is not one of "float", "base64", null""",
+        ),
+        ({"role": "bot"}, 'Invalid value for \'role\': expected "user", got "bot"'),
+        (
+            {"closed": {"a": 1, "b": 2, "c": 3}},
+            'Invalid value for \'closed\': unexpected fields "b", "c"',
+        ),
+        ({"name": "abcdef"}, """Invalid value for 'name': "abcdef" is too long"""),
+        # a long value is cut
+        (
+            {"name": "x" * 200},
+            f"""Invalid value for 'name': "{"x" * 56}... is too long""",
+        ),
+        # no branch takes the value's JSON type: the types the union allows
+        (
+            {"input": {"a": 1}},
+            "Invalid type for 'input': expected a string or an array, but got an object instead.",
+        ),
+        # a branch of the right type explains itself
+        (
+            {"input": [1, "2"]},
+            "Invalid type for 'input[1]': expected an integer, but got a string instead.",
+        ),
+    ],
+)
+def test_generic_messages_speak_json(body: dict, expected: str) -> None:
+    assert union_error(body)[0] == expected
+
+
+def test_tagged_union_reports_the_branch_its_tag_picks() -> None:
+    # the nullable anyOf's null branch is set aside, then the tag's `then` speaks
+    assert union_error({"fmt": {"type": "schema"}}) == ("fmt.name is required", "fmt.name")
+    assert union_error({"fmt": {"type": "schema", "name": 3}}) == (
+        "Invalid type for 'fmt.name': expected a string, but got an integer instead.",
+        "fmt.name",
+    )
+    assert union_error({"part": {"type": "image", "url": "https://example.com/x.png"}}) == (
+        """Invalid value for 'part.url': "https://example.com/x.png" is too long""",
+        "part.url",
+    )
+    assert union_error({"part": {"type": "text"}}) == ("part.text is required", "part.text")
+    # a tag no branch takes: the union itself is reported, its value as JSON
+    message, param = union_error({"part": {"type": "audio"}})
+    assert (message, param) == (
+        'Invalid value for \'part\': {"type": "audio"} is not valid under any of the given schemas',
+        "part",
+    )

@@ -1,0 +1,85 @@
+"""Generic 400 messages on the real routes speak JSON, not Python.
+
+Fields without an ``x-mlxspec-error`` get their text from
+``mlxspec.schema_errors``: a boolean is ``a boolean`` (not ``True``), values are
+shown as JSON, a tagged union names what its tag's branch lacks. Each surface
+keeps its own error envelope. The ``client`` fixture checks every response
+against the document.
+"""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+MESSAGES = {"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.mark.parametrize(
+    ("route", "body", "param", "message"),
+    [
+        (
+            "/v1/chat/completions",
+            {**CHAT, "max_tokens": True},
+            "max_tokens",
+            "Invalid type for 'max_tokens': expected an integer or null, but got a boolean "
+            "instead.",
+        ),
+        (
+            "/v1/chat/completions",
+            {**CHAT, "tool_choice": "sometimes"},
+            "tool_choice",
+            'Invalid value for \'tool_choice\': "sometimes" is not one of "none", "auto", '
+            '"required"',
+        ),
+        (
+            "/v1/embeddings",
+            {"input": "x", "encoding_format": "hex"},
+            "encoding_format",
+            'Invalid value for \'encoding_format\': "hex" is not one of "float", "base64", null',
+        ),
+        (
+            "/v1/responses",
+            {"input": 5},
+            "input",
+            "Invalid type for 'input': expected a string or an array, but got an integer instead.",
+        ),
+        (
+            "/v1/responses",
+            {"input": "hi", "text": {"format": {"type": "json_schema"}}},
+            "text.format.name",
+            "text.format.name is required",
+        ),
+        (
+            "/v1/responses",
+            {"input": "hi", "text": {"format": {"type": "json_schema", "name": 7}}},
+            "text.format.name",
+            "Invalid type for 'text.format.name': expected a string, but got an integer instead.",
+        ),
+    ],
+)
+def test_openai_routes(client: httpx.Client, route: str, body: dict, param: str, message: str):
+    r = client.post(route, json=body)
+    assert r.status_code == 400
+    assert r.json() == {
+        "error": {
+            "message": message,
+            "type": "invalid_request_error",
+            "param": param,
+            "code": None,
+        }
+    }
+
+
+def test_anthropic_route_keeps_its_envelope(client: httpx.Client) -> None:
+    r = client.post("/v1/messages", json={**MESSAGES, "stop_sequences": "END"})
+    assert r.status_code == 400
+    assert r.json() == {
+        "type": "error",
+        "error": {
+            "type": "invalid_request_error",
+            "message": "Invalid type for 'stop_sequences': expected an array or null, but got a "
+            "string instead.",
+        },
+    }
