@@ -93,6 +93,13 @@ def _admission_flags(serve: argparse.ArgumentParser) -> None:
         help="memory the model may use, weights + KV cache, e.g. 8GiB or 500M "
         "(binary units; default: no budget)",
     )
+    serve.add_argument(
+        "--kv-budget",
+        type=parse_bytes,
+        default=None,
+        help="KV cache the running requests may project together (prompt + max_tokens "
+        "each), e.g. 2GiB; requests beyond it wait for a slot (default: no budget)",
+    )
 
 
 def _operations_flags(serve: argparse.ArgumentParser) -> None:
@@ -227,6 +234,7 @@ def parse_config(argv: Sequence[str] | None = None) -> ServeConfig:
         max_queue=args.max_queue,
         max_context=args.max_context,
         memory_budget=args.memory_budget,
+        kv_budget=args.kv_budget,
         api_key=args.api_key or None,  # an empty key would lock every client out
         allowed_origins=tuple(o for group in args.allowed_origins for o in group),
         max_body_bytes=args.max_body_bytes,
@@ -264,7 +272,9 @@ def load_engine(config: ServeConfig):  # noqa: ANN201 - returns mlxspec.engine.E
             source=resolved.source,
             overrides=overrides,
             max_batch=config.batch,
-            limits=AdmissionLimits(config.max_queue, config.max_context, config.memory_budget),
+            limits=AdmissionLimits(
+                config.max_queue, config.max_context, config.memory_budget, config.kv_budget
+            ),
             prompt_cache_bytes=config.prompt_cache_bytes,
             ssd_cache=Path(config.ssd_cache) if config.ssd_cache else None,
             ssd_cache_bytes=config.ssd_cache_bytes,

@@ -34,7 +34,11 @@ class ServeConfig:
         max_context (int | None): operator cap on prompt + completion tokens
             per request. Default: ``None``.
         memory_budget (int | None): bytes the model may use (weights + KV
-            cache); caps each request's context. Default: ``None``.
+            cache); caps each request's context and the running requests' KV
+            cache together. Default: ``None``.
+        kv_budget (int | None): bytes of KV cache the running requests may
+            project together (prompt + generation budget each); requests
+            beyond it wait for a slot. Default: ``None``.
         api_key (str | None): when set, every route but ``/health`` and the
             document needs ``Authorization: Bearer`` or ``x-api-key`` with it.
             Kept out of ``repr``. Default: ``None``.
@@ -75,6 +79,7 @@ class ServeConfig:
     max_queue: int = 64
     max_context: int | None = None
     memory_budget: int | None = None
+    kv_budget: int | None = None
     api_key: str | None = field(default=None, repr=False)
     allowed_origins: tuple[str, ...] = ()
     max_body_bytes: int = 16 * 2**20

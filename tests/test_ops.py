@@ -321,6 +321,8 @@ def test_stats_counters_move(tiny_engine: Any, tiny_app: Any) -> None:
         "active_rows": 0,
         "pending_rows": 0,
         "submitted_rows": 0,
+        "kv_bytes": 0,  # nothing runs once the completion has ended
+        "kv_budget_bytes": None,
         "steps": None,
         "solo_steps": None,
     }

@@ -4,21 +4,29 @@ Two rules, both from the reference ("Errors" of the chat route):
 
 * a bounded wait queue: at most ``max_queue`` requests wait for a decode slot;
   the next one is refused (:class:`QueueFullError`, HTTP 429 ``queue_full``);
-* an operator context cap (``--max-context`` and/or ``--memory-budget``, opt-in):
-  a prompt that leaves no room to generate under the cap is refused
-  (:class:`ContextBudgetError`, HTTP 400 ``context_over_budget``), and a prompt
-  that fits has its ``max_tokens`` capped to the room left (a ceiling, not a
-  promise). Without a cap nothing is refused or shortened beyond the model's
-  own context window.
+* an operator context cap (``--max-context``, ``--memory-budget`` and/or
+  ``--kv-budget``, opt-in): a prompt that leaves no room to generate under the
+  cap is refused (:class:`ContextBudgetError`, HTTP 400 ``context_over_budget``),
+  and a prompt that fits has its ``max_tokens`` capped to the room left (a
+  ceiling, not a promise). Without a cap nothing is refused or shortened beyond
+  the model's own context window.
 
-Runs on the submitting thread (the event loop); no MLX work.
+A byte budget also bounds the requests together: :class:`KvGate` keeps a
+request in line for a decode slot until the KV cache the running requests
+project (prompt plus generation budget, each) leaves room for its own
+(the reference's ``batch.kv_bytes`` / ``kv_budget_bytes``).
+
+Runs on the submitting thread (the event loop); no MLX work. :class:`KvGate`
+is the engine thread's.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from .fit import ModelMemory
 from .types import ContextLengthError, EngineRequestError
@@ -36,13 +44,18 @@ class AdmissionLimits:
         max_context (int | None): cap on prompt + completion tokens per request
             (``--max-context``); ``None`` for none. Default: ``None``.
         memory_budget (int | None): bytes the model may use, weights included
-            (``--memory-budget``); the KV cache room left caps each request's
+            (``--memory-budget``); the KV cache room left after the weights and
+            the transient reserve caps each request's context and the running
+            requests' KV together. ``None`` for none. Default: ``None``.
+        kv_budget (int | None): bytes of KV cache the running requests may
+            project together (``--kv-budget``); also caps each request's
             context. ``None`` for none. Default: ``None``.
     """
 
     max_queue: int = DEFAULT_MAX_QUEUE
     max_context: int | None = None
     memory_budget: int | None = None
+    kv_budget: int | None = None
 
 
 class QueueFullError(Exception):
@@ -70,10 +83,10 @@ class Admission:
             flight beyond these are waiting.
         window (int): the model's context window in tokens.
         memory (ModelMemory | None): the model's sizes; required when
-            ``limits.memory_budget`` is set. Default: ``None``.
+            ``limits.memory_budget`` or ``limits.kv_budget`` is set. Default: ``None``.
 
     Raises:
-        BudgetTooSmallError: the budget does not hold the weights plus two
+        BudgetTooSmallError: a budget does not hold the weights plus two
             tokens of KV cache, or ``max_context`` is below 2 (a prompt needs a
             token and generation another).
     """
@@ -93,15 +106,20 @@ class Admission:
         #: Admitted requests that are not generations (decisions, embeddings) and
         #: have not ended; the engine counts them in its ``in_flight``.
         self.held = 0
-        caps = [] if limits.max_context is None else [limits.max_context]
-        if limits.memory_budget is not None:
-            if memory is None:
-                raise ValueError("a memory budget needs the model's memory sizes")
-            caps.append(memory.context_for(limits.memory_budget))
+        rooms = _kv_rooms(limits, memory)
+        caps = [*rooms] if limits.max_context is None else [limits.max_context, *rooms]
         #: The operator cap in tokens (within the window), or ``None`` without one.
         self.enforced_context = min([*caps, window]) if caps else None
         if self.enforced_context is not None and self.enforced_context < 2:
             raise BudgetTooSmallError(_too_small(limits, memory))
+        #: Tokens of KV cache the running requests may project together, or
+        #: ``None`` without a byte budget (:class:`KvGate`).
+        self.kv_room = min(rooms) if rooms else None
+        #: Bytes one token of KV cache takes (``0`` when unknown: no byte budget).
+        self.kv_bytes_per_token = memory.kv_bytes_per_token if memory is not None else 0
+        #: Requests in line for a decode slot under :attr:`kv_room` (the engine
+        #: thread fills and empties it; they count as waiting).
+        self.kv_gate = KvGate(self.kv_room)
 
     @property
     def context_limit(self) -> int:
@@ -109,12 +127,13 @@ class Admission:
         return self.window if self.enforced_context is None else self.enforced_context
 
     def waiting(self, in_flight: int) -> int:
-        """Requests in flight that hold no decode slot yet."""
-        return max(0, in_flight - self.slots)
+        """Requests in flight that hold no decode slot yet (beyond the slots, or
+        in line under the KV budget)."""
+        return max(0, in_flight - self.slots, len(self.kv_gate))
 
     def running(self, in_flight: int) -> int:
         """Requests in flight that hold a decode slot."""
-        return min(in_flight, self.slots)
+        return max(0, min(in_flight - len(self.kv_gate), self.slots))
 
     def check_window(self, prompt_tokens: int, param: str = "messages") -> None:
         """Raise ``ContextLengthError`` unless the prompt leaves the model's
@@ -188,10 +207,75 @@ class Admission:
         return max(1, room if max_tokens is None else min(max_tokens, room))
 
 
+class KvGate:
+    """Requests in line for a decode slot under a KV budget, first come first served.
+
+    A request's projection is its prompt plus its generation budget, in tokens
+    of KV cache. The head of the line starts when nothing runs, or when the
+    running requests' projections plus its own stay within ``room``; the
+    requests behind it wait their turn (no overtaking, so a long request is not
+    starved by short ones). Without a room every request starts at once.
+
+    Args:
+        room (int | None): tokens of KV cache the running requests may project
+            together (:attr:`Admission.kv_room`); ``None`` for no limit.
+    """
+
+    def __init__(self, room: int | None) -> None:
+        self.room = room
+        self._line: deque[tuple[Any, int]] = deque()
+
+    def __len__(self) -> int:
+        return len(self._line)
+
+    def push(self, handle: Any, tokens: int) -> None:
+        """Put ``handle`` at the end of the line, projecting ``tokens`` of KV cache."""
+        self._line.append((handle, tokens))
+
+    def pop_ready(self, running: int) -> tuple[Any, int] | None:
+        """The head of the line and its projection if it may start now, else ``None``.
+
+        Args:
+            running (int): tokens the running requests project together.
+        """
+        if not self._line:
+            return None
+        tokens = self._line[0][1]
+        if self.room is not None and running > 0 and running + tokens > self.room:
+            return None
+        return self._line.popleft()
+
+    def drop_cancelled(self) -> int:
+        """Take cancelled requests (``handle.cancelled``) out of the line; returns how many."""
+        kept = deque(item for item in self._line if not item[0].cancelled)
+        dropped = len(self._line) - len(kept)
+        self._line = kept
+        return dropped
+
+
+def _kv_rooms(limits: AdmissionLimits, memory: ModelMemory | None) -> list[int]:
+    """The KV cache room, in tokens, each byte budget leaves."""
+    if limits.memory_budget is None and limits.kv_budget is None:
+        return []
+    if memory is None:
+        raise ValueError("a byte budget needs the model's memory sizes")
+    rooms = []
+    if limits.memory_budget is not None:
+        rooms.append(memory.context_for(limits.memory_budget))
+    if limits.kv_budget is not None:
+        rooms.append(limits.kv_budget // max(1, memory.kv_bytes_per_token))
+    return rooms
+
+
 def _too_small(limits: AdmissionLimits, memory: ModelMemory | None) -> str:
     if limits.max_context is not None and limits.max_context < 2:
         return f"--max-context {limits.max_context} leaves no room for a prompt and a reply"
-    assert memory is not None and limits.memory_budget is not None
+    assert memory is not None
+    if limits.kv_budget is not None and limits.kv_budget // max(1, memory.kv_bytes_per_token) < 2:
+        return (
+            f"--kv-budget of {limits.kv_budget} bytes holds less than two tokens of KV cache "
+            f"({memory.kv_bytes_per_token} bytes each)"
+        )
     return (
         f"--memory-budget of {limits.memory_budget} bytes leaves no room for the KV cache: "
         f"the weights take {memory.weights_bytes} bytes and each token of context "

@@ -63,11 +63,19 @@ class BatchLane:
             prefill_step_size=parts.prefill_step,
         )
         self._rows: dict[int, Row] = {}
+        #: uid -> tokens of KV cache the row may reach (prompt + generation budget).
+        self._projected: dict[int, int] = {}
         self._cache = parts.prompt_cache
         self._namespace = parts.namespace
 
     def __len__(self) -> int:
         return len(self._rows)
+
+    @property
+    def projected_tokens(self) -> int:
+        """Tokens of KV cache the rows may reach together: each row's prompt
+        (cached part included) plus its generation budget."""
+        return sum(self._projected.values())
 
     def add(self, handle: RequestHandle, max_tokens: int) -> None:
         """Queue ``handle``'s request into the batch with a budget of ``max_tokens`` (>= 1)."""
@@ -109,6 +117,11 @@ class BatchLane:
             logits_processors=[handoff.processors],
         )
         self._rows[uid] = handoff.row
+        self._projected[uid] = len(handoff.held) + len(handoff.feed) + handoff.max_tokens
+
+    def _forget(self, uid: int) -> None:
+        del self._rows[uid]
+        del self._projected[uid]
 
     def _prefill_once(self, prompt: tuple[int, ...], session: str | None) -> None:
         """Keep the KV cache of ``prompt[:-1]`` in the prompt cache unless it is
@@ -139,7 +152,7 @@ class BatchLane:
         if gone:
             self._keep(self._gen.remove(gone, return_prompt_caches=self._cache.enabled))
             for uid in gone:
-                del self._rows[uid]
+                self._forget(uid)
                 self._on_done("cancelled")
         if not self._rows:
             return
@@ -168,7 +181,7 @@ class BatchLane:
             flush_wakeups()  # the rows served so far need not wait for the removal
             self._gen.remove(finished)
         for uid in finished:
-            del self._rows[uid]
+            self._forget(uid)
             self._on_done("completed")
 
     def _keep_finished(self, r: Any) -> None:
@@ -195,6 +208,7 @@ class BatchLane:
             row.handle.emit(Failed(message))
         failed = len(self._rows)
         self._rows.clear()
+        self._projected.clear()
         return failed
 
     def close(self) -> None:
@@ -202,4 +216,5 @@ class BatchLane:
         for row in self._rows.values():
             row.handle.cancel()
         self._rows.clear()
+        self._projected.clear()
         self._gen.close()

@@ -49,6 +49,9 @@ from .warmup import warm_up_engine
 log = logging.getLogger("mlxspec.engine")
 T = TypeVar("T")
 
+#: What ``_admit`` reads when the job queue is empty (``None`` means shut down).
+_NO_JOB = object()
+
 
 #: Started engines, joined at interpreter exit: an engine thread still inside
 #: MLX while C++ static destructors run can abort the process (exit 134).
@@ -130,8 +133,14 @@ class Engine:
         #: Whether :meth:`load` made the weights float32 for the CPU BLAS.
         self.cpu_weights: CpuWeights | None = None
         limits = limits or AdmissionLimits()
-        memory = self.memory if limits.memory_budget is not None else None
+        budgets = (limits.memory_budget, limits.kv_budget)
+        memory = self.memory if budgets != (None, None) else None
         self.admission = Admission(limits, max_batch, info.context_window, memory)
+        #: Requests in line for a decode slot under a byte budget (engine thread).
+        self.kv_gate = self.admission.kv_gate
+        #: KV tokens the running requests project together (``batch.kv_bytes``).
+        self.running_kv_tokens = 0
+        self._solo_tokens = 0  # the lone request's projection, while it decodes alone
         #: Prefix KV reuse across requests (``stats()`` feeds ``GET /stats``).
         self.prompt_cache = prompt_cache if prompt_cache is not None else PromptCache()
         #: Everything that changes KV numbers: the model and its weights (no adapters
@@ -359,35 +368,60 @@ class Engine:
                 self._solo.cancel()
             if lane is not None:
                 lane.close()
+            while (waiting := self.kv_gate.pop_ready(0)) is not None:
+                waiting[0].cancel()
 
     def _admit(self, lane: BatchLane | None) -> bool:
-        """Take queued jobs (waiting only when idle); False on shutdown."""
-        idle = self._solo is None and (lane is None or not len(lane))
+        """Take queued jobs (waiting only when idle) into line, then start the
+        requests the KV budget lets in; False on shutdown."""
+        self.running_kv_tokens = self._running_tokens(lane)  # rows may have ended
+        idle = self._solo is None and (lane is None or not len(lane)) and not self.kv_gate
         try:
-            handle = self._jobs.get(block=idle)
+            job = self._jobs.get(block=idle)
         except queue.Empty:
-            return True
-        while handle is not None:
-            if isinstance(handle, ExclusiveJob):
-                handle.run()
-            elif handle.cancelled:
-                self._count("cancelled")
-            elif lane is None or handle.request.sampling.seed is not None:
-                self._serial(handle)
-            elif self._goes_solo(lane, handle):
-                budget = self._budget(handle.request)
-                solo = functools.partial(
-                    SoloRun, handle, self.lane_parts, budget, "batched", self.solo_times
-                )
-                self._solo = self._guard(handle, solo)
+            job = _NO_JOB
+        while job is not None and job is not _NO_JOB:
+            if isinstance(job, ExclusiveJob):
+                self._start_waiting(lane)  # what was queued before it starts first
+                job.run()
             else:
-                self._hand_over(lane)
-                self._guard(handle, lambda h=handle: lane.add(h, self._budget(h.request)))
+                self.kv_gate.push(job, len(job.request.prompt) + self._budget(job.request))
             try:
-                handle = self._jobs.get_nowait()
+                job = self._jobs.get_nowait()
             except queue.Empty:
-                return True
-        return False
+                job = _NO_JOB
+        if job is None:
+            return False
+        self._start_waiting(lane)
+        return True
+
+    def _start_waiting(self, lane: BatchLane | None) -> None:
+        """Start requests from the head of :attr:`kv_gate` while they fit."""
+        for _ in range(self.kv_gate.drop_cancelled()):
+            self._count("cancelled")
+        while (ready := self.kv_gate.pop_ready(self._running_tokens(lane))) is not None:
+            self._start(lane, *ready)
+        self.running_kv_tokens = self._running_tokens(lane)
+
+    def _running_tokens(self, lane: BatchLane | None) -> int:
+        return self._solo_tokens + (lane.projected_tokens if lane is not None else 0)
+
+    def _start(self, lane: BatchLane | None, handle: RequestHandle, tokens: int) -> None:
+        """Run ``handle`` in its lane: serial, alone on ``generate_step``, or batched."""
+        if handle.cancelled:
+            self._count("cancelled")
+        elif lane is None or handle.request.sampling.seed is not None:
+            self._serial(handle)
+        elif self._goes_solo(lane, handle):
+            budget = self._budget(handle.request)
+            solo = functools.partial(
+                SoloRun, handle, self.lane_parts, budget, "batched", self.solo_times
+            )
+            self._solo = self._guard(handle, solo)
+            self._solo_tokens = tokens if self._solo is not None else 0
+        else:
+            self._hand_over(lane)
+            self._guard(handle, lambda: lane.add(handle, self._budget(handle.request)))
 
     def _goes_solo(self, lane: BatchLane, handle: RequestHandle) -> bool:
         """A lone request decodes on ``generate_step`` (:mod:`.solo`): nothing
@@ -396,6 +430,7 @@ class Engine:
             not len(lane)
             and self._solo is None
             and self._jobs.empty()
+            and not self.kv_gate
             and not handle.request.shared_prefill
         )
 
@@ -405,13 +440,13 @@ class Engine:
         assert solo is not None
         ended = self._guard(solo.handle, solo.step)
         if ended is not False:  # True, or None when it failed
-            self._solo = None
+            self._solo, self._solo_tokens = None, 0
             if ended:
                 self._count(solo.outcome)
 
     def _hand_over(self, lane: BatchLane) -> None:
         """Move the lone request into the batch before another joins."""
-        solo, self._solo = self._solo, None
+        solo, self._solo, self._solo_tokens = self._solo, None, 0
         if solo is None:
             return
         handoff = self._guard(solo.handle, solo.handoff, fallback=False)

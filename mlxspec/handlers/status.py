@@ -94,9 +94,17 @@ def _batch(engine: Any) -> dict[str, Any]:
         "active_rows": adm.running(in_flight),
         "pending_rows": adm.waiting(in_flight),
         "submitted_rows": engine.submitted,
+        "kv_bytes": engine.running_kv_tokens * engine.memory.kv_bytes_per_token,
+        "kv_budget_bytes": _kv_budget_bytes(adm),
         "steps": engine.step_times.snapshot(),
         "solo_steps": engine.solo_times.snapshot(),
     }
+
+
+def _kv_budget_bytes(adm: Any) -> int | None:
+    """The cap on ``kv_bytes``: the KV room of ``--kv-budget`` and/or
+    ``--memory-budget`` in bytes; ``None`` without a byte budget."""
+    return None if adm.kv_room is None else adm.kv_room * adm.kv_bytes_per_token
 
 
 def _kv_quant(memory: ModelMemory) -> dict[str, Any]:
