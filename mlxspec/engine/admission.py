@@ -247,6 +247,8 @@ class KvGate:
 
     def drop_cancelled(self) -> int:
         """Take cancelled requests (``handle.cancelled``) out of the line; returns how many."""
+        if not self._line:  # the common case, once per engine loop turn
+            return 0
         kept = deque(item for item in self._line if not item[0].cancelled)
         dropped = len(self._line) - len(kept)
         self._line = kept

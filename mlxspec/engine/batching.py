@@ -65,17 +65,13 @@ class BatchLane:
         self._rows: dict[int, Row] = {}
         #: uid -> tokens of KV cache the row may reach (prompt + generation budget).
         self._projected: dict[int, int] = {}
+        #: Their sum: tokens of KV cache the rows may reach together.
+        self.projected_tokens = 0
         self._cache = parts.prompt_cache
         self._namespace = parts.namespace
 
     def __len__(self) -> int:
         return len(self._rows)
-
-    @property
-    def projected_tokens(self) -> int:
-        """Tokens of KV cache the rows may reach together: each row's prompt
-        (cached part included) plus its generation budget."""
-        return sum(self._projected.values())
 
     def add(self, handle: RequestHandle, max_tokens: int) -> None:
         """Queue ``handle``'s request into the batch with a budget of ``max_tokens`` (>= 1)."""
@@ -118,10 +114,12 @@ class BatchLane:
         )
         self._rows[uid] = handoff.row
         self._projected[uid] = len(handoff.held) + len(handoff.feed) + handoff.max_tokens
+        self.projected_tokens += self._projected[uid]
 
     def _forget(self, uid: int) -> None:
+        """Drop row ``uid`` and its share of :attr:`projected_tokens`."""
         del self._rows[uid]
-        del self._projected[uid]
+        self.projected_tokens -= self._projected.pop(uid)
 
     def _prefill_once(self, prompt: tuple[int, ...], session: str | None) -> None:
         """Keep the KV cache of ``prompt[:-1]`` in the prompt cache unless it is
@@ -209,6 +207,7 @@ class BatchLane:
         failed = len(self._rows)
         self._rows.clear()
         self._projected.clear()
+        self.projected_tokens = 0
         return failed
 
     def close(self) -> None:
@@ -217,4 +216,5 @@ class BatchLane:
             row.handle.cancel()
         self._rows.clear()
         self._projected.clear()
+        self.projected_tokens = 0
         self._gen.close()
