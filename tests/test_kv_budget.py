@@ -20,7 +20,7 @@ from mlxspec.app import create_app
 from mlxspec.cli import parse_config
 from mlxspec.conformance.httpx_checks import checking_async_client
 from mlxspec.engine import AdmissionLimits, BudgetTooSmallError, Engine, GenerationRequest
-from mlxspec.engine.admission import Admission, KvGate
+from mlxspec.engine.admission import Admission, KvGate, QueueFullError
 from mlxspec.engine.fit import ModelMemory
 from mlxspec.engine.types import Delta, Finished, LogitsParams
 
@@ -99,6 +99,16 @@ def test_requests_in_line_count_as_waiting() -> None:
     adm.kv_gate.push(Job("y"), 40)
     # three in flight: one running, two in line though slots are free
     assert (adm.running(3), adm.waiting(3)) == (1, 2)
+
+
+def test_queue_full_counts_the_line() -> None:
+    adm = Admission(AdmissionLimits(max_queue=2, kv_budget=500), 8, 1000, MEMORY)
+    adm.kv_gate.push(Job("x"), 40)
+    adm.admit(10, in_flight=2)  # it would be second in line: room for it
+    adm.kv_gate.push(Job("y"), 40)
+    with pytest.raises(QueueFullError):
+        adm.admit(10, in_flight=3)  # third in line, past --max-queue 2
+    assert adm.rejected == {"queue_full": 1, "context_over_budget": 0}
 
 
 def test_cli_reads_kv_budget(tiny_model_dir: Path) -> None:

@@ -194,7 +194,9 @@ class Admission:
             self.held -= 1
 
     def _check_queue(self, in_flight: int) -> None:
-        if self.waiting(in_flight + 1) > self.limits.max_queue:  # it would wait past the end
+        line = len(self.kv_gate)  # a line under the KV budget is never overtaken
+        waiting = max(in_flight + 1 - self.slots, line + 1 if line else 0)
+        if waiting > self.limits.max_queue:  # it would wait past the end
             self.rejected["queue_full"] += 1
             raise QueueFullError(
                 f"generation queue is full ({self.limits.max_queue} requests waiting); retry later"
