@@ -40,7 +40,9 @@ def to_chat_body(body: Mapping[str, Any]) -> dict[str, Any]:
     ``enable_thinking``; ``stop_sequences`` become ``stop``. A final
     ``assistant`` turn without ``tool_use`` is a prefill: the template variable
     ``continue_final_message`` leaves it open, so the reply continues its text
-    (Anthropic's "Prefill Claude's response").
+    (Anthropic's "Prefill Claude's response"). ``output_config.format`` (or the
+    beta top-level ``output_format``) becomes a ``json_schema``
+    ``response_format`` (Anthropic's "Structured outputs").
 
     Args:
         body (Mapping): a request body validated against ``CreateMessageRequest``
@@ -64,6 +66,9 @@ def to_chat_body(body: Mapping[str, Any]) -> dict[str, Any]:
         chat["tool_choice"] = _tool_choice(choice)
         if choice.get("disable_parallel_tool_use") is True:
             chat["parallel_tool_calls"] = False
+    output = (body.get("output_config") or {}).get("format") or body.get("output_format")
+    if output is not None:
+        chat["response_format"] = _response_format(output)
     variables: dict[str, Any] = {}
     thinking = body.get("thinking")
     if thinking is not None:
@@ -75,6 +80,14 @@ def to_chat_body(body: Mapping[str, Any]) -> dict[str, Any]:
     if variables:
         chat["chat_template_kwargs"] = variables
     return chat
+
+
+def _response_format(output: Mapping[str, Any]) -> dict[str, Any]:
+    """Chat's ``response_format`` for an Anthropic ``output_config.format``."""
+    spec: dict[str, Any] = {"name": "output", "schema": output["schema"]}
+    if output.get("any_whitespace") is not None:
+        spec["any_whitespace"] = output["any_whitespace"]
+    return {"type": "json_schema", "json_schema": spec}
 
 
 def _system(system: str | list[Mapping[str, Any]] | None) -> list[dict[str, Any]]:

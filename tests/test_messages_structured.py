@@ -1,0 +1,150 @@
+"""Anthropic structured output: ``output_config.format`` (and the beta top-level
+``output_format``) on ``/v1/messages`` is enforced by chat's grammar mask.
+
+The tiny random model shows the mask at work (JSON that validates, also when
+streamed); the real SmolLM2 model answers the SDK's ``messages.parse`` with a
+typed object, which is what a client of this feature relies on.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import anthropic
+import httpx
+import jsonschema
+import pytest
+from pydantic import BaseModel
+
+from mlxspec.handlers.anthropic import to_chat_body
+from tests.helpers import anthropic_sdk
+
+MESSAGES = "/v1/messages"
+USER = [{"role": "user", "content": "hi"}]
+#: Bounded JSON so the tiny random model must finish it.
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "kind": {"enum": ["cat", "dog"]},
+        "n": {"type": "integer", "minimum": 0, "maximum": 9},
+    },
+    "required": ["kind", "n"],
+}
+COMPACT = {"type": "json_schema", "schema": SCHEMA, "any_whitespace": False}
+
+
+def test_translation_to_response_format() -> None:
+    base = {"model": "m", "max_tokens": 5, "messages": USER}
+    expected = {
+        "type": "json_schema",
+        "json_schema": {"name": "output", "schema": SCHEMA, "any_whitespace": False},
+    }
+    config = to_chat_body({**base, "output_config": {"format": COMPACT, "effort": "low"}})
+    assert config["response_format"] == expected
+    assert to_chat_body({**base, "output_format": COMPACT})["response_format"] == expected
+    # output_config.format wins over the beta spelling
+    other = {"type": "json_schema", "schema": {"type": "object"}}
+    both = to_chat_body({**base, "output_config": {"format": COMPACT}, "output_format": other})
+    assert both["response_format"] == expected
+    plain = to_chat_body({**base, "output_format": {"type": "json_schema", "schema": SCHEMA}})
+    assert plain["response_format"]["json_schema"] == {"name": "output", "schema": SCHEMA}
+    for none in ({}, {"output_config": None}, {"output_config": {"effort": "high"}}):
+        assert "response_format" not in to_chat_body({**base, **none})
+
+
+@pytest.mark.parametrize("field", ["output_config", "output_format"])
+def test_reply_text_matches_the_schema(client: httpx.Client, field: str) -> None:
+    fmt = {"format": COMPACT} if field == "output_config" else COMPACT
+    body = {"model": "m", "max_tokens": 60, "messages": USER, field: fmt}
+    r = client.post(MESSAGES, json=body)
+    assert r.status_code == 200 and "warning" not in r.headers
+    message = r.json()
+    assert [block["type"] for block in message["content"]] == ["text"]
+    jsonschema.validate(json.loads(message["content"][0]["text"]), SCHEMA)
+    assert message["stop_reason"] == "end_turn"
+
+
+def test_streamed_reply_matches_the_schema(client: httpx.Client) -> None:
+    body = {
+        "model": "m",
+        "max_tokens": 60,
+        "messages": USER,
+        "stream": True,
+        "output_config": {"format": COMPACT},
+    }
+    r = client.post(MESSAGES, json=body)
+    assert r.status_code == 200
+    events = [json.loads(line[6:]) for line in r.text.split("\n") if line.startswith("data: ")]
+    text = "".join(e["delta"]["text"] for e in events if e["type"] == "content_block_delta")
+    jsonschema.validate(json.loads(text), SCHEMA)
+    assert [e["delta"]["stop_reason"] for e in events if e["type"] == "message_delta"] == [
+        "end_turn"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        (
+            "output_config",
+            {"format": {"type": "json_schema"}},
+            "output_config.format.schema is required",
+        ),
+        (
+            "output_config",
+            {"format": {"type": "json_schema", "schema": "{}"}},
+            "Invalid type for 'output_config.format.schema': expected an object, but got a "
+            "string instead.",
+        ),
+        (
+            "output_format",
+            {"type": "xml", "schema": {}},
+            'Invalid value for \'output_format.type\': expected "json_schema", got "xml"',
+        ),
+        (
+            "metadata",
+            {"user_id": 5},
+            "Invalid type for 'metadata.user_id': expected a string or null, but got an "
+            "integer instead.",
+        ),
+    ],
+)
+def test_malformed_output_fields_are_400(
+    client: httpx.Client, field: str, value: object, message: str
+) -> None:
+    r = client.post(MESSAGES, json={"model": "m", "max_tokens": 5, "messages": USER, field: value})
+    assert r.status_code == 400
+    assert r.json() == {
+        "type": "error",
+        "error": {"type": "invalid_request_error", "message": message},
+    }
+
+
+class Capital(BaseModel):
+    """What ``messages.parse`` should fill from the reply."""
+
+    country: str
+    capital: str
+
+
+@pytest.fixture()
+def real_sdk(real_server: str) -> Iterator[anthropic.Anthropic]:
+    with anthropic_sdk(real_server, timeout=120) as client:
+        yield client
+
+
+@pytest.mark.real_model
+def test_real_model_parse_gives_a_typed_object(real_sdk: anthropic.Anthropic) -> None:
+    question = [{"role": "user", "content": "What is the capital of France? Answer as JSON."}]
+    parsed = real_sdk.messages.parse(
+        model="m",
+        max_tokens=40,
+        messages=question,
+        output_format=Capital,
+        extra_body={"temperature": 0},
+    )
+    out = parsed.parsed_output
+    assert isinstance(out, Capital)
+    assert "Paris" in out.capital
+    assert parsed.stop_reason == "end_turn"
