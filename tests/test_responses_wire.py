@@ -360,6 +360,24 @@ def test_length_makes_the_response_incomplete() -> None:
     assert response["usage"]["output_tokens_details"] == {"reasoning_tokens": 0}
 
 
+def test_a_whole_call_before_the_cut_is_completed_in_an_incomplete_response() -> None:
+    # the budget ran out after the call's arguments (say on its closing markup)
+    builder, frames = fold(
+        [
+            ToolCallStart(0, "call_a", "f"),
+            ToolCallArguments(0, "{}"),
+            TurnEnd("length", Finished("length", 3, 5)),
+        ]
+    )
+    name, payload = frames[-1]
+    assert (name, payload["response"]["status"]) == ("response.incomplete", "incomplete")
+    (call,) = payload["response"]["output"]
+    assert (call["type"], call["status"], call["arguments"]) == ("function_call", "completed", "{}")
+    done = [p for n, p in frames if n == "response.function_call_arguments.done"]
+    assert [d["arguments"] for d in done] == ["{}"]
+    assert builder.tool_calls == [{"id": "call_a", "name": "f", "arguments": "{}"}]
+
+
 def test_a_failure_ends_with_error_then_response_failed() -> None:
     builder, frames = fold([TextDelta("Once")])
     frames += builder.fail(ApiError("server_error", "generation failed"))

@@ -303,7 +303,9 @@ class ResponseBuilder:
             item.update(status="incomplete", arguments=text)
             frames = []
         elif item["type"] == "function_call":
-            item.update(status=status, arguments=text)
+            # Its arguments are whole (a call the budget cut is handled above),
+            # so the call is complete even when the response is not.
+            item.update(status="completed", arguments=text)
             self.tool_calls.append({"id": item["call_id"], "name": item["name"], "arguments": text})
             done = "response.function_call_arguments.done"
             frames = [self.frame(done, **ids, name=item["name"], arguments=text)]
