@@ -51,6 +51,10 @@ _STATUS_KINDS = {
 }
 
 
+#: Connexion's 415 detail for a body that is not JSON; group 1 is the media type.
+_CONNEXION_415 = re.compile(r"Invalid Content-type \((.*)\), expected ")
+
+
 class SnakeCaseResolver(Resolver):
     """Resolve OpenAI-style ``operationId``s to snake_case functions of the
     operation's ``x-openapi-router-controller`` module."""
@@ -82,6 +86,9 @@ def _from_status(status: int, detail: Any, headers: Any = None) -> ApiError:
         )
     messages = {"not_found": "not found", "method_not_allowed": "method not allowed"}
     message = messages.get(kind) or str(detail or kind.replace("_", " "))
+    if kind == "unsupported_media_type" and (media := _CONNEXION_415.match(message)):
+        # Connexion's text ends in a Python list repr; say it in the API's words
+        message = f"Content-Type '{media[1]}' is not supported: send application/json"
     # Connexion's parameter validation passes jsonschema's whole report (the failing
     # schema and instance after a blank line): the first line is the message.
     message = message.split("\n\nFailed validating", 1)[0]

@@ -1,7 +1,9 @@
 """Request bodies with a ``Content-Encoding``: refused with 415 in each surface's
 error shape and ``Accept-Encoding: identity`` (RFC 9110 section 15.5.16), never
-parsed as if they were plain JSON. The ``client`` fixture checks every response
-(status, headers, body) against the document."""
+parsed as if they were plain JSON. A body that is not JSON at all (a
+``Content-Type`` other than ``application/json``) is a 415 too, naming it. The
+``client`` fixture checks every response (status, headers, body) against the
+document."""
 
 from __future__ import annotations
 
@@ -111,4 +113,26 @@ def test_refuse_content_encoding_reads_every_header_line() -> None:
         415,
         GZIP_MESSAGE,
         {"Accept-Encoding": "identity"},
+    )
+
+
+@pytest.mark.parametrize(
+    "content_type,named",
+    [
+        ("text/plain", "text/plain"),
+        ("application/x-www-form-urlencoded", "application/x-www-form-urlencoded"),
+        ("multipart/form-data; boundary=x", "multipart/form-data"),
+    ],
+)
+def test_a_body_that_is_not_json_is_415_naming_its_type(
+    client: httpx.Client, content_type: str, named: str
+) -> None:
+    raw = json.dumps(CHAT_BODY).encode()
+    message = f"Content-Type '{named}' is not supported: send application/json"
+    r = client.post("/v1/chat/completions", content=raw, headers={"content-type": content_type})
+    assert (r.status_code, r.json()) == (415, _openai_415(message))
+    r = client.post("/v1/messages", content=raw, headers={"content-type": content_type})
+    assert (r.status_code, r.json()) == (
+        415,
+        {"type": "error", "error": {"type": "invalid_request_error", "message": message}},
     )
