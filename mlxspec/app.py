@@ -151,20 +151,52 @@ def allowed_methods(spec: dict[str, Any]) -> Callable[[str], str | None]:
     Returns:
         Callable[[str], str | None]: the header value, ``None`` for no match.
     """
+    routes, literal = _path_patterns(spec), literal_methods(spec)
+
+    def allow(path: str) -> str | None:
+        found = literal.get(path) or set().union(*(m for _, rx, m in routes if rx.match(path)))
+        return ", ".join(m for m in _METHOD_ORDER if m in found) or None
+
+    return allow
+
+
+def _path_patterns(spec: dict[str, Any]) -> list[tuple[str, re.Pattern[str], set[str]]]:
+    """Each document path, as a regular expression (a template matches one
+    segment), with its methods."""
     routes = []
     for template, item in spec.get("paths", {}).items():
         pattern = re.escape(template)
         pattern = re.sub(r"\\\{[^/]+?\\\}", "[^/]+", pattern)
-        methods = {m.upper() for m in item if m.upper() in _METHOD_ORDER}
-        if "GET" in methods:
-            methods.add("HEAD")
-        routes.append((re.compile(pattern + r"\Z"), methods))
+        routes.append((template, re.compile(pattern + r"\Z"), _methods(item)))
+    return routes
 
-    def allow(path: str) -> str | None:
-        found = set().union(*(m for rx, m in routes if rx.match(path)))
-        return ", ".join(m for m in _METHOD_ORDER if m in found) or None
 
-    return allow
+def shadowed_methods(spec: dict[str, Any]) -> dict[str, set[str]]:
+    """:func:`literal_methods` of the concrete paths a templated path also matches."""
+    templated = [rx for path, rx, _ in _path_patterns(spec) if "{" in path]
+    return {
+        path: methods
+        for path, methods in literal_methods(spec).items()
+        if any(rx.match(path) for rx in templated)
+    }
+
+
+def literal_methods(spec: dict[str, Any]) -> dict[str, set[str]]:
+    """The methods of each document path without a template (``/v1/responses/input_tokens``).
+
+    OpenAPI 3.1 ("Path Templating Matching"): a concrete path wins over a
+    templated one that also matches, so ``GET /v1/responses/input_tokens`` is a
+    405 on the concrete path, not a lookup of response ``input_tokens``
+    (Starlette would try the next route, ``/v1/responses/{response_id}``).
+    """
+    paths = spec.get("paths", {})
+    return {path: _methods(item) for path, item in paths.items() if "{" not in path}
+
+
+def _methods(item: dict[str, Any]) -> set[str]:
+    """A path item's methods, ``HEAD`` with ``GET`` (Starlette answers it)."""
+    methods = {m.upper() for m in item if m.upper() in _METHOD_ORDER}
+    return methods | {"HEAD"} if "GET" in methods else methods
 
 
 def _problem_handler(
@@ -196,9 +228,13 @@ class _WithEngine:
     ``Content-Type`` on GET/HEAD, which carry no body (Connexion would otherwise
     try to parse a form)."""
 
-    def __init__(self, app: Any, engine: Any, config: Any, metrics: Metrics) -> None:
+    def __init__(
+        self, app: Any, engine: Any, config: Any, metrics: Metrics, spec: dict[str, Any]
+    ) -> None:
         self.app, self.engine, self.config, self.metrics = app, engine, config, metrics
         self.response_store = ResponseStore()
+        # Concrete paths a templated route also matches (see literal_methods).
+        self.literal = shadowed_methods(spec)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -208,6 +244,12 @@ class _WithEngine:
             state["response_store"] = self.response_store
             headers = scope.get("headers", [])
             method = scope.get("method")
+            methods = self.literal.get(scope.get("path", ""))
+            if methods is not None and method not in methods and method != "OPTIONS":
+                allow = ", ".join(m for m in _METHOD_ORDER if m in methods)
+                err = ApiError("method_not_allowed", "method not allowed", headers={"Allow": allow})
+                await _send_error(scope, send, err)
+                return
             if method in ("GET", "HEAD"):
                 kept = [(k, v) for k, v in headers if k != b"content-type"]
                 scope = {**scope, "headers": kept}
@@ -291,10 +333,20 @@ def _replay(body: bytes, receive: Receive) -> Receive:
 
 async def _too_large(scope: Scope, send: Send, limit: int | None) -> None:
     err = ApiError("payload_too_large", f"request body exceeds {limit} bytes")
-    payload = error_json(err, surface_for_path(scope.get("path", ""))).encode()
-    headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
+    await _send_error(scope, send, err, close=True)
+
+
+async def _send_error(scope: Scope, send: Send, err: ApiError, close: bool = False) -> None:
+    """Answer ``err`` in the envelope of the path's surface, before Connexion
+    sees the request (``close``: ask the client to close the connection)."""
+    surface = surface_for_path(scope.get("path", ""))
+    payload = error_json(err, surface).encode()
+    headers = [(b"content-type", b"application/json")]
+    headers += [(b"connection", b"close")] if close else []
+    headers += [(k.lower().encode(), v.encode()) for k, v in (err.headers or {}).items()]
     headers.append((b"content-length", str(len(payload)).encode()))
-    await send({"type": "http.response.start", "status": err.status, "headers": headers})
+    status = error_status(err, surface)
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": payload})
 
 
@@ -341,7 +393,7 @@ def create_app(engine: Any, config: Any = None, *, validate_responses: bool = Fa
     app.add_error_handler(HTTPException, problem)
     app.add_error_handler(Exception, _unexpected)
     metrics = Metrics(engine)
-    asgi: Any = _WithEngine(app, engine, config, metrics)
+    asgi: Any = _WithEngine(app, engine, config, metrics, spec)
     asgi = RequestMetricsMiddleware(asgi, metrics, RouteLabels(spec))
     if config.allowed_origins:
         asgi = CORSMiddleware(

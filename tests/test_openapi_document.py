@@ -78,6 +78,14 @@ OPERATIONS = [
         GENERATION_CODES | {"404"},
     ),
     (
+        "post",
+        "/v1/responses/input_tokens",
+        "countResponseInputTokens",
+        "mlxspec.handlers.responses",
+        "responses",
+        {"200", "400", "401", "404", "413", "415", "500"},
+    ),
+    (
         "get",
         "/v1/responses/{response_id}",
         "getResponse",

@@ -17,11 +17,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from mlxspec import sse
-from mlxspec.engine import Finished, off_loop
+from mlxspec.engine import Finished
 
 from .anthropic import to_chat_body
 from .common import JSON, current_engine
-from .tool_options import template_kwargs, turn_options
 from .turns import (
     ChatEvent,
     ChatTurn,
@@ -33,6 +32,7 @@ from .turns import (
     Turn,
     TurnEnd,
     collect_turn,
+    count_prompt,
     open_turn,
     turn_events,
 )
@@ -82,14 +82,7 @@ async def count_message_tokens(body: dict[str, Any]) -> Any:
     # Only the prompt's fields (the ones AnthropicPromptParameters validates) are
     # read: generation fields are not validated on this route, so never used.
     chat = to_chat_body({k: v for k, v in body.items() if k in PROMPT_FIELDS})
-    options = turn_options(chat)
-    # The same rules as open_turn: tools reach the template unless tool_choice is
-    # none, and the template variables come from template_kwargs.
-    tools = list(options.tools) if options.tools and options.tool_choice != "none" else None
-    template = str(getattr(engine.tokenizer, "chat_template", "") or "")
-    kwargs = template_kwargs(chat, template)
-    prompt = await off_loop(engine.chat_prompt, chat["messages"], tools, kwargs)
-    return {"input_tokens": len(prompt)}, 200, JSON
+    return {"input_tokens": await count_prompt(engine, chat)}, 200, JSON
 
 
 def stop_fields(finish_reason: str, finished: Finished) -> dict[str, str | None]:

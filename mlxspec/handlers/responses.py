@@ -25,7 +25,7 @@ from mlxspec.response_store import Conversation, ResponseStore, StoredResponse
 from .common import JSON, current_engine, now
 from .responses_input import assistant_message, to_chat_body
 from .responses_output import Frame, ResponseBuilder, item_id, turn_as_events
-from .turns import Turn, collect_turn, open_turn, turn_events
+from .turns import Turn, collect_turn, count_prompt, open_turn, turn_events
 
 
 def current_store() -> ResponseStore:
@@ -53,14 +53,7 @@ async def create_response(body: dict[str, Any]) -> Any:
             template or the model cannot take; the chat path's engine errors.
     """
     engine, store = current_engine(), current_store()
-    previous_id = body.get("previous_response_id")
-    previous: Conversation | None = None
-    if previous_id is not None:
-        stored = store.get(previous_id)
-        if stored is None:
-            raise not_found(previous_id, "previous_response_id")
-        previous = stored.conversation
-    chat, conversation = to_chat_body(body, previous)
+    chat, conversation = to_chat_body(body, _previous(store, body))
     try:
         turn = await open_turn(engine, chat, prompt_param="input")
     except PromptError as exc:
@@ -80,6 +73,40 @@ async def create_response(body: dict[str, Any]) -> Any:
         builder.feed(event)
     keep()
     return builder.response, 200, {**JSON, **turn.warning}
+
+
+async def count_response_input_tokens(body: dict[str, Any]) -> Any:
+    """``{"object": "response.input_tokens", "input_tokens": n}``: the length of
+    the prompt :func:`create_response` would run for the same body (the same
+    translation, ``previous_response_id`` conversation and template).
+
+    Raises:
+        ApiError: 404 ``response_not_found`` for an unknown or expired
+            ``previous_response_id``; 400 naming ``input`` for a prompt the
+            template cannot take.
+    """
+    engine = current_engine()
+    chat, _ = to_chat_body(body, _previous(current_store(), body))
+    try:
+        tokens = await count_prompt(engine, chat)
+    except PromptError as exc:
+        raise ApiError("invalid_request", exc.message, param="input") from exc
+    return {"object": "response.input_tokens", "input_tokens": tokens}, 200, JSON
+
+
+def _previous(store: ResponseStore, body: dict[str, Any]) -> Conversation | None:
+    """The stored conversation ``previous_response_id`` names, or ``None`` without one.
+
+    Raises:
+        ApiError: 404 ``response_not_found`` for an unknown or expired id.
+    """
+    previous_id = body.get("previous_response_id")
+    if previous_id is None:
+        return None
+    stored = store.get(previous_id)
+    if stored is None:
+        raise not_found(previous_id, "previous_response_id")
+    return stored.conversation
 
 
 async def get_response(response_id: str) -> Any:

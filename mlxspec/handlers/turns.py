@@ -235,6 +235,19 @@ async def open_turn(
     return Turn(request, handle, options, choice, thinking, warning)
 
 
+async def count_prompt(engine: Engine, body: Mapping[str, Any]) -> int:
+    """Tokens of the prompt :func:`open_turn` would submit for ``body``: the same
+    template, tools and template variables, without generating. The degrade
+    path's system instruction (added only when a grammar fails to compile) is
+    not counted.
+
+    Raises:
+        PromptError: the template cannot render the messages.
+    """
+    prompt, _ = await off_loop(_render, engine, body, turn_options(body), _choice(engine))
+    return len(prompt)
+
+
 def _render(
     engine: Engine, body: Mapping[str, Any], options: TurnOptions, choice: ParserChoice
 ) -> tuple[list[int], bool]:
