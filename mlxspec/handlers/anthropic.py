@@ -11,8 +11,10 @@ maps names and structure (Anthropic's "Messages" API reference for the fields).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
+
+from mlxspec.errors import ApiError
 
 from .common import SAMPLER_FIELDS, SESSION_FIELDS
 
@@ -50,7 +52,12 @@ def to_chat_body(body: Mapping[str, Any]) -> dict[str, Any]:
 
     Returns:
         dict: a new chat body; ``body`` is not mutated.
+
+    Raises:
+        ApiError: tool results and tool uses that do not pair up
+            (:func:`check_tool_pairs`).
     """
+    check_tool_pairs(body["messages"])
     messages = _system(body.get("system"))
     for message in body["messages"]:
         messages.extend(_turn(message))
@@ -80,6 +87,53 @@ def to_chat_body(body: Mapping[str, Any]) -> dict[str, Any]:
     if variables:
         chat["chat_template_kwargs"] = variables
     return chat
+
+
+def check_tool_pairs(messages: Sequence[Mapping[str, Any]]) -> None:
+    """Tool results answer the tool uses of the turn just before them, all of them.
+
+    Anthropic's Messages API refuses a ``tool_result`` whose ``tool_use_id`` is
+    not a ``tool_use`` of the previous (assistant) message, and an assistant
+    message whose ``tool_use`` blocks the next message does not all answer
+    ("Tool use": results come in the user turn right after the call). A
+    conversation may end on an assistant ``tool_use`` (nothing answers it yet).
+
+    Args:
+        messages (Sequence[Mapping]): the request's ``messages``, validated.
+
+    Raises:
+        ApiError: 400 ``invalid_request`` naming the message (and block) by
+            its dotted path, as Anthropic's errors do.
+    """
+    for i, message in enumerate(messages):
+        answered = _block_ids(message, "tool_result", "tool_use_id")
+        if answered:
+            previous = messages[i - 1] if i and messages[i - 1]["role"] == "assistant" else None
+            called = _block_ids(previous, "tool_use", "id") if previous else {}
+            for use_id, j in answered.items():
+                if use_id not in called:
+                    raise ApiError(
+                        "invalid_request",
+                        f"messages.{i}.content.{j}: tool_result for tool_use_id {use_id!r}, "
+                        "which no tool_use block of the previous (assistant) message has",
+                    )
+        if message["role"] == "assistant" and i + 1 < len(messages):
+            replies = _block_ids(messages[i + 1], "tool_result", "tool_use_id")
+            missing = [u for u in _block_ids(message, "tool_use", "id") if u not in replies]
+            if missing:
+                raise ApiError(
+                    "invalid_request",
+                    f"messages.{i}: tool_use ids without a tool_result block in the next "
+                    f"message: {', '.join(missing)}",
+                )
+
+
+def _block_ids(message: Mapping[str, Any], kind: str, key: str) -> dict[str, int]:
+    """``{id: block index}`` of ``message``'s blocks of type ``kind``, in order."""
+    content = message["content"]
+    if isinstance(content, str):
+        return {}
+    return {block[key]: j for j, block in enumerate(content) if block["type"] == kind}
 
 
 def _response_format(output: Mapping[str, Any]) -> dict[str, Any]:

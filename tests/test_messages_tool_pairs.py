@@ -1,0 +1,104 @@
+"""Anthropic tool results must answer the tool uses of the turn just before
+them, all of them (Anthropic's "Tool use" rules, which its API enforces with a
+400): a result for an unknown id, or a call left unanswered by the next turn,
+is a 400 in Anthropic's envelope naming the message, on ``/v1/messages`` and
+``/v1/messages/count_tokens`` alike. A conversation may end on the call."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from mlxspec.errors import ApiError
+from mlxspec.handlers.anthropic import check_tool_pairs
+
+
+def use(call_id: str) -> dict:
+    return {"type": "tool_use", "id": call_id, "name": "clock", "input": {}}
+
+
+def result(call_id: str) -> dict:
+    return {"type": "tool_result", "tool_use_id": call_id, "content": "12:00"}
+
+
+ASK = {"role": "user", "content": "What time is it?"}
+CALLS = {
+    "role": "assistant",
+    "content": [{"type": "text", "text": "Checking."}, use("a"), use("b")],
+}
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [ASK, CALLS, {"role": "user", "content": [result("a"), result("b")]}],
+        # results in any order, with text after them
+        [
+            ASK,
+            CALLS,
+            {"role": "user", "content": [result("b"), result("a"), {"type": "text", "text": "ok"}]},
+        ],
+        [ASK, CALLS],  # ends on the calls: nothing answers them yet
+        [ASK, {"role": "assistant", "content": "plain"}, {"role": "user", "content": "more"}],
+    ],
+    ids=["answered", "reordered", "trailing-call", "no-tools"],
+)
+def test_pairs_that_match_pass(messages: list[dict]) -> None:
+    check_tool_pairs(messages)
+
+
+@pytest.mark.parametrize(
+    ("messages", "message"),
+    [
+        (
+            [ASK, CALLS, {"role": "user", "content": [result("a"), result("b"), result("c")]}],
+            "messages.2.content.2: tool_result for tool_use_id 'c', which no tool_use block "
+            "of the previous (assistant) message has",
+        ),
+        (
+            [{"role": "user", "content": [result("a")]}],
+            "messages.0.content.0: tool_result for tool_use_id 'a', which no tool_use block "
+            "of the previous (assistant) message has",
+        ),
+        (
+            [ASK, CALLS, {"role": "user", "content": [result("a")]}],
+            "messages.1: tool_use ids without a tool_result block in the next message: b",
+        ),
+        (
+            [ASK, CALLS, {"role": "user", "content": "never mind"}],
+            "messages.1: tool_use ids without a tool_result block in the next message: a, b",
+        ),
+        # a result two turns late answers nothing: only the turn before counts
+        (
+            [
+                ASK,
+                {"role": "assistant", "content": [use("a")]},
+                {"role": "user", "content": [result("a")]},
+                {"role": "assistant", "content": "It is noon."},
+                {"role": "user", "content": [result("a")]},
+            ],
+            "messages.4.content.0: tool_result for tool_use_id 'a', which no tool_use block "
+            "of the previous (assistant) message has",
+        ),
+    ],
+    ids=["unknown-id", "no-call-before", "one-unanswered", "none-answered", "stale"],
+)
+def test_pairs_that_do_not_match_are_refused(messages: list[dict], message: str) -> None:
+    with pytest.raises(ApiError) as err:
+        check_tool_pairs(messages)
+    assert (err.value.kind, err.value.message) == ("invalid_request", message)
+
+
+@pytest.mark.parametrize("route", ["/v1/messages", "/v1/messages/count_tokens"])
+def test_over_http_in_anthropic_shape(client: httpx.Client, route: str) -> None:
+    messages = [ASK, CALLS, {"role": "user", "content": [result("a")]}]
+    r = client.post(route, json={"model": "m", "max_tokens": 4, "messages": messages})
+    assert r.status_code == 400
+    assert r.json() == {
+        "type": "error",
+        "error": {
+            "type": "invalid_request_error",
+            "message": "messages.1: tool_use ids without a tool_result block in the next "
+            "message: b",
+        },
+    }
