@@ -57,6 +57,18 @@ MESSAGES = {"model": "m", "max_tokens": 1, "messages": [{"role": "user", "conten
             "text.format.name",
             "Invalid type for 'text.format.name': expected a string, but got an integer instead.",
         ),
+        (
+            "/v1/chat/completions",
+            {**CHAT, "tools": [{"type": "function", "function": {"name": ""}}]},
+            "tools[0].function.name",
+            "Invalid value for 'tools[0].function.name': \"\" should be non-empty",
+        ),
+        (
+            "/v1/responses",
+            {"input": "hi", "tools": [{"type": "function", "name": ""}]},
+            "tools[0].name",
+            "Invalid value for 'tools[0].name': \"\" should be non-empty",
+        ),
     ],
 )
 def test_openai_routes(client: httpx.Client, route: str, body: dict, param: str, message: str):
@@ -72,14 +84,26 @@ def test_openai_routes(client: httpx.Client, route: str, body: dict, param: str,
     }
 
 
-def test_anthropic_route_keeps_its_envelope(client: httpx.Client) -> None:
-    r = client.post("/v1/messages", json={**MESSAGES, "stop_sequences": "END"})
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        (
+            {"stop_sequences": "END"},
+            "Invalid type for 'stop_sequences': expected an array or null, but got a string "
+            "instead.",
+        ),
+        (
+            {"tools": [{"name": "", "input_schema": {"type": "object"}}]},
+            "Invalid value for 'tools[0].name': \"\" should be non-empty",
+        ),
+    ],
+)
+def test_anthropic_route_keeps_its_envelope(
+    client: httpx.Client, fields: dict, message: str
+) -> None:
+    r = client.post("/v1/messages", json={**MESSAGES, **fields})
     assert r.status_code == 400
     assert r.json() == {
         "type": "error",
-        "error": {
-            "type": "invalid_request_error",
-            "message": "Invalid type for 'stop_sequences': expected an array or null, but got a "
-            "string instead.",
-        },
+        "error": {"type": "invalid_request_error", "message": message},
     }
