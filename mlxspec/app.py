@@ -34,6 +34,7 @@ from .engine import ContextBudgetError, ContextLengthError, EngineRequestError, 
 from .errors import ApiError, error_json, error_status, surface_for_path
 from .metrics import Metrics, RequestMetricsMiddleware, RouteLabels
 from .openapi import served_spec
+from .paths import METHOD_ORDER, allowed_methods, shadowed_methods, suggest_path
 from .response_store import ResponseStore
 from .security import security_options
 from .validation import RequestBodyValidator, ResponseBodyValidator, enable_openapi_31
@@ -66,9 +67,13 @@ class SnakeCaseResolver(Resolver):
         return f"{operation.router_controller}.{inflection.underscore(operation.operation_id)}"
 
 
-def _render(err: ApiError, req: ConnexionRequest | None = None) -> ConnexionResponse:
-    """``err`` as an HTTP response in the envelope of the request's surface."""
-    surface = surface_for_path(req.url.path) if req is not None else "openai"
+def _render(
+    err: ApiError, req: ConnexionRequest | None = None, surface: str | None = None
+) -> ConnexionResponse:
+    """``err`` as an HTTP response in the envelope of ``surface`` (default: the
+    request's)."""
+    if surface is None:
+        surface = surface_for_path(req.url.path) if req is not None else "openai"
     return ConnexionResponse(
         status_code=error_status(err, surface),
         mimetype="application/json",
@@ -131,84 +136,23 @@ def _problem(req: ConnexionRequest, exc: Exception) -> ConnexionResponse:
     return _render(_from_status(int(status), detail, getattr(exc, "headers", None)), req)
 
 
-#: The order methods are listed in an ``Allow`` header.
-_METHOD_ORDER = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
-
-
-def allowed_methods(spec: dict[str, Any]) -> Callable[[str], str | None]:
-    """A function from a request path to the ``Allow`` header of its resource:
-    every method the document declares on the path templates that match it,
-    ``HEAD`` with ``GET`` (Starlette answers it), in :data:`_METHOD_ORDER`.
-
-    Starlette builds a 405's ``Allow`` from the first route whose path matched,
-    and Connexion adds one route per operation, so ``PUT /v1/responses/{id}``
-    listed ``HEAD, GET`` and left out ``DELETE``; RFC 9110 section 15.5.6 asks for
-    the methods the resource supports.
-
-    Args:
-        spec (dict): the served OpenAPI document.
-
-    Returns:
-        Callable[[str], str | None]: the header value, ``None`` for no match.
-    """
-    routes, literal = _path_patterns(spec), literal_methods(spec)
-
-    def allow(path: str) -> str | None:
-        found = literal.get(path) or set().union(*(m for _, rx, m in routes if rx.match(path)))
-        return ", ".join(m for m in _METHOD_ORDER if m in found) or None
-
-    return allow
-
-
-def _path_patterns(spec: dict[str, Any]) -> list[tuple[str, re.Pattern[str], set[str]]]:
-    """Each document path, as a regular expression (a template matches one
-    segment), with its methods."""
-    routes = []
-    for template, item in spec.get("paths", {}).items():
-        pattern = re.escape(template)
-        pattern = re.sub(r"\\\{[^/]+?\\\}", "[^/]+", pattern)
-        routes.append((template, re.compile(pattern + r"\Z"), _methods(item)))
-    return routes
-
-
-def shadowed_methods(spec: dict[str, Any]) -> dict[str, set[str]]:
-    """:func:`literal_methods` of the concrete paths a templated path also matches."""
-    templated = [rx for path, rx, _ in _path_patterns(spec) if "{" in path]
-    return {
-        path: methods
-        for path, methods in literal_methods(spec).items()
-        if any(rx.match(path) for rx in templated)
-    }
-
-
-def literal_methods(spec: dict[str, Any]) -> dict[str, set[str]]:
-    """The methods of each document path without a template (``/v1/responses/input_tokens``).
-
-    OpenAPI 3.1 ("Path Templating Matching"): a concrete path wins over a
-    templated one that also matches, so ``GET /v1/responses/input_tokens`` is a
-    405 on the concrete path, not a lookup of response ``input_tokens``
-    (Starlette would try the next route, ``/v1/responses/{response_id}``).
-    """
-    paths = spec.get("paths", {})
-    return {path: _methods(item) for path, item in paths.items() if "{" not in path}
-
-
-def _methods(item: dict[str, Any]) -> set[str]:
-    """A path item's methods, ``HEAD`` with ``GET`` (Starlette answers it)."""
-    methods = {m.upper() for m in item if m.upper() in _METHOD_ORDER}
-    return methods | {"HEAD"} if "GET" in methods else methods
-
-
 def _problem_handler(
-    allow: Callable[[str], str | None],
+    allow: Callable[[str], str | None], suggest: Callable[[str], str | None]
 ) -> Callable[[ConnexionRequest, Exception], ConnexionResponse]:
-    """:func:`_problem`, a 405's ``Allow`` taken from the document (:func:`allowed_methods`)."""
+    """:func:`_problem`, with a 405's ``Allow`` taken from the document
+    (:func:`~.paths.allowed_methods`) and a route-miss 404 naming the route a
+    mistyped base URL meant (:func:`~.paths.suggest_path`), in that route's
+    surface's envelope (an ``anthropic`` SDK pointed at ``/v1`` parses it)."""
 
     def handle(req: ConnexionRequest, exc: Exception) -> ConnexionResponse:
-        if getattr(exc, "status_code", None) == 405 or getattr(exc, "status", None) == 405:
+        status = getattr(exc, "status_code", None) or getattr(exc, "status", None)
+        if status == 405:
             methods = allow(req.url.path)
             if methods:
                 exc.headers = {**(getattr(exc, "headers", None) or {}), "Allow": methods}
+        elif status == 404 and (guess := suggest(req.url.path)) is not None:
+            message = f"not found: did you mean {guess}? (check the client's base URL)"
+            return _render(ApiError("not_found", message), req, surface_for_path(guess))
         return _problem(req, exc)
 
     return handle
@@ -246,7 +190,7 @@ class _WithEngine:
             method = scope.get("method")
             methods = self.literal.get(scope.get("path", ""))
             if methods is not None and method not in methods and method != "OPTIONS":
-                allow = ", ".join(m for m in _METHOD_ORDER if m in methods)
+                allow = ", ".join(m for m in METHOD_ORDER if m in methods)
                 err = ApiError("method_not_allowed", "method not allowed", headers={"Allow": allow})
                 await _send_error(scope, send, err)
                 return
@@ -386,7 +330,7 @@ def create_app(engine: Any, config: Any = None, *, validate_responses: bool = Fa
     app.add_error_handler(ApiError, _api_error)
     app.add_error_handler(EngineRequestError, _engine_error)
     app.add_error_handler(QueueFullError, _queue_full)
-    problem = _problem_handler(allowed_methods(spec))
+    problem = _problem_handler(allowed_methods(spec), suggest_path(spec))
     app.add_error_handler(404, problem)
     app.add_error_handler(405, problem)
     app.add_error_handler(ProblemException, problem)

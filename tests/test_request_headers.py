@@ -124,7 +124,7 @@ def test_a_405_allows_every_method_of_the_resource(
 
 
 def test_allowed_methods_follow_the_document() -> None:
-    from mlxspec.app import allowed_methods
+    from mlxspec.paths import allowed_methods
 
     spec = {"paths": {"/a/{id}": {"get": {}, "delete": {}}, "/a/{id}/b": {"post": {}}}}
     allow = allowed_methods(spec)

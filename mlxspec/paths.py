@@ -1,0 +1,111 @@
+"""The document's paths as a router sees them: the methods of a resource, the
+concrete paths a template also matches, and the route a mistyped base URL meant.
+
+Starlette tries Connexion's routes in order, one per operation, so by itself it
+lists the wrong ``Allow`` methods on a 405 and lets a templated path take a
+request for a concrete one; these helpers answer from the OpenAPI document.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["METHOD_ORDER", "allowed_methods", "literal_methods", "shadowed_methods", "suggest_path"]
+
+#: The order methods are listed in an ``Allow`` header.
+METHOD_ORDER = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+def allowed_methods(spec: dict[str, Any]) -> Callable[[str], str | None]:
+    """A function from a request path to the ``Allow`` header of its resource:
+    every method the document declares on the path templates that match it,
+    ``HEAD`` with ``GET`` (Starlette answers it), in :data:`METHOD_ORDER`.
+
+    Starlette builds a 405's ``Allow`` from the first route whose path matched,
+    and Connexion adds one route per operation, so ``PUT /v1/responses/{id}``
+    listed ``HEAD, GET`` and left out ``DELETE``; RFC 9110 section 15.5.6 asks for
+    the methods the resource supports.
+
+    Args:
+        spec (dict): the served OpenAPI document.
+
+    Returns:
+        Callable[[str], str | None]: the header value, ``None`` for no match.
+    """
+    routes, literal = _path_patterns(spec), literal_methods(spec)
+
+    def allow(path: str) -> str | None:
+        found = literal.get(path) or set().union(*(m for _, rx, m in routes if rx.match(path)))
+        return ", ".join(m for m in METHOD_ORDER if m in found) or None
+
+    return allow
+
+
+def _path_patterns(spec: dict[str, Any]) -> list[tuple[str, re.Pattern[str], set[str]]]:
+    """Each document path, as a regular expression (a template matches one
+    segment), with its methods."""
+    routes = []
+    for template, item in spec.get("paths", {}).items():
+        pattern = re.escape(template)
+        pattern = re.sub(r"\\\{[^/]+?\\\}", "[^/]+", pattern)
+        routes.append((template, re.compile(pattern + r"\Z"), _methods(item)))
+    return routes
+
+
+def shadowed_methods(spec: dict[str, Any]) -> dict[str, set[str]]:
+    """:func:`literal_methods` of the concrete paths a templated path also matches."""
+    templated = [rx for path, rx, _ in _path_patterns(spec) if "{" in path]
+    return {
+        path: methods
+        for path, methods in literal_methods(spec).items()
+        if any(rx.match(path) for rx in templated)
+    }
+
+
+def literal_methods(spec: dict[str, Any]) -> dict[str, set[str]]:
+    """The methods of each document path without a template (``/v1/responses/input_tokens``).
+
+    OpenAPI 3.1 ("Path Templating Matching"): a concrete path wins over a
+    templated one that also matches, so ``GET /v1/responses/input_tokens`` is a
+    405 on the concrete path, not a lookup of response ``input_tokens``
+    (Starlette would try the next route, ``/v1/responses/{response_id}``).
+    """
+    paths = spec.get("paths", {})
+    return {path: _methods(item) for path, item in paths.items() if "{" not in path}
+
+
+def _methods(item: dict[str, Any]) -> set[str]:
+    """A path item's methods, ``HEAD`` with ``GET`` (Starlette answers it)."""
+    methods = {m.upper() for m in item if m.upper() in METHOD_ORDER}
+    return methods | {"HEAD"} if "GET" in methods else methods
+
+
+def suggest_path(spec: dict[str, Any]) -> Callable[[str], str | None]:
+    """A function from an unknown request path to the document path its client
+    probably meant, or ``None``.
+
+    The usual slip is the client's base URL: the ``openai`` SDK wants it to end
+    in ``/v1`` and the ``anthropic`` SDK wants it without, so a request arrives
+    as ``/chat/completions`` or ``/v1/v1/messages``. The guess adds or removes
+    one leading ``/v1`` and keeps it when a document path matches.
+
+    Args:
+        spec (dict): the served OpenAPI document.
+
+    Returns:
+        Callable[[str], str | None]: the path to suggest.
+    """
+    routes = _path_patterns(spec)
+
+    def suggest(path: str) -> str | None:
+        if path.startswith("/v1/v1/"):
+            guess = path[3:]
+        elif path != "/v1" and not path.startswith("/v1/"):
+            guess = "/v1" + path
+        else:
+            return None
+        return guess if any(rx.match(guess) for _, rx, _ in routes) else None
+
+    return suggest
