@@ -69,6 +69,20 @@ MESSAGES = {"model": "m", "max_tokens": 1, "messages": [{"role": "user", "conten
             "tools[0].name",
             "Invalid value for 'tools[0].name': \"\" should be non-empty",
         ),
+        # fields whose state mlxspec does not keep are refused, never silently dropped
+        (
+            "/v1/responses",
+            {"input": "hi", "conversation": "conv_1"},
+            "conversation",
+            "conversation is not supported; continue with previous_response_id instead",
+        ),
+        (
+            "/v1/responses/input_tokens",
+            {"input": "hi", "prompt": {"id": "pmpt_1"}},
+            "prompt",
+            "prompt (a stored prompt template) is not supported; send instructions and input "
+            "instead",
+        ),
     ],
 )
 def test_openai_routes(client: httpx.Client, route: str, body: dict, param: str, message: str):
