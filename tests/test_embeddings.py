@@ -118,22 +118,25 @@ def test_base64_is_little_endian_float32() -> None:
     assert encode_base64([1.0, -2.0]) == "AACAPwAAAMA="
 
 
+SHAPE = "`input` must be a string or array of strings"
+
+
 @pytest.mark.parametrize(
-    ("body", "param"),
+    ("body", "param", "message"),
     [
-        ({"input": 5}, "input"),
-        ({"input": []}, "input"),
-        ({"input": ["ok", 3]}, "input[1]"),
-        ({"input": [["nested"]]}, "input[0]"),
-        ({"model": "m"}, "input"),
+        ({"input": 5}, "input", SHAPE),
+        ({"input": []}, "input", "`input` must not be empty"),
+        ({"input": ["ok", 3]}, "input[1]", SHAPE),
+        ({"input": [["nested"]]}, "input[0]", SHAPE),
+        ({"model": "m"}, "input", SHAPE),
     ],
 )
-def test_bad_input_is_400(emb_client: httpx.Client, body, param) -> None:
+def test_bad_input_is_400(emb_client: httpx.Client, body, param, message) -> None:
     r = emb_client.post("/v1/embeddings", json=body)
     assert r.status_code == 400, r.text
     assert r.json() == {
         "error": {
-            "message": "`input` must be a string or array of strings",
+            "message": message,
             "type": "invalid_request_error",
             "param": param,
             "code": None,

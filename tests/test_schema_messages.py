@@ -39,6 +39,13 @@ MESSAGES = {"model": "m", "max_tokens": 1, "messages": [{"role": "user", "conten
             "encoding_format",
             'Invalid value for \'encoding_format\': "hex" is not one of "float", "base64", null',
         ),
+        ("/v1/embeddings", {"input": []}, "input", "`input` must not be empty"),
+        (
+            "/v1/embeddings",
+            {"input": ["a", 2]},
+            "input[1]",
+            "`input` must be a string or array of strings",
+        ),
         (
             "/v1/responses",
             {"input": 5},
