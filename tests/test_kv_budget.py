@@ -102,13 +102,52 @@ def test_requests_in_line_count_as_waiting() -> None:
 
 
 def test_queue_full_counts_the_line() -> None:
-    adm = Admission(AdmissionLimits(max_queue=2, kv_budget=500), 8, 1000, MEMORY)
-    adm.kv_gate.push(Job("x"), 40)
-    adm.admit(10, in_flight=2)  # it would be second in line: room for it
+    adm = Admission(AdmissionLimits(max_queue=2, kv_budget=500), 8, 1000, MEMORY)  # 50 tokens
+    adm.running_tokens = 40  # one request runs
+    adm.kv_gate.push(Job("x"), 40)  # one waits: 40 + 40 > 50
+    adm.admit(10, in_flight=2, projected=40)  # it would be second in line: room for it
     adm.kv_gate.push(Job("y"), 40)
     with pytest.raises(QueueFullError):
-        adm.admit(10, in_flight=3)  # third in line, past --max-queue 2
+        adm.admit(10, in_flight=3, projected=40)  # third in line, past --max-queue 2
     assert adm.rejected == {"queue_full": 1, "context_over_budget": 0}
+
+
+def test_requests_not_yet_in_line_are_counted_too() -> None:
+    """Several requests submitted within one engine step: none is in the line
+    yet, but the prediction packs them first come first served."""
+    adm = Admission(AdmissionLimits(max_queue=1, kv_budget=500), 8, 1000, MEMORY)
+    adm.incoming.extend([40, 40])  # submitted, not yet taken in by the engine
+    assert adm.kv_waiting(40) == 2  # the first runs, the second and this one wait
+    with pytest.raises(QueueFullError):
+        adm.admit(10, in_flight=2, projected=40)
+    assert adm.kv_waiting(10) == 2  # 40 + 10 would fit beside the first: no overtaking
+    small = Admission(AdmissionLimits(max_queue=0, kv_budget=500), 8, 1000, MEMORY)
+    small.incoming.append(20)
+    assert small.kv_waiting(20) == 0  # both fit: 40 <= 50
+    small.admit(5, in_flight=1, projected=20)
+    # without a byte budget there is no line
+    assert Admission(AdmissionLimits(max_queue=0), 8, 1000).kv_waiting(10**6) == 0
+
+
+def test_a_burst_gets_429_before_the_engine_sees_it(tiny_model_dir: Path, tiny_engine) -> None:
+    """A budget for one request at a time and --max-queue 1: of three requests
+    submitted at once (the engine thread is not even started), the third is
+    refused at submit."""
+    limits = AdmissionLimits(max_queue=1, kv_budget=_budget_for(tiny_engine, 1))
+    engine = Engine.load(tiny_model_dir, "tiny-llama", max_batch=8, limits=limits)
+
+    async def go() -> None:
+        engine.submit(_request(engine, PROMPTS[0]))
+        engine.submit(_request(engine, PROMPTS[1]))
+        with pytest.raises(QueueFullError):
+            engine.submit(_request(engine, PROMPTS[2]))
+
+    try:
+        asyncio.run(go())
+        assert engine.admission.rejected["queue_full"] == 1
+        assert list(engine.admission.incoming) == [len(PROMPTS[0]) + MAX_TOKENS] * 2
+    finally:
+        engine.close()
 
 
 def test_cli_reads_kv_budget(tiny_model_dir: Path) -> None:
@@ -258,3 +297,32 @@ async def _until(predicate, timeout: float = 30.0) -> None:
     while not predicate():
         assert time.monotonic() < deadline, "condition never held"
         await asyncio.sleep(0.002)
+
+
+def test_serial_lane_reports_the_running_request(tiny_model_dir: Path, tiny_engine) -> None:
+    """``--batch 1`` runs a request to its end inside one engine step: its
+    projection is reported while it runs, and cleared after."""
+    per_token = tiny_engine.memory.kv_bytes_per_token
+    limits = AdmissionLimits(kv_budget=per_token * 230)
+    engine = Engine.load(tiny_model_dir, "tiny-llama", max_batch=1, limits=limits)
+    engine.start()
+    request = GenerationRequest(
+        tuple(engine.text_prompt(PROMPTS[0])),
+        max_tokens=200,
+        logits=LogitsParams(logit_bias=((2, -1e9),)),
+    )
+
+    async def go() -> tuple[int, str]:
+        handle = engine.submit(request)
+        await _until(lambda: engine.running_kv_tokens > 0)
+        seen = engine.running_kv_tokens
+        text, _, _ = await _timed(handle)
+        return seen, text
+
+    try:
+        seen, text = asyncio.run(go())
+        assert seen == len(request.prompt) + 200
+        assert text
+        asyncio.run(_until(lambda: engine.running_kv_tokens == 0))
+    finally:
+        engine.close()

@@ -120,6 +120,12 @@ class Admission:
         #: Requests in line for a decode slot under :attr:`kv_room` (the engine
         #: thread fills and empties it; they count as waiting).
         self.kv_gate = KvGate(self.kv_room)
+        #: Projections of requests submitted but not yet taken into
+        #: :attr:`kv_gate` (appended on submit, taken by the engine thread).
+        self.incoming: deque[int] = deque()
+        #: Tokens of KV cache the running requests project together (the engine
+        #: thread keeps it; ``GET /stats`` ``batch.kv_bytes``).
+        self.running_tokens = 0
 
     @property
     def context_limit(self) -> int:
@@ -150,7 +156,9 @@ class Admission:
                 param=param,
             )
 
-    def admit(self, prompt_tokens: int, in_flight: int, param: str = "messages") -> None:
+    def admit(
+        self, prompt_tokens: int, in_flight: int, param: str = "messages", projected: int = 0
+    ) -> None:
         """Accept a request with ``prompt_tokens`` or refuse it.
 
         Args:
@@ -158,6 +166,9 @@ class Admission:
                 model's window by the engine.
             in_flight (int): requests submitted and not yet ended.
             param (str): the request field holding the prompt. Default: ``"messages"``.
+            projected (int): its KV cache projection in tokens (prompt plus
+                generation budget), for the KV line (:meth:`kv_waiting`).
+                Default: ``0``.
 
         Raises:
             ContextBudgetError: the prompt leaves no room under the operator cap.
@@ -171,7 +182,7 @@ class Admission:
                 f"this server's context limit of {limit} tokens.",
                 param=param,
             )
-        self._check_queue(in_flight)
+        self._check_queue(in_flight, projected)
 
     @contextmanager
     def hold(self, in_flight: int) -> Iterator[None]:
@@ -193,9 +204,31 @@ class Admission:
         finally:
             self.held -= 1
 
-    def _check_queue(self, in_flight: int) -> None:
-        line = len(self.kv_gate)  # a line under the KV budget is never overtaken
-        waiting = max(in_flight + 1 - self.slots, line + 1 if line else 0)
+    def kv_waiting(self, projected: int) -> int:
+        """How many requests would wait in the KV line once one projecting
+        ``projected`` tokens joins it (``0`` without a byte budget).
+
+        A prediction made on the submitting thread: the requests ahead (in
+        :attr:`kv_gate`, then those submitted but not yet taken in by the engine
+        thread, :attr:`incoming`) are packed first come first served on top of
+        :attr:`running_tokens`, as :class:`KvGate` will start them; several
+        requests arriving within one engine step are counted this way before
+        the engine has seen any of them.
+        """
+        if self.kv_room is None:
+            return 0
+        running, waiting = self.running_tokens, 0
+        for tokens in [*self.kv_gate.projections(), *list(self.incoming), projected]:
+            if waiting == 0 and (running == 0 or running + tokens <= self.kv_room):
+                running += tokens
+            else:
+                waiting += 1
+        return waiting
+
+    def _check_queue(self, in_flight: int, projected: int | None = None) -> None:
+        waiting = in_flight + 1 - self.slots
+        if projected is not None:
+            waiting = max(waiting, self.kv_waiting(projected))
         if waiting > self.limits.max_queue:  # it would wait past the end
             self.rejected["queue_full"] += 1
             raise QueueFullError(
@@ -246,6 +279,10 @@ class KvGate:
         if self.room is not None and running > 0 and running + tokens > self.room:
             return None
         return self._line.popleft()
+
+    def projections(self) -> list[int]:
+        """The projections of the requests in line, head first (a snapshot)."""
+        return [tokens for _, tokens in list(self._line)]
 
     def drop_cancelled(self) -> int:
         """Take cancelled requests (``handle.cancelled``) out of the line; returns how many."""

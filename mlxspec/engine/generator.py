@@ -138,8 +138,6 @@ class Engine:
         self.admission = Admission(limits, max_batch, info.context_window, memory)
         #: Requests in line for a decode slot under a byte budget (engine thread).
         self.kv_gate = self.admission.kv_gate
-        #: KV tokens the running requests project together (``batch.kv_bytes``).
-        self.running_kv_tokens = 0
         self._solo_tokens = 0  # the lone request's projection, while it decodes alone
         #: Prefix KV reuse across requests (``stats()`` feeds ``GET /stats``).
         self.prompt_cache = prompt_cache if prompt_cache is not None else PromptCache()
@@ -291,6 +289,11 @@ class Engine:
         return self.grammars.problem(constraint)
 
     @property
+    def running_kv_tokens(self) -> int:
+        """Tokens of KV cache the running requests project together (``batch.kv_bytes``)."""
+        return self.admission.running_tokens
+
+    @property
     def in_flight(self) -> int:
         """Requests submitted and not yet ended (running or waiting)."""
         ended = self.counters["completed"] + self.counters["cancelled"] + self.counters["failed"]
@@ -312,9 +315,11 @@ class Engine:
             QueueFullError: the wait queue is full.
         """
         self.check_fits(len(request.prompt), prompt_param)
-        self.admission.admit(len(request.prompt), self.in_flight, prompt_param)
+        projected = len(request.prompt) + self._budget(request)
+        self.admission.admit(len(request.prompt), self.in_flight, prompt_param, projected)
         handle = RequestHandle(request, asyncio.get_running_loop())
         self.submitted += 1
+        self.admission.incoming.append(projected)  # taken in the same order as _jobs
         self._jobs.put(handle)
         return handle
 
@@ -374,7 +379,7 @@ class Engine:
     def _admit(self, lane: BatchLane | None) -> bool:
         """Take queued jobs (waiting only when idle) into line, then start the
         requests the KV budget lets in; False on shutdown."""
-        self.running_kv_tokens = self._running_tokens(lane)  # rows may have ended
+        self.admission.running_tokens = self._running_tokens(lane)  # rows may have ended
         idle = self._solo is None and (lane is None or not len(lane)) and not self.kv_gate
         try:
             job = self._jobs.get(block=idle)
@@ -385,7 +390,7 @@ class Engine:
                 self._start_waiting(lane)  # what was queued before it starts first
                 job.run()
             else:
-                self.kv_gate.push(job, len(job.request.prompt) + self._budget(job.request))
+                self.kv_gate.push(job, self.admission.incoming.popleft())
             try:
                 job = self._jobs.get_nowait()
             except queue.Empty:
@@ -401,7 +406,7 @@ class Engine:
             self._count("cancelled")
         while (ready := self.kv_gate.pop_ready(self._running_tokens(lane))) is not None:
             self._start(lane, *ready)
-        self.running_kv_tokens = self._running_tokens(lane)
+        self.admission.running_tokens = self._running_tokens(lane)
 
     def _running_tokens(self, lane: BatchLane | None) -> int:
         return self._solo_tokens + (lane.projected_tokens if lane is not None else 0)
@@ -411,6 +416,7 @@ class Engine:
         if handle.cancelled:
             self._count("cancelled")
         elif lane is None or handle.request.sampling.seed is not None:
+            self.admission.running_tokens = self._running_tokens(lane) + tokens  # while it runs
             self._serial(handle)
         elif self._goes_solo(lane, handle):
             budget = self._budget(handle.request)
