@@ -83,6 +83,29 @@ def test_streamed_reply_matches_the_schema(client: httpx.Client) -> None:
     ]
 
 
+def test_count_tokens_counts_the_degrade_instruction(client: httpx.Client) -> None:
+    # a schema xgrammar refuses runs unconstrained, described in a system message
+    body = {
+        "model": "m",
+        "max_tokens": 4,
+        "messages": USER,
+        "output_config": {"format": {"type": "json_schema", "schema": {"type": "foo"}}},
+    }
+    counted = client.post("/v1/messages/count_tokens", json=body).json()["input_tokens"]
+    plain = {k: v for k, v in body.items() if k != "output_config"}
+    alone = client.post("/v1/messages/count_tokens", json=plain).json()["input_tokens"]
+    r = client.post(MESSAGES, json=body)
+    assert r.headers["warning"].startswith("grammar not enforced")
+    usage = r.json()["usage"]
+    assert counted == usage["input_tokens"] + usage.get("cache_read_input_tokens", 0) > alone
+    missing = {**body, "output_config": {"format": {"type": "json_schema"}}}
+    r = client.post("/v1/messages/count_tokens", json=missing)
+    assert (r.status_code, r.json()["error"]["message"]) == (
+        400,
+        "output_config.format.schema is required",
+    )
+
+
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [

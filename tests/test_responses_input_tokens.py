@@ -10,6 +10,8 @@ against the document.
 
 from __future__ import annotations
 
+import re
+
 import httpx
 import openai
 import pytest
@@ -19,6 +21,8 @@ FIXED = {"model": "any", "max_output_tokens": 4, "temperature": 0}
 #: Short: the tiny model's template describes tools in its system message,
 #: and its window is 256 tokens.
 WEATHER = {"type": "function", "name": "w", "parameters": {"type": "object"}}
+BAD = {"type": "foo"}  # no JSON Schema type: the grammar does not compile
+LOOKBEHIND = {"type": "object", "properties": {"a": {"type": "string", "pattern": "(?<=x)y"}}}
 
 
 @pytest.mark.parametrize(
@@ -33,14 +37,29 @@ WEATHER = {"type": "function", "name": "w", "parameters": {"type": "object"}}
             ]
         },
         {"input": "hi", "tools": [WEATHER]},
+        # a schema xgrammar refuses: the degrade path's system instruction is counted
+        {"input": "hi", "text": {"format": {"type": "json_schema", "name": "a", "schema": BAD}}},
     ],
-    ids=["text", "instructions", "items", "tools"],
+    ids=["text", "instructions", "items", "tools", "degraded-format"],
 )
 def test_count_is_the_prompt_a_response_runs(sdk: openai.OpenAI, fields: dict) -> None:
     counted = sdk.responses.input_tokens.count(model="any", **fields)
     assert counted.object == "response.input_tokens"
     created = sdk.responses.create(**FIXED, extra_body=NO_EOS, **fields)
     assert counted.input_tokens == created.usage.input_tokens > 0
+
+
+def test_count_includes_a_degraded_forced_call_instruction(sdk: openai.OpenAI) -> None:
+    # A forced call whose parameters xgrammar refuses is asked for in a system
+    # instruction; with it the prompt outgrows the tiny model's 256-token window,
+    # so the create's own 400 states the length the count must give.
+    fields = {"input": "hi", "tools": [{**WEATHER, "parameters": LOOKBEHIND}]}
+    counted = sdk.responses.input_tokens.count(model="any", tool_choice="required", **fields)
+    unforced = sdk.responses.input_tokens.count(model="any", **fields)
+    with pytest.raises(openai.BadRequestError) as err:
+        sdk.responses.create(**FIXED, extra_body=NO_EOS, tool_choice="required", **fields)
+    said = re.search(r"the prompt has (\d+) tokens", err.value.message)
+    assert said is not None and counted.input_tokens == int(said[1]) > unforced.input_tokens
 
 
 def test_count_follows_previous_response_id(sdk: openai.OpenAI) -> None:

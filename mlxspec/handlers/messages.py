@@ -71,6 +71,8 @@ PROMPT_FIELDS = frozenset(
         "thinking",
         "session_id",
         "prompt_cache_key",
+        "output_config",
+        "output_format",
     }
 )
 

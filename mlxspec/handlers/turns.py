@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlxspec.engine import (
+    Constraint,
     Delta,
     Engine,
     Finished,
@@ -215,37 +216,58 @@ async def open_turn(
         ContextLengthError: the prompt does not fit.
         ApiError: an invalid or unenforceable ``tool_choice`` (400).
     """
-    body, warning = await structured_output(engine, dict(body), chat=True)
-    options = turn_options(body)
+    p = await _prepare(engine, body)
+    session = session_key(p.body, request_headers())
+    request = to_generation_request(p.body, p.prompt, engine.defaults, engine.info, session)
+    if p.forced:  # the tool call wins over any structured-output constraint
+        request = dataclasses.replace(request, constraint=p.constraint)
+    handle = engine.submit(request, prompt_param=prompt_param)
+    return Turn(request, handle, p.options, p.choice, p.thinking, p.warning)
+
+
+@dataclass
+class _Prepared:
+    """A chat body made ready to submit: the body that runs (with a degrade
+    note, if any), its prompt tokens, and how the turn reads its output."""
+
+    body: dict[str, Any]
+    prompt: list[int]
+    thinking: bool
+    options: TurnOptions
+    choice: ParserChoice
+    forced: bool
+    constraint: Constraint | None
+    warning: dict[str, str]
+
+
+async def _prepare(engine: Engine, body: Mapping[str, Any]) -> _Prepared:
+    """Compile the turn's grammars, take the degrade path where one fails, and
+    render the prompt (see :func:`open_turn`)."""
+    run, warning = await structured_output(engine, dict(body), chat=True)
+    options = turn_options(run)
     choice = _choice(engine)
-    prompt, thinking = await off_loop(_render, engine, body, options, choice)
+    prompt, thinking = await off_loop(_render, engine, run, options, choice)
     forced = bool(options.tools) and options.tool_choice not in ("auto", "none")
     constraint = forcing_constraint(options, choice, thinking) if forced else None
     if constraint is not None:
         reason = await asyncio.to_thread(engine.grammar_problem, constraint)
         if reason is not None:
-            body = with_system_note(body, forcing_instruction(options))
-            prompt, thinking = await off_loop(_render, engine, body, options, choice)
+            run = with_system_note(run, forcing_instruction(options))
+            prompt, thinking = await off_loop(_render, engine, run, options, choice)
             constraint, warning = None, warning_header(reason)
-    session = session_key(body, request_headers())
-    request = to_generation_request(body, prompt, engine.defaults, engine.info, session)
-    if forced:  # the tool call wins over any structured-output constraint
-        request = dataclasses.replace(request, constraint=constraint)
-    handle = engine.submit(request, prompt_param=prompt_param)
-    return Turn(request, handle, options, choice, thinking, warning)
+    return _Prepared(run, prompt, thinking, options, choice, forced, constraint, warning)
 
 
 async def count_prompt(engine: Engine, body: Mapping[str, Any]) -> int:
     """Tokens of the prompt :func:`open_turn` would submit for ``body``: the same
-    template, tools and template variables, without generating. The degrade
-    path's system instruction (added only when a grammar fails to compile) is
-    not counted.
+    template, tools, template variables and degrade-path instruction (a grammar
+    that does not compile is described in a system message), without generating.
 
     Raises:
         PromptError: the template cannot render the messages.
+        ApiError: an invalid ``tool_choice`` (400), as :func:`open_turn`.
     """
-    prompt, _ = await off_loop(_render, engine, body, turn_options(body), _choice(engine))
-    return len(prompt)
+    return len((await _prepare(engine, body)).prompt)
 
 
 def _render(
