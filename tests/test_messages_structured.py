@@ -83,6 +83,24 @@ def test_streamed_reply_matches_the_schema(client: httpx.Client) -> None:
     ]
 
 
+@pytest.mark.parametrize("route", [MESSAGES, "/v1/messages/count_tokens"])
+def test_a_prefill_with_structured_output_is_400(client: httpx.Client, route: str) -> None:
+    prefill = [*USER, {"role": "assistant", "content": '{"kind": "'}]
+    body = {
+        "model": "m",
+        "max_tokens": 8,
+        "messages": prefill,
+        "output_config": {"format": COMPACT},
+    }
+    r = client.post(route, json=body)
+    assert r.status_code == 400
+    assert r.json()["error"] == {
+        "type": "invalid_request_error",
+        "message": "a final assistant message (a prefill) cannot be combined with structured "
+        "output (output_config.format): the reply must hold the whole JSON document",
+    }
+
+
 def test_count_tokens_counts_the_degrade_instruction(client: httpx.Client) -> None:
     # a schema xgrammar refuses runs unconstrained, described in a system message
     body = {

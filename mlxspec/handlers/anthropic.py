@@ -55,7 +55,8 @@ def to_chat_body(body: Mapping[str, Any]) -> dict[str, Any]:
 
     Raises:
         ApiError: tool results and tool uses that do not pair up
-            (:func:`check_tool_pairs`).
+            (:func:`check_tool_pairs`); a prefill with structured output (the
+            Anthropic SDK documents the two as incompatible).
     """
     check_tool_pairs(body["messages"])
     messages = _system(body.get("system"))
@@ -82,6 +83,12 @@ def to_chat_body(body: Mapping[str, Any]) -> dict[str, Any]:
         variables["enable_thinking"] = thinking["type"] != "disabled"
     last = messages[-1] if messages else {}
     if body["messages"][-1]["role"] == "assistant" and not last.get("tool_calls"):
+        if output is not None:  # the grammar would start the document over after it
+            raise ApiError(
+                "invalid_request",
+                "a final assistant message (a prefill) cannot be combined with structured "
+                "output (output_config.format): the reply must hold the whole JSON document",
+            )
         # A trailing assistant turn is a prefill: the reply continues it.
         variables["continue_final_message"] = True
     if variables:
