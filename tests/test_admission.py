@@ -151,7 +151,7 @@ def test_queue_full_is_429_then_queued_requests_complete(idle_engine: Engine) ->
             assert refused.headers["content-type"] == "application/json"
             assert refused.json() == {
                 "error": {
-                    "message": "generation queue is full (1 requests waiting); retry later",
+                    "message": "generation queue is full (1 request waiting); retry later",
                     "type": "resource_admission",
                     "param": None,
                     "code": "queue_full",
@@ -170,7 +170,7 @@ def test_queue_full_is_429_then_queued_requests_complete(idle_engine: Engine) ->
 
 QUEUE_FULL = {
     "error": {
-        "message": "generation queue is full (1 requests waiting); retry later",
+        "message": "generation queue is full (1 request waiting); retry later",
         "type": "resource_admission",
         "param": None,
         "code": "queue_full",

@@ -52,21 +52,21 @@ def test_pairs_that_match_pass(messages: list[dict]) -> None:
     [
         (
             [ASK, CALLS, {"role": "user", "content": [result("a"), result("b"), result("c")]}],
-            "messages.2.content.2: tool_result for tool_use_id 'c', which no tool_use block "
+            'messages.2.content.2: tool_result for tool_use_id "c", which no tool_use block '
             "of the previous (assistant) message has",
         ),
         (
             [{"role": "user", "content": [result("a")]}],
-            "messages.0.content.0: tool_result for tool_use_id 'a', which no tool_use block "
+            'messages.0.content.0: tool_result for tool_use_id "a", which no tool_use block '
             "of the previous (assistant) message has",
         ),
         (
             [ASK, CALLS, {"role": "user", "content": [result("a")]}],
-            "messages.1: tool_use ids without a tool_result block in the next message: b",
+            'messages.1: tool_use ids without a tool_result block in the next message: "b"',
         ),
         (
             [ASK, CALLS, {"role": "user", "content": "never mind"}],
-            "messages.1: tool_use ids without a tool_result block in the next message: a, b",
+            'messages.1: tool_use ids without a tool_result block in the next message: "a", "b"',
         ),
         # a result two turns late answers nothing: only the turn before counts
         (
@@ -77,7 +77,7 @@ def test_pairs_that_match_pass(messages: list[dict]) -> None:
                 {"role": "assistant", "content": "It is noon."},
                 {"role": "user", "content": [result("a")]},
             ],
-            "messages.4.content.0: tool_result for tool_use_id 'a', which no tool_use block "
+            'messages.4.content.0: tool_result for tool_use_id "a", which no tool_use block '
             "of the previous (assistant) message has",
         ),
     ],
@@ -99,6 +99,6 @@ def test_over_http_in_anthropic_shape(client: httpx.Client, route: str) -> None:
         "error": {
             "type": "invalid_request_error",
             "message": "messages.1: tool_use ids without a tool_result block in the next "
-            "message: b",
+            'message: "b"',
         },
     }

@@ -231,9 +231,8 @@ class Admission:
             waiting = max(waiting, self.kv_waiting(projected))
         if waiting > self.limits.max_queue:  # it would wait past the end
             self.rejected["queue_full"] += 1
-            raise QueueFullError(
-                f"generation queue is full ({self.limits.max_queue} requests waiting); retry later"
-            )
+            full = _requests(self.limits.max_queue)
+            raise QueueFullError(f"generation queue is full ({full} waiting); retry later")
 
     def room(self, prompt_tokens: int, max_tokens: int | None) -> int:
         """Tokens a request may generate: ``max_tokens`` capped by the room left
@@ -292,6 +291,10 @@ class KvGate:
         dropped = len(self._line) - len(kept)
         self._line = kept
         return dropped
+
+
+def _requests(n: int) -> str:
+    return f"{n} request" if n == 1 else f"{n} requests"
 
 
 def _kv_rooms(limits: AdmissionLimits, memory: ModelMemory | None) -> list[int]:

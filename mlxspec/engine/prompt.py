@@ -106,7 +106,8 @@ def _content_text(content: Any, model_id: str, param: str) -> str:
             )
         if kind != "text" or not isinstance(part.get("text"), str):
             raise PromptError(
-                f"unsupported content part type '{kind}'; only 'text' parts are supported",
+                f"unsupported content part type '{kind}': a prompt here holds text (and "
+                "images or audio on a model that reads them)",
                 param=f"{param}[{j}]",
             )
         pieces.append(part["text"])

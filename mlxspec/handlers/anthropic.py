@@ -121,7 +121,8 @@ def check_tool_pairs(messages: Sequence[Mapping[str, Any]]) -> None:
                 if use_id not in called:
                     raise ApiError(
                         "invalid_request",
-                        f"messages.{i}.content.{j}: tool_result for tool_use_id {use_id!r}, "
+                        f"messages.{i}.content.{j}: tool_result for tool_use_id "
+                        f"{json.dumps(use_id, ensure_ascii=False)}, "
                         "which no tool_use block of the previous (assistant) message has",
                     )
         if message["role"] == "assistant" and i + 1 < len(messages):
@@ -131,7 +132,7 @@ def check_tool_pairs(messages: Sequence[Mapping[str, Any]]) -> None:
                 raise ApiError(
                     "invalid_request",
                     f"messages.{i}: tool_use ids without a tool_result block in the next "
-                    f"message: {', '.join(missing)}",
+                    f"message: {', '.join(json.dumps(u, ensure_ascii=False) for u in missing)}",
                 )
 
 
