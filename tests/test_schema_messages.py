@@ -128,3 +128,15 @@ def test_anthropic_route_keeps_its_envelope(
         "type": "error",
         "error": {"type": "invalid_request_error", "message": message},
     }
+
+
+def test_an_unsupported_content_part_says_what_a_prompt_holds(client: httpx.Client) -> None:
+    # not a schema error: the prompt builder refuses a block it cannot render
+    block = {"type": "document", "source": {"type": "text", "data": "x"}}
+    messages = [{"role": "user", "content": [block]}]
+    r = client.post("/v1/messages", json={**MESSAGES, "messages": messages})
+    assert (r.status_code, r.json()["error"]["message"]) == (
+        400,
+        "unsupported content part type 'document': a prompt here holds text (and images or "
+        "audio on a model that reads them)",
+    )
