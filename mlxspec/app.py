@@ -137,7 +137,7 @@ def _problem(req: ConnexionRequest, exc: Exception) -> ConnexionResponse:
 
 
 def _problem_handler(
-    allow: Callable[[str], str | None], suggest: Callable[[str], str | None]
+    allow: Callable[[str], str | None], suggest: Callable[[str, str], str | None]
 ) -> Callable[[ConnexionRequest, Exception], ConnexionResponse]:
     """:func:`_problem`, with a 405's ``Allow`` taken from the document
     (:func:`~.paths.allowed_methods`) and a route-miss 404 naming the route a
@@ -150,7 +150,7 @@ def _problem_handler(
             methods = allow(req.url.path)
             if methods:
                 exc.headers = {**(getattr(exc, "headers", None) or {}), "Allow": methods}
-        elif status == 404 and (guess := suggest(req.url.path)) is not None:
+        elif status == 404 and (guess := suggest(req.url.path, req.method)) is not None:
             message = f"not found: did you mean {guess}? (check the client's base URL)"
             return _render(ApiError("not_found", message), req, surface_for_path(guess))
         return _problem(req, exc)

@@ -354,8 +354,10 @@ def serve(config: ServeConfig) -> int:
         )
     url = f"http://{config.host}:{config.port}"
     auth = ", API key required" if config.api_key else ""
+    cap = engine.admission.enforced_context
+    capped = f", capped at {cap} by the operator's limits" if cap is not None else ""
     print(
-        f"mlxspec: serving {engine.info.id} (context {engine.info.context_window}{auth}) "
+        f"mlxspec: serving {engine.info.id} (context {engine.info.context_window}{capped}{auth}) "
         f"at {url}/v1",
         flush=True,
     )

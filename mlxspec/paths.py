@@ -82,30 +82,32 @@ def _methods(item: dict[str, Any]) -> set[str]:
     return methods | {"HEAD"} if "GET" in methods else methods
 
 
-def suggest_path(spec: dict[str, Any]) -> Callable[[str], str | None]:
-    """A function from an unknown request path to the document path its client
-    probably meant, or ``None``.
+def suggest_path(spec: dict[str, Any]) -> Callable[[str, str], str | None]:
+    """A function from an unknown request path (and its method) to the document
+    path its client probably meant, or ``None``.
 
     The usual slip is the client's base URL: the ``openai`` SDK wants it to end
     in ``/v1`` and the ``anthropic`` SDK wants it without, so a request arrives
     as ``/chat/completions`` or ``/v1/v1/messages``. The guess adds or removes
-    one leading ``/v1`` and keeps it when a document path matches.
+    one leading ``/v1`` and keeps it when a document path takes that method
+    there (``HEAD`` with ``GET``).
 
     Args:
         spec (dict): the served OpenAPI document.
 
     Returns:
-        Callable[[str], str | None]: the path to suggest.
+        Callable[[str, str], str | None]: ``(path, method)`` -> the path to suggest.
     """
     routes = _path_patterns(spec)
 
-    def suggest(path: str) -> str | None:
+    def suggest(path: str, method: str) -> str | None:
         if path.startswith("/v1/v1/"):
             guess = path[3:]
         elif path != "/v1" and not path.startswith("/v1/"):
             guess = "/v1" + path
         else:
             return None
-        return guess if any(rx.match(guess) for _, rx, _ in routes) else None
+        fits = any(rx.match(guess) and method.upper() in m for _, rx, m in routes)
+        return guess if fits else None
 
     return suggest

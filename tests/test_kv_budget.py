@@ -7,6 +7,8 @@ random model's engine, whose greedy answers must not change."""
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -19,6 +21,7 @@ import pytest
 from mlxspec.app import create_app
 from mlxspec.cli import parse_config
 from mlxspec.conformance.httpx_checks import checking_async_client
+from mlxspec.conformance.live import serve
 from mlxspec.engine import AdmissionLimits, BudgetTooSmallError, Engine, GenerationRequest
 from mlxspec.engine.admission import Admission, KvGate, QueueFullError
 from mlxspec.engine.fit import ModelMemory
@@ -326,3 +329,20 @@ def test_serial_lane_reports_the_running_request(tiny_model_dir: Path, tiny_engi
         asyncio.run(_until(lambda: engine.running_kv_tokens == 0))
     finally:
         engine.close()
+
+
+def test_serve_reports_the_budget_and_its_cap(
+    tiny_model_dir: Path, tiny_engine: Any, tmp_path: Path
+) -> None:
+    """``mlxspec serve --kv-budget``: the start-up line names the context cap,
+    and ``/stats`` the budget."""
+    per_token = tiny_engine.memory.kv_bytes_per_token
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    argv = [sys.executable, "-m", "mlxspec", "serve", str(tiny_model_dir), "--port", "{port}"]
+    budget = ["--kv-budget", str(per_token * 100), "--batch", "2"]
+    log = tmp_path / "serve.log"
+    with serve([*argv, *budget], env, log, timeout=120) as base:
+        stats = httpx.get(f"{base}/stats", timeout=30).json()
+    assert stats["admission"]["enforced_context_tokens"] == 100
+    assert stats["batch"]["kv_budget_bytes"] == per_token * 100
+    assert "(context 256, capped at 100 by the operator's limits)" in log.read_text()

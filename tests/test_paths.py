@@ -14,21 +14,25 @@ SPEC = served_spec()
 
 
 @pytest.mark.parametrize(
-    ("path", "guess"),
+    ("method", "path", "guess"),
     [
-        ("/chat/completions", "/v1/chat/completions"),  # openai SDK without /v1
-        ("/models", "/v1/models"),
-        ("/v1/v1/messages", "/v1/messages"),  # anthropic SDK with /v1
-        ("/v1/v1/messages/count_tokens", "/v1/messages/count_tokens"),
-        ("/v1/v1/responses/resp_1", "/v1/responses/resp_1"),
-        ("/v1/nothing", None),
-        ("/nothing", None),
-        ("/v1/v1/nothing", None),
-        ("/v1", None),
+        ("POST", "/chat/completions", "/v1/chat/completions"),  # openai SDK without /v1
+        ("GET", "/models", "/v1/models"),
+        ("HEAD", "/models", "/v1/models"),
+        ("POST", "/v1/v1/messages", "/v1/messages"),  # anthropic SDK with /v1
+        ("POST", "/v1/v1/messages/count_tokens", "/v1/messages/count_tokens"),
+        ("GET", "/v1/v1/responses/resp_1", "/v1/responses/resp_1"),
+        # the guess must take the method: POST there would be a 405
+        ("POST", "/v1/v1/responses/resp_1", None),
+        ("GET", "/chat/completions", None),
+        ("GET", "/v1/nothing", None),
+        ("GET", "/nothing", None),
+        ("GET", "/v1/v1/nothing", None),
+        ("GET", "/v1", None),
     ],
 )
-def test_suggest_path(path: str, guess: str | None) -> None:
-    assert suggest_path(SPEC)(path) == guess
+def test_suggest_path(method: str, path: str, guess: str | None) -> None:
+    assert suggest_path(SPEC)(path, method) == guess
 
 
 def test_shadowed_paths() -> None:
