@@ -150,6 +150,7 @@ def best_error(errors: Iterable[ValidationError]) -> ValidationError | None:
     Returns:
         ValidationError | None: the error to report; ``None`` for no errors.
     """
+    errors = list(errors)
     best = max(errors, key=first_relevance, default=None)
     while best is not None and best.context:
         left = _branches_left(best) if best.validator in ("anyOf", "oneOf") else []
@@ -161,7 +162,41 @@ def best_error(errors: Iterable[ValidationError]) -> ValidationError | None:
         if len(smallest) == 2 and first_relevance(smallest[0]) == first_relevance(smallest[1]):
             break
         best = smallest[0]
+    return None if best is None else _tag_first(best, errors)
+
+
+def _tag_first(best: ValidationError, errors: list[ValidationError]) -> ValidationError:
+    """An object's ``type`` tag is reported before the members the tag asks for.
+
+    When ``best`` says an object lacks a member, and the object's ``"type"`` is
+    itself missing (``tool_choice: {}``) or refused (``{"type": "text"}`` where
+    only ``"json_schema"`` is taken), that error is the one to report: the tag
+    decides which members are required.
+    """
+    if best.validator != "required" or not isinstance(best.instance, dict):
+        return best
+    where = list(best.absolute_path)
+    # only errors of the same union branch: another branch has its own tag
+    siblings = errors
+    if best.parent is not None:
+        branch = best.relative_schema_path[0]
+        siblings = [e for e in best.parent.context if e.relative_schema_path[0] == branch]
+    for error in _walk(siblings):
+        path = list(error.absolute_path)
+        if "type" not in best.instance:
+            if error.validator == "required" and path == where and "type" in error.validator_value:
+                return error
+        elif path == [*where, "type"] and error.validator in ("const", "enum", "type"):
+            return error
     return best
+
+
+def _walk(errors: Iterable[ValidationError]) -> Iterable[ValidationError]:
+    """Every error and, depth first, the errors of the branches it holds (a
+    ``$ref`` or ``allOf`` level adds no context; a nested union does)."""
+    for error in errors:
+        yield error
+        yield from _walk(error.context or ())
 
 
 def _branches_left(error: ValidationError) -> list[list[ValidationError]]:

@@ -76,6 +76,19 @@ MESSAGES = {"model": "m", "max_tokens": 1, "messages": [{"role": "user", "conten
             "tools[0].name",
             "Invalid value for 'tools[0].name': \"\" should be non-empty",
         ),
+        # a tag missing or refused is reported before what the tag would ask for
+        (
+            "/v1/responses",
+            {"input": "hi", "text": {"format": {}}},
+            "text.format.type",
+            "text.format.type is required",
+        ),
+        (
+            "/v1/chat/completions",
+            {**CHAT, "tools": [{"function": {"name": "a"}}]},
+            "tools[0].type",
+            "tools[0].type is required",
+        ),
         # fields whose state mlxspec does not keep are refused, never silently dropped
         (
             "/v1/responses",
@@ -112,6 +125,11 @@ def test_openai_routes(client: httpx.Client, route: str, body: dict, param: str,
             {"stop_sequences": "END"},
             "Invalid type for 'stop_sequences': expected an array or null, but got a string "
             "instead.",
+        ),
+        ({"tool_choice": {}}, "tool_choice.type is required"),
+        (
+            {"output_config": {"format": {"type": "text"}}},
+            'Invalid value for \'output_config.format.type\': expected "json_schema", got "text"',
         ),
         (
             {"tools": [{"name": "", "input_schema": {"type": "object"}}]},

@@ -168,6 +168,11 @@ UNIONS = {
         "role": {"const": "user"},
         "flag": {"type": ["boolean", "null"]},
         "closed": {"type": "object", "properties": {"a": {}}, "additionalProperties": False},
+        "single": {
+            "type": "object",
+            "required": ["type", "schema"],
+            "properties": {"type": {"const": "json_schema"}, "schema": {"type": "object"}},
+        },
     },
 }
 
@@ -240,4 +245,20 @@ def test_tagged_union_reports_the_branch_its_tag_picks() -> None:
     assert (message, param) == (
         'Invalid value for \'part\': {"type": "audio"} is not valid under any of the given schemas',
         "part",
+    )
+
+
+def test_the_tag_is_reported_before_what_it_asks_for() -> None:
+    # missing: the tag, not the members a tag would require
+    assert union_error({"fmt": {}}) == ("fmt.type is required", "fmt.type")
+    assert union_error({"single": {}}) == ("single.type is required", "single.type")
+    # refused: the tag, not the members the right tag would require
+    assert union_error({"single": {"type": "text"}}) == (
+        'Invalid value for \'single.type\': expected "json_schema", got "text"',
+        "single.type",
+    )
+    # right tag: what it asks for
+    assert union_error({"single": {"type": "json_schema"}}) == (
+        "single.schema is required",
+        "single.schema",
     )
