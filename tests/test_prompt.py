@@ -47,8 +47,13 @@ def test_media_parts_rejected_naming_model(kind: str) -> None:
 
 
 def test_unknown_part_type_rejected() -> None:
-    with pytest.raises(PromptError, match="only 'text'"):
+    with pytest.raises(PromptError) as err:
         normalize_messages([{"role": "user", "content": [{"type": "blob"}]}], "m")
+    assert (err.value.message, err.value.param) == (
+        "unsupported content part type 'blob': a prompt here holds text (and images or audio "
+        "on a model that reads them)",
+        "messages[0].content[0]",
+    )
 
 
 def test_dedupe_bos() -> None:
