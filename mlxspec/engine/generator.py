@@ -11,7 +11,7 @@ per loop turn, and moves into the batch when another arrives (:mod:`.solo`):
 one row of a ``BatchGenerator`` is slower than ``generate_step``. Either way a
 :class:`~.rows.Row` detokenizes, matches stop strings and emits :mod:`types`
 events back to the request's event loop. Cancelling a handle stops it at the
-next decode step.
+next decode step. The engine thread's loop lives in :mod:`.scheduler`.
 Both lanes start a request from the best prefix in :attr:`Engine.prompt_cache`
 and keep its KV cache there when it ends (:mod:`.prompt_cache`).
 """
@@ -22,7 +22,6 @@ import asyncio
 import atexit
 import dataclasses
 import functools
-import logging
 import queue
 import threading
 import weakref
@@ -31,26 +30,21 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from .admission import Admission, AdmissionLimits
-from .batching import BatchLane
 from .cpu_weights import CpuWeights, apply_cpu_weights
 from .fit import ModelMemory, model_memory
 from .grammar import GrammarCache
-from .handles import ExclusiveJob, RequestHandle, coalesced_wakeups
+from .handles import ExclusiveJob, RequestHandle
 from .lanes import LaneParts, StepTimes, default_prefill_step
 from .loader import read_model_info
 from .prompt import encode_text, normalize_messages, quiet_length_warning, render_chat
 from .prompt_cache import DEFAULT_PROMPT_CACHE_BYTES, CacheNamespace, PromptCache
 from .sampling import GenerationDefaults, read_generation_config
-from .solo import SoloRun, run_alone
+from .scheduler import Scheduler
 from .ssd_cache import DEFAULT_SSD_CACHE_BYTES
-from .types import Constraint, Failed, GenerationRequest, ModelInfo
+from .types import Constraint, GenerationRequest, ModelInfo
 from .warmup import warm_up_engine
 
-log = logging.getLogger("mlxspec.engine")
 T = TypeVar("T")
-
-#: What ``_admit`` reads when the job queue is empty (``None`` means shut down).
-_NO_JOB = object()
 
 
 #: Started engines, joined at interpreter exit: an engine thread still inside
@@ -112,8 +106,6 @@ class Engine:
         self.info = info
         self.defaults = defaults
         self._jobs: queue.Queue[RequestHandle | ExclusiveJob | None] = queue.Queue()
-        #: The lone request decoding on ``generate_step`` in the batched lane.
-        self._solo: SoloRun | None = None
         self._thread: threading.Thread | None = None
         self._eos = frozenset(tokenizer.eos_token_ids)
         # as mlx_lm.server's XTC special tokens
@@ -138,7 +130,6 @@ class Engine:
         self.admission = Admission(limits, max_batch, info.context_window, memory)
         #: Requests in line for a decode slot under a byte budget (engine thread).
         self.kv_gate = self.admission.kv_gate
-        self._solo_tokens = 0  # the lone request's projection, while it decodes alone
         #: Prefix KV reuse across requests (``stats()`` feeds ``GET /stats``).
         self.prompt_cache = prompt_cache if prompt_cache is not None else PromptCache()
         #: Everything that changes KV numbers: the model and its weights (no adapters
@@ -348,144 +339,9 @@ class Engine:
     def _run(self) -> None:
         if self.warmup:
             warm_up_engine(self.model, self.info.context_window, self._prefill_step, self.max_batch)
-        lane = (
-            BatchLane(self.lane_parts, self.max_batch, self._count, self.step_times)
-            if self.max_batch > 1
-            else None
-        )
-        try:
-            while self._admit(lane):
-                if self._solo is not None:
-                    self._step_solo()
-                elif lane is not None and len(lane):
-                    try:
-                        with coalesced_wakeups():  # one loop wake-up per step, not per row
-                            lane.step()
-                    except Exception:  # a broken batch fails its rows, not the engine
-                        log.exception("batch step failed")
-                        self.counters["failed"] += lane.fail_all("generation failed")
-                        lane.close()
-                        lane = BatchLane(
-                            self.lane_parts, self.max_batch, self._count, self.step_times
-                        )
-        finally:
-            if self._solo is not None:
-                self._solo.cancel()
-            if lane is not None:
-                lane.close()
-            while (waiting := self.kv_gate.pop_ready(0)) is not None:
-                waiting[0].cancel()
-
-    def _admit(self, lane: BatchLane | None) -> bool:
-        """Take queued jobs (waiting only when idle) into line, then start the
-        requests the KV budget lets in; False on shutdown."""
-        self.admission.running_tokens = self._running_tokens(lane)  # rows may have ended
-        idle = self._solo is None and (lane is None or not len(lane)) and not self.kv_gate
-        try:
-            job = self._jobs.get(block=idle)
-        except queue.Empty:
-            job = _NO_JOB
-        while job is not None and job is not _NO_JOB:
-            if isinstance(job, ExclusiveJob):
-                self._start_waiting(lane)  # what was queued before it starts first
-                job.run()
-            else:
-                self.kv_gate.push(job, self.admission.incoming.popleft())
-            try:
-                job = self._jobs.get_nowait()
-            except queue.Empty:
-                job = _NO_JOB
-        if job is None:
-            return False
-        self._start_waiting(lane)
-        return True
-
-    def _start_waiting(self, lane: BatchLane | None) -> None:
-        """Start requests from the head of :attr:`kv_gate` while they fit."""
-        for _ in range(self.kv_gate.drop_cancelled()):
-            self._count("cancelled")
-        while (ready := self.kv_gate.pop_ready(self._running_tokens(lane))) is not None:
-            self._start(lane, *ready)
-        self.admission.running_tokens = self._running_tokens(lane)
-
-    def _running_tokens(self, lane: BatchLane | None) -> int:
-        return self._solo_tokens + (lane.projected_tokens if lane is not None else 0)
-
-    def _start(self, lane: BatchLane | None, handle: RequestHandle, tokens: int) -> None:
-        """Run ``handle`` in its lane: serial, alone on ``generate_step``, or batched."""
-        if handle.cancelled:
-            self._count("cancelled")
-        elif lane is None or handle.request.sampling.seed is not None:
-            self.admission.running_tokens = self._running_tokens(lane) + tokens  # while it runs
-            self._serial(handle)
-        elif self._goes_solo(lane, handle):
-            budget = self._budget(handle.request)
-            solo = functools.partial(
-                SoloRun, handle, self.lane_parts, budget, "batched", self.solo_times
-            )
-            self._solo = self._guard(handle, solo)
-            self._solo_tokens = tokens if self._solo is not None else 0
-        else:
-            self._hand_over(lane)
-            self._guard(handle, lambda: lane.add(handle, self._budget(handle.request)))
-
-    def _goes_solo(self, lane: BatchLane, handle: RequestHandle) -> bool:
-        """A lone request decodes on ``generate_step`` (:mod:`.solo`): nothing
-        is batched, running alone or queued behind it, and no ``n`` siblings follow."""
-        return (
-            not len(lane)
-            and self._solo is None
-            and self._jobs.empty()
-            and not self.kv_gate
-            and not handle.request.shared_prefill
-        )
-
-    def _step_solo(self) -> None:
-        """Advance the lone request by one prefill chunk or token."""
-        solo = self._solo
-        assert solo is not None
-        ended = self._guard(solo.handle, solo.step)
-        if ended is not False:  # True, or None when it failed
-            self._solo, self._solo_tokens = None, 0
-            if ended:
-                self._count(solo.outcome)
-
-    def _hand_over(self, lane: BatchLane) -> None:
-        """Move the lone request into the batch before another joins."""
-        solo, self._solo, self._solo_tokens = self._solo, None, 0
-        if solo is None:
-            return
-        handoff = self._guard(solo.handle, solo.handoff, fallback=False)
-        if handoff is None:  # it ended on its sampled-ahead token, or was cancelled
-            self._count(solo.outcome)
-        elif handoff is not False:
-            self.handoffs += 1
-            self._guard(solo.handle, lambda: lane.adopt(handoff))
-
-    def _guard(self, handle: RequestHandle, fn: Callable[[], T], fallback: Any = None) -> Any:
-        """``fn()``, or ``fallback`` after failing ``handle`` alone when it raises
-        (an exception here used to end the engine thread, hanging every request)."""
-        try:
-            return fn()
-        except Exception:
-            log.exception("generation failed")
-            handle.emit(Failed("generation failed"))
-            self._count("failed")
-            return fallback
-
-    def _count(self, outcome: str) -> None:
-        self.counters[outcome] += 1
+        Scheduler(self, self._jobs).run()
 
     def _budget(self, req: GenerationRequest) -> int:
         """Tokens this request may generate: its ``max_tokens`` capped by the room
         left in the context window or under the operator's cap."""
         return self.admission.room(len(req.prompt), req.max_tokens)
-
-    def _serial(self, handle: RequestHandle) -> None:
-        """Run ``handle`` alone to its end (the batch and any lone request wait)."""
-        run = functools.partial(
-            run_alone, handle, self.lane_parts, self._budget(handle.request), self.solo_times
-        )
-        outcome = self._guard(handle, run)
-        if outcome is not None:
-            self._count(outcome)
