@@ -306,7 +306,7 @@ class Engine:
             QueueFullError: the wait queue is full.
         """
         self.check_fits(len(request.prompt), prompt_param)
-        projected = len(request.prompt) + self._budget(request)
+        projected = len(request.prompt) + self.budget(request)
         self.admission.admit(len(request.prompt), self.in_flight, prompt_param, projected)
         handle = RequestHandle(request, asyncio.get_running_loop())
         self.submitted += 1
@@ -341,7 +341,7 @@ class Engine:
             warm_up_engine(self.model, self.info.context_window, self._prefill_step, self.max_batch)
         Scheduler(self, self._jobs).run()
 
-    def _budget(self, req: GenerationRequest) -> int:
-        """Tokens this request may generate: its ``max_tokens`` capped by the room
-        left in the context window or under the operator's cap."""
+    def budget(self, req: GenerationRequest) -> int:
+        """Tokens ``req`` may generate: its ``max_tokens`` capped by the room left
+        in the context window or under the operator's cap (:meth:`Admission.room`)."""
         return self.admission.room(len(req.prompt), req.max_tokens)

@@ -182,10 +182,8 @@ class Scheduler:
         self.engine.counters[outcome] += 1
 
     def budget(self, handle: RequestHandle) -> int:
-        """Tokens the request may generate: its ``max_tokens`` capped by the room
-        left in the context window or under the operator's cap."""
-        req = handle.request
-        return self.admission.room(len(req.prompt), req.max_tokens)
+        """Tokens the request may generate (:meth:`Engine.budget`)."""
+        return self.engine.budget(handle.request)
 
     def serial(self, handle: RequestHandle) -> None:
         """Run ``handle`` alone to its end (the batch and any lone request wait)."""
