@@ -89,6 +89,27 @@ def test_pairs_that_do_not_match_are_refused(messages: list[dict], message: str)
     assert (err.value.kind, err.value.message) == ("invalid_request", message)
 
 
+@pytest.mark.parametrize(
+    ("messages", "message"),
+    [
+        (
+            [ASK, {"role": "assistant", "content": [use("a"), use("a")]}],
+            'messages.1.content.1: a second tool_use block with id "a"; each must be unique',
+        ),
+        (
+            [ASK, CALLS, {"role": "user", "content": [result("a"), result("b"), result("a")]}],
+            'messages.2.content.2: a second tool_result block with tool_use_id "a"; each '
+            "must be unique",
+        ),
+    ],
+    ids=["two-calls-one-id", "two-answers-one-call"],
+)
+def test_ids_are_unique_within_a_message(messages: list[dict], message: str) -> None:
+    with pytest.raises(ApiError) as err:
+        check_tool_pairs(messages)
+    assert err.value.message == message
+
+
 @pytest.mark.parametrize("route", ["/v1/messages", "/v1/messages/count_tokens"])
 def test_over_http_in_anthropic_shape(client: httpx.Client, route: str) -> None:
     messages = [ASK, CALLS, {"role": "user", "content": [result("a")]}]

@@ -128,6 +128,18 @@ def test_openai_routes(client: httpx.Client, route: str, body: dict, param: str,
         ),
         ({"tool_choice": {}}, "tool_choice.type is required"),
         (
+            {
+                "messages": [
+                    {"role": "user", "content": "hi"},
+                    {
+                        "role": "assistant",
+                        "content": [{"type": "tool_use", "id": "", "name": "f", "input": {}}],
+                    },
+                ]
+            },
+            "Invalid value for 'messages[1].content[0].id': \"\" should be non-empty",
+        ),
+        (
             {"output_config": {"format": {"type": "text"}}},
             'Invalid value for \'output_config.format.type\': expected "json_schema", got "text"',
         ),

@@ -113,6 +113,7 @@ def check_tool_pairs(messages: Sequence[Mapping[str, Any]]) -> None:
             its dotted path, as Anthropic's errors do.
     """
     for i, message in enumerate(messages):
+        _check_unique(message, i)
         answered = _block_ids(message, "tool_result", "tool_use_id")
         if answered:
             previous = messages[i - 1] if i and messages[i - 1]["role"] == "assistant" else None
@@ -134,6 +135,27 @@ def check_tool_pairs(messages: Sequence[Mapping[str, Any]]) -> None:
                     f"messages.{i}: tool_use ids without a tool_result block in the next "
                     f"message: {', '.join(json.dumps(u, ensure_ascii=False) for u in missing)}",
                 )
+
+
+def _check_unique(message: Mapping[str, Any], i: int) -> None:
+    """A message names each tool call once: one ``tool_use`` per id, one
+    ``tool_result`` per ``tool_use_id`` (a second answer, or two calls under
+    one id, could not be told apart)."""
+    content = message["content"]
+    if isinstance(content, str):
+        return
+    for kind, key in (("tool_use", "id"), ("tool_result", "tool_use_id")):
+        seen: set[str] = set()
+        for j, block in enumerate(content):
+            if block["type"] != kind:
+                continue
+            if block[key] in seen:
+                raise ApiError(
+                    "invalid_request",
+                    f"messages.{i}.content.{j}: a second {kind} block with {key} "
+                    f"{json.dumps(block[key], ensure_ascii=False)}; each must be unique",
+                )
+            seen.add(block[key])
 
 
 def _block_ids(message: Mapping[str, Any], kind: str, key: str) -> dict[str, int]:
