@@ -105,12 +105,10 @@ def describe(error: ValidationError, where: str) -> str:
         not one of "float", "base64", null``.
     """
     kind, value, instance = error.validator, error.validator_value, error.instance
-    if kind == "type":
-        expected = _either(_type_names(value))
-        return (
-            f"Invalid type for {where}: expected {expected}, but got {json_kind(instance)} instead."
-        )
-    if kind == "anyOf" and (types := _branch_types(error)) is not None:
+    types = _type_names(value) if kind == "type" else None
+    if kind == "anyOf":
+        types = _branch_types(error)
+    if types:
         expected = _either(types)
         return (
             f"Invalid type for {where}: expected {expected}, but got {json_kind(instance)} instead."
