@@ -22,6 +22,16 @@ from conftest import LiveServer
 from fixtures.tool_models import ScriptedEngine, build_tool_model
 from mlxspec.conformance.httpx_checks import checking_client
 
+#: Bounded JSON so the tiny random model must finish it.
+TINY_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "kind": {"enum": ["cat", "dog"]},
+        "n": {"type": "integer", "minimum": 0, "maximum": 9},
+    },
+    "required": ["kind", "n"],
+}
+
 
 def openai_sdk(base: str, timeout: float = 60) -> openai.OpenAI:
     """The official ``openai`` SDK on a live server, without retries, over a

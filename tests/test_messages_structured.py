@@ -18,19 +18,11 @@ import pytest
 from pydantic import BaseModel
 
 from mlxspec.handlers.anthropic import to_chat_body
-from tests.helpers import anthropic_sdk
+from tests.helpers import TINY_SCHEMA, anthropic_sdk
 
 MESSAGES = "/v1/messages"
 USER = [{"role": "user", "content": "hi"}]
-#: Bounded JSON so the tiny random model must finish it.
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "kind": {"enum": ["cat", "dog"]},
-        "n": {"type": "integer", "minimum": 0, "maximum": 9},
-    },
-    "required": ["kind", "n"],
-}
+SCHEMA = TINY_SCHEMA
 COMPACT = {"type": "json_schema", "schema": SCHEMA, "any_whitespace": False}
 
 

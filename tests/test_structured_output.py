@@ -26,6 +26,7 @@ from mlxspec.conformance.live import serve
 from mlxspec.engine import Constraint
 from mlxspec.handlers.common import to_constraint
 from mlxspec.handlers.structured import degraded_body, instruction, warning_header
+from tests.helpers import TINY_SCHEMA
 
 CHAT = "/v1/chat/completions"
 COMP = "/v1/completions"
@@ -35,15 +36,6 @@ BAD_EBNF_WARNING = (
     'grammar not enforced: EBNF parser error at line 1, column 10: Rule "foo" is not defined'
 )
 DISABLED_WARNING = "grammar not enforced: grammar compilation disabled by MLXSPEC_GRAMMAR=0"
-#: Bounded JSON so the tiny random model must finish it.
-TINY_SCHEMA = {
-    "type": "object",
-    "properties": {
-        "kind": {"enum": ["cat", "dog"]},
-        "n": {"type": "integer", "minimum": 0, "maximum": 9},
-    },
-    "required": ["kind", "n"],
-}
 
 
 def schema_format(schema: dict, **extra: object) -> dict:
