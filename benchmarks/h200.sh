@@ -3,6 +3,8 @@
 #   step 1 (carry .whl/a):              bash benchmarks/h200.sh stash
 #   step 2 (carry .whl/b, .whl/c and .bench):   bash benchmarks/h200.sh setup [SIZE...]
 #   step 3 (machine still warm):        bash benchmarks/h200.sh bench NAME SIZE [serve_bench args]
+#   or (machine still warm):          bash benchmarks/h200.sh overhead NAME SIZE [stream_overhead args]
+#     per-token wall time of one stream at each layer (stream_generate, engine, ASGI, serve)
 #   or (carry .whl/py, the py-spy wheel): bash benchmarks/h200.sh profile SIZE [full]
 #     serve + 40 bursts of 8 streams (burst_ttft.py) + py-spy (GIL-holders, then all threads);
 #     `full` reads every stream to its end (sustained decode at 8 rows) instead of the first token
@@ -30,6 +32,9 @@ case "$1" in
     name=$2 size=$3; shift 3
     python3 benchmarks/serve_bench.py --model /tmp/rand$size --name "$name" "$@"
     mkdir -p "$OUT" && cp benchmarks/results/"$name".* "$OUT"/ ;;
+  overhead)
+    name=$2 size=$3; shift 3
+    python3 benchmarks/stream_overhead.py --model /tmp/rand$size --json "$OUT/$name.json" "$@" ;;
   profile)
     size=$2 mode=${3:-}; mkdir -p /tmp/pyspy "$OUT"
     python3 -m zipfile -e .whl/py/py_spy*.whl /tmp/pyspy

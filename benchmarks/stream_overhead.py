@@ -11,7 +11,21 @@ logit bias (every run has the same length), repeated, median reported:
 - ``asgi``: the ASGI app of ``create_app`` called in process with a streamed
   ``POST /v1/chat/completions``; ``send`` timestamps each body message.
 - ``serve``: ``mlxspec serve`` in a subprocess, a streaming httpx client over
-  loopback.
+  loopback. ``serve-si`` is the same server with ``sys.setswitchinterval``
+  set to ``--switch-interval`` seconds before it starts (a test of GIL
+  hand-off latency between the engine thread and the event loop);
+  ``serve-b1`` is the server with ``--batch 1`` (the serial lane, no
+  scheduling between tokens).
+- ``direct``: mlx-lm's own ``stream_generate`` in process on the same prompt,
+  the same EOS-forbidding logits processor and token count (the baseline of
+  issue #6's ">= 90% of stream_generate" target).
+
+``--model DIR`` measures an MLX model folder instead of the tiny model (the
+H200 runs use ``make_random_model.py``'s ``1b``); ``--rounds N`` runs every
+layer N times in turn (one model load per layer and round), so a machine
+whose speed drifts between minutes moves all layers alike. The in-process
+layers run under ``mlxspec serve``'s MLX environment defaults
+(``SERVE_ENV_DEFAULTS``), as the server does.
 
 Two numbers per layer. Wall time per token is ``(last chunk - first chunk) /
 (tokens - 1)``: first to last ``Delta`` for ``engine``, first content frame to
@@ -55,7 +69,8 @@ from asgi_scope import chat_post_scope, one_body_receive
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-LAYERS = ("engine", "asgi", "serve")
+PROMPT = "Tell me a long story."
+LAYERS = ("direct", "engine", "asgi", "serve", "serve-si", "serve-b1")
 
 
 def per_token_us(stamps: list[float], tokens: int) -> float:
@@ -100,7 +115,7 @@ def chat_body(model: str, n: int, eos: list[int]) -> dict:
     """A greedy streamed chat body that cannot stop before ``n`` tokens."""
     return {
         "model": model,
-        "messages": [{"role": "user", "content": "Tell me a long story."}],
+        "messages": [{"role": "user", "content": PROMPT}],
         "max_tokens": n,
         "temperature": 0,
         "stream": True,
@@ -112,7 +127,7 @@ async def engine_once(engine, n: int, eos: list[int]) -> tuple[float, float, flo
     """One request on the engine alone; (wall, process CPU, loop CPU) µs per token."""
     from mlxspec.engine import Delta, Finished, GenerationRequest, LogitsParams
 
-    prompt = engine.chat_prompt([{"role": "user", "content": "Tell me a long story."}], None, {})
+    prompt = engine.chat_prompt([{"role": "user", "content": PROMPT}], None, {})
     request = GenerationRequest(
         prompt=tuple(prompt),
         max_tokens=n,
@@ -127,6 +142,29 @@ async def engine_once(engine, n: int, eos: list[int]) -> tuple[float, float, flo
             tokens = event.completion_tokens
             return (per_token_us(stamps, tokens), *clock.per_token_us(tokens))
     raise RuntimeError("request did not finish")
+
+
+def direct_once(model, tokenizer, n: int, eos: list[int]) -> tuple[float, float, float]:
+    """One greedy ``stream_generate`` of ``n`` tokens; (wall, process CPU, loop
+    CPU) µs per token, wall from the first response to the last (the others'
+    measure: decode only, prefill excluded). Here the loop thread is the
+    calling thread, which also runs the model."""
+    from mlx_lm import stream_generate
+    from mlx_lm.sample_utils import make_logits_processors
+
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": PROMPT}], add_generation_prompt=True
+    )
+    procs = make_logits_processors({e: -100 for e in eos})
+    stamps: list[float] = []
+    clock = CpuClock()
+    last = None
+    for last in stream_generate(  # noqa: B007 (the loop keeps the final response)
+        model, tokenizer, ids, max_tokens=n, logits_processors=procs
+    ):
+        stamps.append(time.perf_counter())
+    assert last is not None and last.generation_tokens == n, "stream_generate stopped early"
+    return (per_token_us(stamps, n), *clock.per_token_us(n))
 
 
 async def asgi_once(app, body: dict) -> tuple[float, float, float]:
@@ -183,12 +221,28 @@ def serve_once(base: str, pid: int, body: dict) -> tuple[float, float, float]:
         return _frames_per_token(stamps, frames, clock)
 
 
-def run_serve(model_dir: Path, args: argparse.Namespace, body: dict) -> list[tuple]:
-    """``args.repeats`` (wall, process CPU, loop CPU) µs per token from ``mlxspec serve``."""
+def run_serve(
+    model_dir: Path,
+    args: argparse.Namespace,
+    body: dict,
+    switch: float | None = None,
+    extra: tuple[str, ...] = (),
+) -> list[tuple]:
+    """``args.repeats`` (wall, process CPU, loop CPU) µs per token from ``mlxspec
+    serve`` (with ``sys.setswitchinterval(switch)`` first, when given; ``extra``:
+    more ``serve`` options)."""
     from mlxspec.conformance.live import free_port, wait_healthy
 
     port = free_port()
-    argv = [sys.executable, "-m", "mlxspec", "serve", str(model_dir), "--port", str(port)]
+    serve = ["serve", str(model_dir), "--port", str(port), *extra]
+    if switch is None:
+        argv = [sys.executable, "-m", "mlxspec", *serve]
+    else:
+        launch = (
+            f"import sys; sys.setswitchinterval({switch!r}); "
+            "from mlxspec.cli import main; sys.exit(main(sys.argv[1:]))"
+        )
+        argv = [sys.executable, "-c", launch, *serve]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
@@ -201,16 +255,43 @@ def run_serve(model_dir: Path, args: argparse.Namespace, body: dict) -> list[tup
         proc.wait(30)
 
 
+def run_direct(model_dir: Path, args: argparse.Namespace, eos: list[int]) -> list[tuple]:
+    """``args.repeats`` runs of :func:`direct_once` after one warm-up; the model
+    and MLX's buffer cache are freed before returning."""
+    import gc
+
+    import mlx.core as mx
+    from mlx_lm import load
+
+    model, tokenizer = load(str(model_dir))
+    direct_once(model, tokenizer, args.max_tokens, eos)
+    runs = [direct_once(model, tokenizer, args.max_tokens, eos) for _ in range(args.repeats)]
+    del model, tokenizer
+    gc.collect()
+    mx.clear_cache()
+    return runs
+
+
 def run_layer(layer: str, model_dir: Path, args: argparse.Namespace, eos: list[int]) -> list[tuple]:
     """``args.repeats`` (wall, process CPU, loop CPU) µs per token of one
     layer, after one warm-up run."""
-    body = chat_body("tiny", args.max_tokens, eos)
+    body = chat_body(args.name, args.max_tokens, eos)
     if layer == "serve":
         return run_serve(model_dir, args, body)
+    if layer == "serve-si":
+        return run_serve(model_dir, args, body, args.switch_interval)
+    if layer == "serve-b1":
+        return run_serve(model_dir, args, body, extra=("--batch", "1"))
+    if layer == "direct":
+        return run_direct(model_dir, args, eos)
+    import gc
+
+    import mlx.core as mx
+
     from mlxspec.app import create_app
     from mlxspec.engine import Engine
 
-    engine = Engine.load(model_dir, "tiny")
+    engine = Engine.load(model_dir, args.name)
     profile = cProfile.Profile() if args.profile else None
     if args.profile == "engine":
         inner = engine._run
@@ -244,6 +325,9 @@ def run_layer(layer: str, model_dir: Path, args: argparse.Namespace, eos: list[i
         return asyncio.run(go())
     finally:
         engine.close()
+        engine = app = None  # free the model before the next layer loads one
+        gc.collect()
+        mx.clear_cache()
         if profile is not None:
             stats = pstats.Stats(profile).strip_dirs().sort_stats(args.sort)
             stats.print_stats(args.top)
@@ -258,31 +342,61 @@ def main() -> None:
     parser.add_argument("--sort", default="tottime", help="pstats sort key (default tottime)")
     parser.add_argument("--top", type=int, default=40, help="profile rows printed")
     parser.add_argument("--json", type=Path, help="also write the medians here")
+    parser.add_argument("--model", type=Path, help="an MLX model folder (default: the tiny one)")
+    parser.add_argument("--rounds", type=int, default=1, help="run the layers in turn N times")
+    parser.add_argument(
+        "--switch-interval", type=float, default=5e-4, help="serve-si's sys.setswitchinterval (s)"
+    )
     args = parser.parse_args()
 
-    from fixtures.tiny_model import build_tiny_llama
+    from mlxspec.config import apply_serve_env_defaults
 
-    model_dir = build_tiny_llama(
-        Path(tempfile.mkdtemp()) / "tiny-llama", context=args.max_tokens + 128
-    )
-    from mlx_lm import load
+    apply_serve_env_defaults()  # before MLX reads them, as `mlxspec serve` does
+    if args.model is None:
+        from fixtures.tiny_model import build_tiny_llama
 
-    _, tokenizer = load(str(model_dir))
-    eos = sorted(tokenizer.eos_token_ids)
+        model_dir = build_tiny_llama(
+            Path(tempfile.mkdtemp()) / "tiny-llama", context=args.max_tokens + 128
+        )
+        args.name = "tiny"
+    else:
+        model_dir, args.name = args.model, args.model.name
+    from mlx_lm.utils import load_tokenizer
+
+    eos = sorted(load_tokenizer(model_dir).eos_token_ids)
+    runs: dict[str, list[tuple]] = {layer: [] for layer in args.layers}
+    for round_ in range(args.rounds):
+        for layer in args.layers:
+            got = run_layer(layer, model_dir, args, eos)
+            runs[layer] += got
+            walls = ", ".join(f"{r[0]:.0f}" for r in got)
+            print(f"round {round_ + 1} {layer:8s} wall µs/token: {walls}", flush=True)
     medians = {}
-    for layer in args.layers:
-        runs = run_layer(layer, model_dir, args, eos)
+    for layer, layer_runs in runs.items():
         medians[layer] = {}
         for col, label in enumerate(("wall", "cpu", "loop_cpu")):
-            values = [r[col] for r in runs]
+            values = [r[col] for r in layer_runs]
             medians[layer][label + "_us"] = round(statistics.median(values), 1)
+            medians[layer][label + "_us_runs"] = [round(v, 1) for v in values]
             listed = ", ".join(f"{v:.0f}" for v in values)
             print(
-                f"{layer:6s} {label:8s} {statistics.median(values):7.1f} µs/token (runs {listed})",
+                f"{layer:8s} {label:8s} {statistics.median(values):7.1f} µs/token (runs {listed})",
                 flush=True,
             )
+    if "direct" in medians:
+        base = medians["direct"]["wall_us"]
+        for layer, row in medians.items():
+            row["speed_vs_direct"] = round(base / row["wall_us"], 3)
+            print(f"{layer:8s} speed / stream_generate: {row['speed_vs_direct']:.3f}")
     if args.json:
-        out = {"max_tokens": args.max_tokens, "per_token": medians}
+        out = {
+            "model": str(model_dir),
+            "max_tokens": args.max_tokens,
+            "rounds": args.rounds,
+            "repeats": args.repeats,
+            "switch_interval_serve_si": args.switch_interval,
+            "per_token": medians,
+        }
         args.json.write_text(json.dumps(out, indent=2) + "\n")
 
 
