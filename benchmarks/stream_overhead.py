@@ -20,6 +20,13 @@ logit bias (every run has the same length), repeated, median reported:
   the same EOS-forbidding logits processor and token count (the baseline of
   issue #6's ">= 90% of stream_generate" target).
 
+``--streams N`` runs N identical streams at once in each layer (the
+engine's continuous batch) and reports the median stream's wall time per
+token and the CPU time over all N streams' tokens; its baseline is the
+``batchgen`` layer, mlx-lm's own ``BatchGenerator`` decoding the same N
+prompts with the same per-row logits processor and one shared greedy sampler
+(``direct`` is a single stream only).
+
 ``--model DIR`` measures an MLX model folder instead of the tiny model (the
 H200 runs use ``make_random_model.py``'s ``1b``); ``--rounds N`` runs every
 layer N times in turn (one model load per layer and round), so a machine
@@ -70,7 +77,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 PROMPT = "Tell me a long story."
-LAYERS = ("direct", "engine", "asgi", "serve", "serve-si", "serve-b1")
+LAYERS = ("direct", "batchgen", "engine", "asgi", "serve", "serve-si", "serve-b1")
 
 
 def per_token_us(stamps: list[float], tokens: int) -> float:
@@ -167,6 +174,46 @@ def direct_once(model, tokenizer, n: int, eos: list[int]) -> tuple[float, float,
     return (per_token_us(stamps, n), *clock.per_token_us(n))
 
 
+def batchgen_once(model, tokenizer, n: int, eos: list[int], streams: int) -> tuple:
+    """``streams`` rows of mlx-lm's ``BatchGenerator`` decoding ``n`` tokens each
+    (EOS forbidden by a per-row logits processor, one shared greedy sampler, as
+    ``mlxspec serve`` builds them); (wall, process CPU, loop CPU) µs per token,
+    wall per step from the first step that yields every row's first token to the last."""
+    from mlx_lm.generate import BatchGenerator
+    from mlx_lm.sample_utils import make_logits_processors, make_sampler
+
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": PROMPT}], add_generation_prompt=True
+    )
+    sampler = make_sampler(0.0)
+    gen = BatchGenerator(
+        model,
+        stop_tokens=[[e] for e in eos],
+        completion_batch_size=max(streams, 16),
+        prefill_batch_size=min(streams, 8),
+        prefill_step_size=512,
+    )
+    clock = CpuClock()
+    gen.insert(
+        [list(ids)] * streams,
+        max_tokens=[n] * streams,
+        samplers=[sampler] * streams,
+        logits_processors=[make_logits_processors({e: -100 for e in eos})] * streams,
+    )
+    counts: dict[int, int] = {}
+    stamps: list[float] = []
+    try:
+        while len(counts) < streams or min(counts.values()) < n:
+            _, responses = gen.next()
+            for r in responses:
+                counts[r.uid] = counts.get(r.uid, 0) + 1
+            if len(counts) == streams and responses:
+                stamps.append(time.perf_counter())
+    finally:
+        gen.close()
+    return (per_token_us(stamps, len(stamps)), *clock.per_token_us(n * streams))
+
+
 async def asgi_once(app, body: dict) -> tuple[float, float, float]:
     """One streamed request through the ASGI app in process; (wall, process
     CPU, loop CPU) µs per token."""
@@ -246,27 +293,48 @@ def run_serve(
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
+
+    def once() -> tuple:
+        if args.streams == 1:
+            return serve_once(base, proc.pid, body)
+        from concurrent.futures import ThreadPoolExecutor
+
+        clock = CpuClock(proc.pid)
+        with ThreadPoolExecutor(args.streams) as pool:
+            got = list(pool.map(lambda _: serve_once(base, proc.pid, body), range(args.streams)))
+        wall = statistics.median(r[0] for r in got)
+        return (wall, *clock.per_token_us(args.max_tokens * args.streams))
+
     try:
         wait_healthy(base, 120, proc)
-        serve_once(base, proc.pid, body)
-        return [serve_once(base, proc.pid, body) for _ in range(args.repeats)]
+        once()
+        return [once() for _ in range(args.repeats)]
     finally:
         proc.terminate()
         proc.wait(30)
 
 
-def run_direct(model_dir: Path, args: argparse.Namespace, eos: list[int]) -> list[tuple]:
-    """``args.repeats`` runs of :func:`direct_once` after one warm-up; the model
-    and MLX's buffer cache are freed before returning."""
+def run_direct(
+    model_dir: Path, args: argparse.Namespace, eos: list[int], batch: bool = False
+) -> list[tuple]:
+    """``args.repeats`` runs of :func:`direct_once` (``batch``: of
+    :func:`batchgen_once` with ``args.streams`` rows) after one warm-up; the
+    model and MLX's buffer cache are freed before returning."""
     import gc
 
     import mlx.core as mx
     from mlx_lm import load
 
     model, tokenizer = load(str(model_dir))
-    direct_once(model, tokenizer, args.max_tokens, eos)
-    runs = [direct_once(model, tokenizer, args.max_tokens, eos) for _ in range(args.repeats)]
-    del model, tokenizer
+    if batch:
+        once = lambda: batchgen_once(model, tokenizer, args.max_tokens, eos, args.streams)  # noqa: E731
+    else:
+        if args.streams > 1:
+            raise SystemExit("the direct layer is one stream: use batchgen with --streams")
+        once = lambda: direct_once(model, tokenizer, args.max_tokens, eos)  # noqa: E731
+    once()
+    runs = [once() for _ in range(args.repeats)]
+    model = tokenizer = None  # free the weights before the next layer loads them
     gc.collect()
     mx.clear_cache()
     return runs
@@ -284,6 +352,8 @@ def run_layer(layer: str, model_dir: Path, args: argparse.Namespace, eos: list[i
         return run_serve(model_dir, args, body, extra=("--batch", "1"))
     if layer == "direct":
         return run_direct(model_dir, args, eos)
+    if layer == "batchgen":
+        return run_direct(model_dir, args, eos, batch=True)
     import gc
 
     import mlx.core as mx
@@ -309,11 +379,20 @@ def run_layer(layer: str, model_dir: Path, args: argparse.Namespace, eos: list[i
     try:
 
         async def go() -> list[tuple]:
-            once = (
+            one = (
                 (lambda: engine_once(engine, args.max_tokens, eos))
                 if layer == "engine"
                 else (lambda: asgi_once(app, body))
             )
+
+            async def once() -> tuple:
+                if args.streams == 1:
+                    return await one()
+                clock = CpuClock()
+                got = await asyncio.gather(*(one() for _ in range(args.streams)))
+                wall = statistics.median(r[0] for r in got)
+                return (wall, *clock.per_token_us(args.max_tokens * args.streams))
+
             await once()
             if args.profile == "loop":
                 profile.enable()
@@ -344,6 +423,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write the medians here")
     parser.add_argument("--model", type=Path, help="an MLX model folder (default: the tiny one)")
     parser.add_argument("--rounds", type=int, default=1, help="run the layers in turn N times")
+    parser.add_argument("--streams", type=int, default=1, help="streams at once per layer")
     parser.add_argument(
         "--switch-interval", type=float, default=5e-4, help="serve-si's sys.setswitchinterval (s)"
     )
@@ -383,15 +463,18 @@ def main() -> None:
                 f"{layer:8s} {label:8s} {statistics.median(values):7.1f} µs/token (runs {listed})",
                 flush=True,
             )
-    if "direct" in medians:
-        base = medians["direct"]["wall_us"]
+    baseline = "direct" if "direct" in medians else "batchgen"
+    if baseline in medians:
+        base = medians[baseline]["wall_us"]
         for layer, row in medians.items():
             row["speed_vs_direct"] = round(base / row["wall_us"], 3)
-            print(f"{layer:8s} speed / stream_generate: {row['speed_vs_direct']:.3f}")
+            print(f"{layer:8s} speed / {baseline}: {row['speed_vs_direct']:.3f}")
     if args.json:
         out = {
             "model": str(model_dir),
             "max_tokens": args.max_tokens,
+            "streams": args.streams,
+            "baseline": baseline,
             "rounds": args.rounds,
             "repeats": args.repeats,
             "switch_interval_serve_si": args.switch_interval,
