@@ -15,7 +15,9 @@ logit bias (every run has the same length), repeated, median reported:
   set to ``--switch-interval`` seconds before it starts (a test of GIL
   hand-off latency between the engine thread and the event loop);
   ``serve-b1`` is the server with ``--batch 1`` (the serial lane, no
-  scheduling between tokens).
+  scheduling between tokens); ``serve-nocache`` has ``--prompt-cache-bytes 0``.
+- ``mlx_lm``: ``mlx_lm.server`` on the same model and environment, measured as
+  ``serve`` (a stream without a usage frame counts its content frames).
 - ``direct``: mlx-lm's own ``stream_generate`` in process on the same prompt,
   the same EOS-forbidding logits processor and token count (the baseline of
   issue #6's ">= 90% of stream_generate" target).
@@ -26,6 +28,12 @@ token and the CPU time over all N streams' tokens; its baseline is the
 ``batchgen`` layer, mlx-lm's own ``BatchGenerator`` decoding the same N
 prompts with the same per-row logits processor and one shared greedy sampler
 (``direct`` is a single stream only).
+
+For the server layers, ``--per-client K`` has each of the ``--streams``
+clients send K requests one after another (rows join and leave the running
+batch, as in ``serve_bench.py``) and ``--distinct-prompts T`` gives every
+request its own prompt of about T tokens (``serve_bench.build_prompt``); the
+wall time per token is then the median request's.
 
 ``--model DIR`` measures an MLX model folder instead of the tiny model (the
 H200 runs use ``make_random_model.py``'s ``1b``); ``--rounds N`` runs every
@@ -72,12 +80,23 @@ import time
 from pathlib import Path
 
 from asgi_scope import chat_post_scope, one_body_receive
+from serve_bench import build_prompt
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 PROMPT = "Tell me a long story."
-LAYERS = ("direct", "batchgen", "engine", "asgi", "serve", "serve-si", "serve-b1")
+LAYERS = (
+    "direct",
+    "batchgen",
+    "engine",
+    "asgi",
+    "serve",
+    "serve-si",
+    "serve-b1",
+    "serve-nocache",
+    "mlx_lm",
+)
 
 
 def per_token_us(stamps: list[float], tokens: int) -> float:
@@ -237,17 +256,20 @@ async def asgi_once(app, body: dict) -> tuple[float, float, float]:
 def _frames_per_token(stamps: list[float], frames: list[bytes], clock: CpuClock) -> tuple:
     """(wall, process CPU, loop CPU) µs per token of an SSE stream: wall from
     the first content frame to the usage frame, CPU over ``usage.completion_tokens``."""
-    tokens, first = 0, None
+    tokens, first, last = 0, None, None
     for i, frame in enumerate(frames):
         if not frame.startswith(b"data: {"):
             continue
         chunk = json.loads(frame[6:])
-        if first is None and chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
-            first = i
+        if chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+            first = i if first is None else first
+            last, tokens = i, tokens + 1
         if chunk.get("usage"):
             tokens = chunk["usage"]["completion_tokens"]
             return (per_token_us(stamps[first : i + 1], tokens), *clock.per_token_us(tokens))
-    raise RuntimeError(f"no usage in the stream: {frames[-3:]!r}")
+    if first is None or last is None:
+        raise RuntimeError(f"no content in the stream: {frames[-3:]!r}")
+    return (per_token_us(stamps[first : last + 1], tokens), *clock.per_token_us(tokens))
 
 
 def serve_once(base: str, pid: int, body: dict) -> tuple[float, float, float]:
@@ -282,7 +304,10 @@ def run_serve(
 
     port = free_port()
     serve = ["serve", str(model_dir), "--port", str(port), *extra]
-    if switch is None:
+    if extra[:1] == ("mlx_lm",):
+        argv = [sys.executable, "-m", "mlx_lm.server", "--model", str(model_dir)]
+        argv += ["--port", str(port), "--log-level", "WARNING"]
+    elif switch is None:
         argv = [sys.executable, "-m", "mlxspec", *serve]
     else:
         launch = (
@@ -294,16 +319,28 @@ def run_serve(
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
 
+    salts = iter(range(10**9))
+
+    def client(_: int) -> list[tuple]:
+        out = []
+        for _ in range(args.per_client):
+            sent = body
+            if args.distinct_prompts:
+                text = build_prompt(args.tokenizer, args.distinct_prompts, next(salts))
+                sent = {**body, "messages": [{"role": "user", "content": text}]}
+            out.append(serve_once(base, proc.pid, sent))
+        return out
+
     def once() -> tuple:
-        if args.streams == 1:
+        if args.streams == 1 and args.per_client == 1 and not args.distinct_prompts:
             return serve_once(base, proc.pid, body)
         from concurrent.futures import ThreadPoolExecutor
 
         clock = CpuClock(proc.pid)
         with ThreadPoolExecutor(args.streams) as pool:
-            got = list(pool.map(lambda _: serve_once(base, proc.pid, body), range(args.streams)))
+            got = [r for rs in pool.map(client, range(args.streams)) for r in rs]
         wall = statistics.median(r[0] for r in got)
-        return (wall, *clock.per_token_us(args.max_tokens * args.streams))
+        return (wall, *clock.per_token_us(args.max_tokens * len(got)))
 
     try:
         wait_healthy(base, 120, proc)
@@ -350,6 +387,10 @@ def run_layer(layer: str, model_dir: Path, args: argparse.Namespace, eos: list[i
         return run_serve(model_dir, args, body, args.switch_interval)
     if layer == "serve-b1":
         return run_serve(model_dir, args, body, extra=("--batch", "1"))
+    if layer == "serve-nocache":
+        return run_serve(model_dir, args, body, extra=("--prompt-cache-bytes", "0"))
+    if layer == "mlx_lm":  # it loads the model a request names: name the served folder
+        return run_serve(model_dir, args, {**body, "model": str(model_dir)}, extra=("mlx_lm",))
     if layer == "direct":
         return run_direct(model_dir, args, eos)
     if layer == "batchgen":
@@ -425,6 +466,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="run the layers in turn N times")
     parser.add_argument("--streams", type=int, default=1, help="streams at once per layer")
     parser.add_argument(
+        "--per-client", type=int, default=1, help="requests each server client sends in turn"
+    )
+    parser.add_argument(
+        "--distinct-prompts", type=int, default=0, help="each server request its own T-token prompt"
+    )
+    parser.add_argument(
         "--switch-interval", type=float, default=5e-4, help="serve-si's sys.setswitchinterval (s)"
     )
     args = parser.parse_args()
@@ -443,7 +490,8 @@ def main() -> None:
         model_dir, args.name = args.model, args.model.name
     from mlx_lm.utils import load_tokenizer
 
-    eos = sorted(load_tokenizer(model_dir).eos_token_ids)
+    args.tokenizer = load_tokenizer(model_dir)
+    eos = sorted(args.tokenizer.eos_token_ids)
     runs: dict[str, list[tuple]] = {layer: [] for layer in args.layers}
     for round_ in range(args.rounds):
         for layer in args.layers:
@@ -474,6 +522,8 @@ def main() -> None:
             "model": str(model_dir),
             "max_tokens": args.max_tokens,
             "streams": args.streams,
+            "per_client": args.per_client,
+            "distinct_prompts": args.distinct_prompts,
             "baseline": baseline,
             "rounds": args.rounds,
             "repeats": args.repeats,
