@@ -1,10 +1,11 @@
-"""Per-token cost of streaming a chat completion: engine, ASGI app, real server.
+"""Per-token cost of streaming a chat completion: mlx-lm alone, engine, ASGI app, real server.
 
-A tiny random-weight Llama (the test fixture's, ``fixtures/tiny_model.py``)
-decodes in well under a millisecond per token, so what this measures is the
-Python between the engine thread and the socket. Three layers, each timed
-over one greedy stream of ``--max-tokens`` tokens with EOS forbidden by a
-logit bias (every run has the same length), repeated, median reported:
+By default a tiny random-weight Llama (the test fixture's,
+``fixtures/tiny_model.py``) decodes in well under a millisecond per token, so
+what this measures is the Python between the engine thread and the socket.
+Each layer is timed over greedy streams of ``--max-tokens`` tokens with EOS
+forbidden by a logit bias (every run has the same length), repeated, median
+reported:
 
 - ``engine``: ``Engine.submit`` and iterate the handle's events on an asyncio
   loop (no HTTP).
