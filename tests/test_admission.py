@@ -14,7 +14,7 @@ import pytest
 from mlxspec.app import create_app
 from mlxspec.cli import load_engine, parse_config
 from mlxspec.conformance.httpx_checks import checking_async_client
-from mlxspec.engine import AdmissionLimits, BudgetTooSmallError, Engine
+from mlxspec.engine import AdmissionLimits, BudgetTooSmallError, Engine, EngineRequestError
 from mlxspec.engine.admission import Admission, ContextBudgetError, QueueFullError
 from mlxspec.engine.fit import ModelMemory
 from mlxspec.engine.loader import ModelLoadError
@@ -46,6 +46,26 @@ def test_max_queue_zero_refuses_only_requests_that_would_wait() -> None:
     adm.admit(10, in_flight=1)  # a slot is free
     with pytest.raises(QueueFullError):
         adm.admit(10, in_flight=2)
+
+
+def test_n_choices_are_admitted_all_or_none() -> None:
+    adm = Admission(AdmissionLimits(max_queue=2), slots=3, window=100)
+    adm.admit(10, in_flight=0, count=5)  # 3 decode, 2 wait: exactly the room
+    with pytest.raises(QueueFullError) as err:
+        adm.admit(10, in_flight=1, count=5)  # the fifth choice would wait third
+    assert err.value.message == (
+        "generation queue is full (2 requests waiting); the 5 choices of this request "
+        "do not fit; retry later"
+    )
+    with pytest.raises(EngineRequestError) as never:
+        adm.admit(10, in_flight=0, count=6)  # more than the server ever holds
+    assert type(never.value) is EngineRequestError  # a 400, not a 429 to retry
+    assert (never.value.message, never.value.param) == (
+        "n=6 choices cannot run on this server: it decodes at most 3 at once and queues "
+        "at most 2 more (--batch, --max-queue); ask for at most 5.",
+        "n",
+    )
+    assert adm.rejected == {"queue_full": 1, "context_over_budget": 0}
 
 
 def test_hold_counts_while_held_and_refuses_like_admit() -> None:
@@ -166,6 +186,51 @@ def test_queue_full_is_429_then_queued_requests_complete(idle_engine: Engine) ->
     asyncio.run(go())
     assert idle_engine.counters["completed"] == 2
     assert idle_engine.in_flight == 0
+
+
+def test_n_choices_that_do_not_fit_take_nothing_from_other_requests(tiny_model_dir: Path) -> None:
+    # Not started: requests stay in flight until the test starts the engine.
+    engine = Engine.load(tiny_model_dir, "tiny-llama", max_batch=1, limits=AdmissionLimits(1))
+    app = create_app(engine, validate_responses=True)
+    body = {"prompt": "hello", "max_tokens": 3}
+
+    async def go() -> None:
+        transport = httpx.ASGITransport(app=app)
+        async with checking_async_client("http://t", transport=transport, timeout=60) as c:
+            never = await c.post(
+                "/v1/chat/completions",
+                json={
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "max_tokens": 3,
+                    "n": 3,
+                },
+            )
+            held = asyncio.ensure_future(c.post("/v1/completions", json=body))
+            await _until(lambda: engine.in_flight == 1)
+            pair = await c.post("/v1/completions", json={**body, "n": 2})  # 1 slot + 1 place
+            assert engine.in_flight == 1  # no choice of the refused pair was queued
+            waiting = asyncio.ensure_future(c.post("/v1/completions", json=body))
+            await _until(lambda: engine.in_flight == 2)  # the place the pair did not take
+            engine.start()
+            done = await asyncio.gather(held, waiting)
+            pair_later = await c.post("/v1/completions", json={**body, "n": 2})
+        assert never.status_code == 400
+        assert never.json()["error"]["param"] == "n"
+        assert never.json()["error"]["message"].startswith("n=3 choices cannot run")
+        assert pair.status_code == 429
+        assert pair.json()["error"]["message"] == (
+            "generation queue is full (1 request waiting); the 2 choices of this request "
+            "do not fit; retry later"
+        )
+        assert [r.status_code for r in done] == [200, 200]
+        assert pair_later.status_code == 200
+        assert [c["index"] for c in pair_later.json()["choices"]] == [0, 1]
+
+    asyncio.run(go())
+    engine.close()
+    assert engine.counters["cancelled"] == 0  # refused choices are not cancelled generations
+    assert engine.counters["completed"] == 4
+    assert engine.submitted == 4
 
 
 QUEUE_FULL = {

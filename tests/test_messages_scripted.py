@@ -43,7 +43,9 @@ class ScriptedEngine:
     def chat_prompt(self, *args: Any, **kwargs: Any) -> list[int]:
         return self.base.chat_prompt(*args, **kwargs)
 
-    def submit(self, request: GenerationRequest, prompt_param: str = "messages") -> RequestHandle:
+    def submit(
+        self, request: GenerationRequest, prompt_param: str = "messages", **_: object
+    ) -> RequestHandle:
         self.base.check_fits(len(request.prompt), prompt_param)
         handle = RequestHandle(request, asyncio.get_running_loop())
         self.requests.append(request)

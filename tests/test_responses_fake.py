@@ -58,7 +58,9 @@ class FakeEngine:
         self.prompts.append(messages)
         return [1] * sum(len(m["role"]) + len(str(m.get("content") or "")) for m in messages)
 
-    def submit(self, request: GenerationRequest, prompt_param: str = "messages") -> FakeHandle:
+    def submit(
+        self, request: GenerationRequest, prompt_param: str = "messages", **_: object
+    ) -> FakeHandle:
         self.requests.append(request)
         return FakeHandle(self.events)
 

@@ -157,7 +157,12 @@ class Admission:
             )
 
     def admit(
-        self, prompt_tokens: int, in_flight: int, param: str = "messages", projected: int = 0
+        self,
+        prompt_tokens: int,
+        in_flight: int,
+        param: str = "messages",
+        projected: int = 0,
+        count: int = 1,
     ) -> None:
         """Accept a request with ``prompt_tokens`` or refuse it.
 
@@ -169,10 +174,15 @@ class Admission:
             projected (int): its KV cache projection in tokens (prompt plus
                 generation budget), for the KV line (:meth:`kv_waiting`).
                 Default: ``0``.
+            count (int): requests admitted together, all or none: the ``n``
+                choices of one body, each its own engine request. Default: ``1``.
 
         Raises:
             ContextBudgetError: the prompt leaves no room under the operator cap.
-            QueueFullError: ``max_queue`` requests are already waiting.
+            EngineRequestError: ``count`` exceeds what the server can ever hold
+                at once (decode slots plus ``max_queue``), so no retry can
+                succeed (400 naming ``n``).
+            QueueFullError: there is no room for ``count`` more waiting requests.
         """
         limit = self.enforced_context
         if limit is not None and prompt_tokens >= limit:
@@ -182,7 +192,14 @@ class Admission:
                 f"this server's context limit of {limit} tokens.",
                 param=param,
             )
-        self._check_queue(in_flight, projected)
+        if count > self.slots + self.limits.max_queue:
+            raise EngineRequestError(
+                f"n={count} choices cannot run on this server: it decodes at most "
+                f"{self.slots} at once and queues at most {self.limits.max_queue} more "
+                f"(--batch, --max-queue); ask for at most {self.slots + self.limits.max_queue}.",
+                param="n",
+            )
+        self._check_queue(in_flight, projected, count)
 
     @contextmanager
     def hold(self, in_flight: int) -> Iterator[None]:
@@ -204,9 +221,9 @@ class Admission:
         finally:
             self.held -= 1
 
-    def kv_waiting(self, projected: int) -> int:
-        """How many requests would wait in the KV line once one projecting
-        ``projected`` tokens joins it (``0`` without a byte budget).
+    def kv_waiting(self, projected: int, count: int = 1) -> int:
+        """How many requests would wait in the KV line once ``count`` more, each
+        projecting ``projected`` tokens, join it (``0`` without a byte budget).
 
         A prediction made on the submitting thread: the requests ahead (in
         :attr:`kv_gate`, then those submitted but not yet taken in by the engine
@@ -218,21 +235,25 @@ class Admission:
         if self.kv_room is None:
             return 0
         running, waiting = self.running_tokens, 0
-        for tokens in [*self.kv_gate.projections(), *list(self.incoming), projected]:
+        for tokens in [*self.kv_gate.projections(), *list(self.incoming), *[projected] * count]:
             if waiting == 0 and (running == 0 or running + tokens <= self.kv_room):
                 running += tokens
             else:
                 waiting += 1
         return waiting
 
-    def _check_queue(self, in_flight: int, projected: int | None = None) -> None:
-        waiting = in_flight + 1 - self.slots
+    def _check_queue(self, in_flight: int, projected: int | None = None, count: int = 1) -> None:
+        """Refuse when the last of ``count`` new requests would wait past the
+        queue's end (a group queues as its members would, one after another,
+        each projecting ``projected`` tokens of KV cache)."""
+        waiting = in_flight + count - self.slots
         if projected is not None:
-            waiting = max(waiting, self.kv_waiting(projected))
+            waiting = max(waiting, self.kv_waiting(projected, count))
         if waiting > self.limits.max_queue:  # it would wait past the end
             self.rejected["queue_full"] += 1
             full = _requests(self.limits.max_queue)
-            raise QueueFullError(f"generation queue is full ({full} waiting); retry later")
+            group = f"; the {count} choices of this request do not fit" if count > 1 else ""
+            raise QueueFullError(f"generation queue is full ({full} waiting){group}; retry later")
 
     def room(self, prompt_tokens: int, max_tokens: int | None) -> int:
         """Tokens a request may generate: ``max_tokens`` capped by the room left

@@ -290,7 +290,14 @@ class Engine:
         ended = self.counters["completed"] + self.counters["cancelled"] + self.counters["failed"]
         return self.submitted - ended + self.admission.held  # decisions, embeddings
 
-    def submit(self, request: GenerationRequest, prompt_param: str = "messages") -> RequestHandle:
+    def submit(
+        self,
+        request: GenerationRequest,
+        prompt_param: str = "messages",
+        *,
+        group: int = 1,
+        admitted: bool = False,
+    ) -> RequestHandle:
         """Queue ``request``; iterate the returned handle for its events.
 
         Must be called from a running asyncio event loop.
@@ -299,15 +306,24 @@ class Engine:
             request (GenerationRequest): the job.
             prompt_param (str): the request field holding the prompt, named in
                 errors. Default: ``"messages"``.
+            group (int): ``request`` heads this many requests admitted all or
+                none (a body's ``n`` choices); the others follow in the same
+                event-loop turn with ``admitted=True``. Default: ``1``.
+            admitted (bool): a later member of a group its head admitted; the
+                queue checks are skipped. Default: ``False``.
 
         Raises:
             ContextLengthError: the prompt does not fit the context window.
             ContextBudgetError: it leaves no room under the operator's cap.
-            QueueFullError: the wait queue is full.
+            EngineRequestError: ``group`` is more than the server ever holds (``n``).
+            QueueFullError: the wait queue has no room for ``group`` more requests.
         """
         self.check_fits(len(request.prompt), prompt_param)
         projected = len(request.prompt) + self.budget(request)
-        self.admission.admit(len(request.prompt), self.in_flight, prompt_param, projected)
+        if not admitted:
+            self.admission.admit(
+                len(request.prompt), self.in_flight, prompt_param, projected, count=group
+            )
         handle = RequestHandle(request, asyncio.get_running_loop())
         self.submitted += 1
         self.admission.incoming.append(projected)  # taken in the same order as _jobs

@@ -71,8 +71,9 @@ async def create_chat_completion(body: dict[str, Any]) -> Any:
 
 async def open_turns(engine: Engine, body: dict[str, Any]) -> list[Turn]:
     """Template once and submit the body's ``n`` choices (see :mod:`.choices`)."""
-    first = await open_turn(engine, body)
-    runs = submit_choices(engine, first.request, first.handle, choice_count(body), "messages")
+    n = choice_count(body)
+    first = await open_turn(engine, body, group=n)  # admits all n choices, or none
+    runs = submit_choices(engine, first.request, first.handle, n, "messages")
     return [dataclasses.replace(first, request=request, handle=handle) for request, handle in runs]
 
 

@@ -49,7 +49,11 @@ def submit_choices(
     n: int,
     prompt_param: str,
 ) -> list[tuple[GenerationRequest, RequestHandle]]:
-    """Submit choices 1..n-1 next to choice 0, which the caller already submitted.
+    """Submit choices 1..n-1 next to choice 0, which the caller already submitted
+    heading a group of ``n`` (``Engine.submit(..., group=n)``), in the same
+    event-loop turn: the engine admitted all ``n`` then, so these skip the
+    queue checks (a partly submitted group once pushed other requests out and
+    counted its cancelled members as cancelled generations).
 
     Args:
         engine (Engine): the serving engine.
@@ -69,7 +73,8 @@ def submit_choices(
     try:
         for index in range(1, n):
             request = choice_request(first, index)
-            out.append((request, engine.submit(request, prompt_param=prompt_param)))
+            handle = engine.submit(request, prompt_param=prompt_param, admitted=True)
+            out.append((request, handle))
     except BaseException:
         for _, handle in out:
             handle.cancel()

@@ -58,8 +58,9 @@ async def create_completion(body: dict[str, Any]) -> Any:
     # The output continues the prompt's text, so a leading space is kept
     # (OpenAI and vLLM do; mlx_lm.server trims it: docs/deviations.md).
     first = dataclasses.replace(first, continuation=True)
-    handle = engine.submit(first, prompt_param="prompt")
-    runs = submit_choices(engine, first, handle, choice_count(body), "prompt")
+    n = choice_count(body)
+    handle = engine.submit(first, prompt_param="prompt", group=n)  # all n choices, or none
+    runs = submit_choices(engine, first, handle, n, "prompt")
     handles = [handle for _, handle in runs]
     fmt = current_format()
     head = {

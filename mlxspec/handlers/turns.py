@@ -187,7 +187,7 @@ def _opens_thinking(engine: Engine, prompt: list[int], choice: ParserChoice) -> 
 
 
 async def open_turn(
-    engine: Engine, body: Mapping[str, Any], prompt_param: str = "messages"
+    engine: Engine, body: Mapping[str, Any], prompt_param: str = "messages", group: int = 1
 ) -> Turn:
     """Template an OpenAI-shaped chat body (off the event loop) and submit it.
 
@@ -207,6 +207,9 @@ async def open_turn(
             the structured-output and the sampling fields are read.
         prompt_param (str): the request field named in prompt errors.
             Default: ``"messages"``.
+        group (int): the body's ``n``: the engine admits this request and the
+            ``n - 1`` siblings submitted next (:func:`.choices.submit_choices`)
+            all or none. Default: ``1``.
 
     Returns:
         Turn: the submitted request.
@@ -215,13 +218,14 @@ async def open_turn(
         PromptError: the template cannot render the messages.
         ContextLengthError: the prompt does not fit.
         ApiError: an invalid or unenforceable ``tool_choice`` (400).
+        EngineRequestError, QueueFullError: as ``Engine.submit``.
     """
     p = await _prepare(engine, body)
     session = session_key(p.body, request_headers())
     request = to_generation_request(p.body, p.prompt, engine.defaults, engine.info, session)
     if p.forced:  # the tool call wins over any structured-output constraint
         request = dataclasses.replace(request, constraint=p.constraint)
-    handle = engine.submit(request, prompt_param=prompt_param)
+    handle = engine.submit(request, prompt_param=prompt_param, group=group)
     return Turn(request, handle, p.options, p.choice, p.thinking, p.warning)
 
 
