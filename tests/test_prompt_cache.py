@@ -246,6 +246,34 @@ def test_flush_reports_failed_write_then_retries(tiny_engine, tmp_path) -> None:
     assert report["longest_durable_prefix_tokens"] == len(tiny_engine.text_prompt(SHARED))
 
 
+def test_a_damaged_snapshot_is_deleted_and_written_again(tiny_engine, tmp_path) -> None:
+    ns = CacheNamespace("tiny-llama")
+    ssd = SsdCache(tmp_path / "ssd")
+    run_into(tiny_engine, PromptCache(1 << 30, ssd), SHARED)
+    cache = PromptCache(1 << 30, ssd)
+    run_into(tiny_engine, cache, "the quick brown fox")  # a shorter match for SHARED + "more"
+    assert cache.flush(30)["entries"] == 2
+    prompt = tiny_engine.text_prompt(SHARED + "more")
+    start = tiny_engine.text_prompt("the quick brown fox")
+    assert prompt[: len(start)] == start
+    damaged = max(ssd.directory.iterdir(), key=lambda p: len(read_snapshot_header(p)[1]))
+    damaged.write_bytes(damaged.read_bytes()[: damaged.stat().st_size // 2])
+
+    restarted = SsdCache(ssd.directory)  # a restart: the header still reads
+    assert restarted.stats()["entries"] == 2
+    found = restarted.restore(ns, prompt, better_than=0)  # the damaged one is skipped...
+    assert found is not None and found[0] == tuple(start)  # ...for the next best
+    assert not damaged.exists() and restarted.stats()["entries"] == 1
+    assert restarted.restore(ns, prompt, better_than=len(start)) is None
+
+    again = PromptCache(1 << 30, restarted)
+    run_into(tiny_engine, again, SHARED)  # kept again: written afresh, not skipped
+    report = again.flush(30)
+    assert (report["durable"], report["flushedSnapshots"], report["entries"]) == (True, 1, 2)
+    restored = SsdCache(ssd.directory).restore(ns, prompt, better_than=0)
+    assert restored is not None and restored[0] == tuple(tiny_engine.text_prompt(SHARED))
+
+
 def test_flush_without_ssd_tier_is_durable_and_empty() -> None:
     report = PromptCache(1).flush(1)
     assert report == SsdCache.empty_flush_report()

@@ -144,9 +144,13 @@ class SsdCache:
             prompt (Sequence[int]): the prompt token ids.
             better_than (int): tokens the RAM tier already covers.
 
+        A snapshot that cannot be read (a damaged or truncated file) is dropped
+        from the index and deleted, so the next request that keeps these tokens
+        writes it afresh, and the next best snapshot is tried.
+
         Returns:
-            tuple | None: ``(tokens, cache)``, or ``None`` when no snapshot
-            beats ``better_than`` or the file cannot be read.
+            tuple | None: ``(tokens, cache)``, or ``None`` when no readable
+            snapshot beats ``better_than``.
         """
         from mlx_lm.models.cache import load_prompt_cache
 
@@ -158,21 +162,28 @@ class SsdCache:
                 for k, (path, _) in self._index.items()
                 if k[0] == tuple(namespace)
             ]
-        if not scored:
-            return None
-        shared, key, path = max(scored, key=lambda s: s[0])
-        if shared <= better_than:
-            return None
-        started = time.perf_counter()
-        try:
-            cache = load_prompt_cache(str(path))
-        except Exception:  # a damaged file is a miss, not a failed request
-            log.warning("cannot read SSD snapshot %s", path, exc_info=True)
-            return None
+        for shared, key, path in sorted(scored, key=lambda s: s[0], reverse=True):
+            if shared <= better_than:
+                return None
+            started = time.perf_counter()
+            try:
+                cache = load_prompt_cache(str(path))
+            except Exception:  # a damaged file is a miss, not a failed request
+                log.warning("cannot read SSD snapshot %s; deleting it", path, exc_info=True)
+                self._forget(key, path)
+                continue
+            with self._cond:
+                self._counts["restores"] += 1
+                self._counts["restore_ms_last"] = round((time.perf_counter() - started) * 1000)
+            return key[1], cache
+        return None
+
+    def _forget(self, key: tuple, path: Path) -> None:
+        """Drop an unreadable snapshot from the index and the disk."""
         with self._cond:
-            self._counts["restores"] += 1
-            self._counts["restore_ms_last"] = round((time.perf_counter() - started) * 1000)
-        return key[1], cache
+            if self._index.get(key, (None,))[0] == path:
+                del self._index[key]
+        path.unlink(missing_ok=True)
 
     # Writer thread.
     def _write_loop(self) -> None:
