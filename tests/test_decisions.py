@@ -20,6 +20,7 @@ import pytest
 
 from mlxspec.engine import PromptError, scoring
 from mlxspec.engine.scoring import answer_ending, loglikelihoods, softmax
+from mlxspec.engine.types import JobAbandoned
 from mlxspec.errors import ApiError
 from mlxspec.handlers.decision_wire import (
     answer_texts,
@@ -283,6 +284,56 @@ def test_run_exclusive_result_error_and_cancel(tiny_engine) -> None:
 
     asyncio.run(scenario())
     assert ran == []
+
+
+def test_scoring_stops_between_prefill_chunks_once_the_caller_left(tiny_engine) -> None:
+    from mlxspec.engine.lanes import default_prefill_step
+
+    step = default_prefill_step()
+    prompt = list(range(5, 5 + 3 * step))  # three prefill chunks and the last token
+    calls: list[int] = []
+
+    class Counting:  # the tiny model, counting its forward passes
+        def __getattr__(self, name: str):
+            return getattr(tiny_engine.model, name)
+
+        def __call__(self, tokens, cache):
+            calls.append(tokens.shape[1])
+            return tiny_engine.model(tokens, cache=cache)
+
+    model = Counting()
+
+    with pytest.raises(JobAbandoned):
+        loglikelihoods(model, prompt, [[1, 2]], left=lambda: len(calls) >= 1)
+    assert calls == [step]  # one chunk ran; the next saw the caller gone
+    calls.clear()
+    with pytest.raises(JobAbandoned):  # gone before anything ran
+        loglikelihoods(model, prompt, [[1, 2]], shared_prefix=False, left=lambda: True)
+    assert calls == []
+    assert loglikelihoods(model, prompt[:4], [[1, 2]], left=lambda: False)[0] < 0
+
+
+def test_a_stoppable_exclusive_job_learns_its_caller_left(tiny_engine) -> None:
+    seen: list[bool] = []
+
+    def work(left) -> None:
+        deadline = time.monotonic() + 20
+        while not left() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        seen.append(left())
+        raise JobAbandoned
+
+    async def scenario() -> float:
+        job = asyncio.ensure_future(tiny_engine.run_exclusive(work, stoppable=True))
+        await asyncio.sleep(0.1)  # running on the engine thread by now
+        job.cancel()
+        started = time.monotonic()
+        assert await tiny_engine.run_exclusive(lambda: "next") == "next"
+        return time.monotonic() - started
+
+    waited = asyncio.run(scenario())
+    assert seen == [True]
+    assert waited < 5  # the engine thread was freed, not held for 20 s
 
 
 # --- routes on the tiny model --------------------------------------------------

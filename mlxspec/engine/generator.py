@@ -330,16 +330,21 @@ class Engine:
         self._jobs.put(handle)
         return handle
 
-    async def run_exclusive(self, fn: Callable[[], T]) -> T:
+    async def run_exclusive(self, fn: Callable[..., T], *, stoppable: bool = False) -> T:
         """Run ``fn()`` on the engine thread between decode steps; await its result.
 
         For MLX work outside generation (decision scoring, embeddings): the one
         thread that owns MLX runs it, in queue order with submitted requests,
         while the batch waits. Cancelling the awaiting task before ``fn`` starts
-        skips it; once started it runs to the end and its result is dropped.
+        skips it; once started, a plain job runs to the end and its result is
+        dropped, while a stoppable one is told the caller left.
 
         Args:
-            fn (Callable[[], T]): the work; no arguments.
+            fn (Callable[..., T]): the work: no arguments, or with ``stoppable``
+                one, ``left() -> bool``, to check between chunks of work (it
+                turns true once the caller stopped waiting; ``fn`` then raises,
+                e.g. :class:`~.types.JobAbandoned`, and nobody reads the error).
+            stoppable (bool): pass ``left`` to ``fn``. Default: ``False``.
 
         Returns:
             T: what ``fn`` returned.
@@ -348,8 +353,14 @@ class Engine:
             Exception: whatever ``fn`` raised, re-raised in the caller.
         """
         job = ExclusiveJob(fn)
+        if stoppable:
+            job.fn = functools.partial(fn, job.left.is_set)
         self._jobs.put(job)
-        return await asyncio.wrap_future(job.future)
+        try:
+            return await asyncio.wrap_future(job.future)
+        except asyncio.CancelledError:
+            job.left.set()
+            raise
 
     # Engine thread.
     def _run(self) -> None:

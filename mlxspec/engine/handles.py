@@ -160,10 +160,15 @@ def _flush(deferred: list[tuple[RequestHandle, asyncio.Future[None]]]) -> None:
 
 
 class ExclusiveJob:
-    """A callable queued to run alone on the engine thread (see ``run_exclusive``)."""
+    """A callable queued to run alone on the engine thread (see ``run_exclusive``).
+
+    ``left`` is set when the caller stopped waiting; work that checks it (a
+    stoppable job) ends early instead of holding the engine thread for nobody.
+    """
 
     def __init__(self, fn: Callable[[], Any]) -> None:
         self.fn, self.future = fn, concurrent.futures.Future()
+        self.left = threading.Event()
 
     def run(self) -> None:
         # A caller that stopped waiting cancelled the future: skip the work.

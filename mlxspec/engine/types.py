@@ -214,6 +214,11 @@ class Cancelled:
 Event = Delta | Finished | Failed | Cancelled
 
 
+class JobAbandoned(Exception):
+    """Raised inside a stoppable exclusive job (``Engine.run_exclusive``) when its
+    caller stopped waiting: the work ends early; nobody reads the error."""
+
+
 class EngineRequestError(ValueError):
     """A request the engine cannot run as given (a client error).
 
