@@ -14,6 +14,7 @@ checked by Connexion's security middleware (:mod:`mlxspec.security`).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from collections.abc import Callable
@@ -199,9 +200,17 @@ class _WithEngine:
                 scope = {**scope, "headers": kept}
             if method == "POST":
                 limit = getattr(self.config, "max_body_bytes", None)
-                body = await _read_capped(receive, limit)
-                if body is None:
+                try:
+                    body = await _read_capped(receive, limit, _declared_length(headers))
+                except _BodyTooLarge:
                     await _too_large(scope, send, limit)
+                    return
+                except TimeoutError:
+                    gone = ApiError(
+                        "request_timeout",
+                        f"the request body stopped arriving for {BODY_IDLE_TIMEOUT_S:g} s",
+                    )
+                    await _send_error(scope, send, gone, close=True)
                     return
                 scope = {**scope, "headers": _post_headers(headers, len(body))}
                 receive = _replay(body, receive)
@@ -242,19 +251,54 @@ def _post_headers(headers: list[tuple[bytes, bytes]], length: int) -> list[tuple
     return [*out, (b"content-type", media), (b"content-length", str(length).encode())]
 
 
-async def _read_capped(receive: Receive, limit: int | None) -> bytes | None:
-    """The whole request body, or ``None`` once it exceeds ``limit`` bytes (read
-    here, before Connexion parses and validates it on the event loop, so an
-    oversized body costs no parsing)."""
+#: Seconds a request body may stop arriving before the request is answered 408
+#: and the connection closed (nginx's ``client_body_timeout`` is 60 s). Without
+#: it a client that sent part of a body held its connection, and a shutdown
+#: waited out the whole drain time (120 s) for it.
+BODY_IDLE_TIMEOUT_S = 30.0
+
+
+class _BodyTooLarge(Exception):
+    """The body is, or declares to be, over ``--max-body-bytes``."""
+
+
+def _declared_length(headers: list[tuple[bytes, bytes]]) -> int | None:
+    """The ``Content-Length`` a request declares (``None`` when absent or unreadable:
+    the server has already refused a malformed one, or the body is chunked)."""
+    for key, value in headers:
+        if key == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+async def _read_capped(receive: Receive, limit: int | None, declared: int | None = None) -> bytes:
+    """The whole request body, read here, before Connexion parses and validates
+    it on the event loop, so an oversized body costs no parsing.
+
+    Args:
+        receive (Receive): the ASGI channel.
+        limit (int | None): most bytes accepted; ``None`` for no cap.
+        declared (int | None): the body's ``Content-Length``, when given: one
+            over ``limit`` is refused before any byte is read.
+
+    Raises:
+        _BodyTooLarge: the body is, or declares to be, over ``limit`` bytes.
+        TimeoutError: no part of it arrived for :data:`BODY_IDLE_TIMEOUT_S` seconds.
+    """
+    if limit is not None and declared is not None and declared > limit:
+        raise _BodyTooLarge
     chunks, size = [], 0
     while True:
-        message = await receive()
+        message = await asyncio.wait_for(receive(), BODY_IDLE_TIMEOUT_S)
         if message["type"] != "http.request":
             break  # the client left; the app sees an empty body, then the disconnect
         chunk = message.get("body", b"")
         size += len(chunk)
         if limit is not None and size > limit:
-            return None
+            raise _BodyTooLarge
         chunks.append(chunk)
         if not message.get("more_body", False):
             break

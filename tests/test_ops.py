@@ -567,6 +567,73 @@ def test_oversized_body_is_413_unread_in_each_surface_shape(tiny_engine: Any) ->
         assert c.get("/health").json() == {"status": "ok"}
 
 
+def _raw_post(app: Any, headers: list[tuple[bytes, bytes]], receive: Any) -> list[dict]:
+    """Call ``app`` with one ``POST /v1/chat/completions`` scope; the messages it sent."""
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/chat/completions",
+        "raw_path": b"/v1/chat/completions",
+        "root_path": "",
+        "query_string": b"",
+        "headers": [(b"host", b"t"), (b"content-type", b"application/json"), *headers],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 80),
+    }
+    sent: list[dict] = []
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    asyncio.run(asyncio.wait_for(app(scope, receive, send), 30))
+    return sent
+
+
+def test_a_declared_length_over_the_cap_is_413_before_any_byte_is_read(tiny_engine: Any) -> None:
+    app = create_app(tiny_engine, ServeConfig(max_body_bytes=1000))
+    reads: list[int] = []
+
+    async def receive() -> dict:
+        reads.append(1)
+        await asyncio.sleep(3600)  # the body never comes
+        return {}
+
+    sent = _raw_post(app, [(b"content-length", b"999999999999")], receive)
+    assert reads == []
+    assert sent[0]["status"] == 413
+    assert (b"connection", b"close") in sent[0]["headers"]
+    assert json.loads(sent[1]["body"])["error"]["message"] == "request body exceeds 1000 bytes"
+
+
+def test_a_body_that_stops_arriving_is_408_and_closes(tiny_engine: Any, monkeypatch) -> None:
+    import mlxspec.app
+
+    monkeypatch.setattr(mlxspec.app, "BODY_IDLE_TIMEOUT_S", 0.2)
+    app = create_app(tiny_engine)
+    parts = [{"type": "http.request", "body": b'{"messages": [', "more_body": True}]
+
+    async def receive() -> dict:
+        if parts:
+            return parts.pop()
+        await asyncio.sleep(3600)  # a slow client: the rest never comes
+        return {}
+
+    sent = _raw_post(app, [(b"content-length", b"100")], receive)
+    assert sent[0]["status"] == 408
+    assert (b"connection", b"close") in sent[0]["headers"]
+    assert json.loads(sent[1]["body"]) == {
+        "error": {
+            "message": "the request body stopped arriving for 0.2 s",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "request_timeout",
+        }
+    }
+
+
 def test_max_body_bytes_flag() -> None:
     assert parse_config(["serve"]).max_body_bytes == 16 * 2**20
     assert parse_config(["serve", "--max-body-bytes", "2M"]).max_body_bytes == 2 * 2**20
