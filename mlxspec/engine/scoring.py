@@ -191,6 +191,7 @@ def _decision_tokens(
 def _stoppable_loglikelihoods(
     model: Any, prompt: Sequence[int], candidates: Sequence[Sequence[int]], left: Callable
 ) -> list[float]:
+    """:func:`loglikelihoods` with ``left`` last (``run_exclusive(stoppable=True)`` passes it)."""
     return loglikelihoods(model, prompt, candidates, left=left)
 
 
