@@ -49,7 +49,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from asgi_scope import chat_post_scope, one_body_receive
+
+from mlxspec.conformance.asgi import chat_post_scope, one_body_receive
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))

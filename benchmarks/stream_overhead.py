@@ -80,8 +80,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from asgi_scope import chat_post_scope, one_body_receive
 from serve_bench import build_prompt
+
+from mlxspec.conformance.asgi import chat_post_scope, one_body_receive
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))

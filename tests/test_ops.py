@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from mlxspec.app import create_app
 from mlxspec.cli import parse_bytes, parse_config
 from mlxspec.config import ServeConfig
+from mlxspec.conformance.asgi import chat_post_scope
 from mlxspec.conformance.httpx_checks import checking_async_client
 from mlxspec.openapi import load_spec
 
@@ -567,22 +568,10 @@ def test_oversized_body_is_413_unread_in_each_surface_shape(tiny_engine: Any) ->
         assert c.get("/health").json() == {"status": "ok"}
 
 
-def _raw_post(app: Any, headers: list[tuple[bytes, bytes]], receive: Any) -> list[dict]:
-    """Call ``app`` with one ``POST /v1/chat/completions`` scope; the messages it sent."""
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": "/v1/chat/completions",
-        "raw_path": b"/v1/chat/completions",
-        "root_path": "",
-        "query_string": b"",
-        "headers": [(b"host", b"t"), (b"content-type", b"application/json"), *headers],
-        "client": ("127.0.0.1", 1),
-        "server": ("127.0.0.1", 80),
-    }
+def _raw_post(app: Any, declared: int, receive: Any) -> list[dict]:
+    """Call ``app`` with one ``POST /v1/chat/completions`` declaring a body of
+    ``declared`` bytes, read through ``receive``; the messages it sent."""
+    scope = chat_post_scope(declared)
     sent: list[dict] = []
 
     async def send(message: dict) -> None:
@@ -601,7 +590,7 @@ def test_a_declared_length_over_the_cap_is_413_before_any_byte_is_read(tiny_engi
         await asyncio.sleep(3600)  # the body never comes
         return {}
 
-    sent = _raw_post(app, [(b"content-length", b"999999999999")], receive)
+    sent = _raw_post(app, 999999999999, receive)
     assert reads == []
     assert sent[0]["status"] == 413
     assert (b"connection", b"close") in sent[0]["headers"]
@@ -621,7 +610,7 @@ def test_a_body_that_stops_arriving_is_408_and_closes(tiny_engine: Any, monkeypa
         await asyncio.sleep(3600)  # a slow client: the rest never comes
         return {}
 
-    sent = _raw_post(app, [(b"content-length", b"100")], receive)
+    sent = _raw_post(app, 100, receive)
     assert sent[0]["status"] == 408
     assert (b"connection", b"close") in sent[0]["headers"]
     assert json.loads(sent[1]["body"]) == {

@@ -1,6 +1,7 @@
 """The ASGI scope and ``receive`` of one ``POST /v1/chat/completions`` with a JSON
-body, for the benchmarks that drive the app in process (``http_overhead.py``,
-``stream_overhead.py``)."""
+body, for code that drives the app in process without an HTTP client: the
+benchmarks (``benchmarks/http_overhead.py``, ``stream_overhead.py``) and tests
+that need a raw channel (a body that never arrives, a declared length)."""
 
 from __future__ import annotations
 
