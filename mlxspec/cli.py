@@ -324,6 +324,7 @@ def serve(config: ServeConfig) -> int:
     """Load the model, then run uvicorn until interrupted. Returns an exit code."""
     import uvicorn
 
+    from . import machine
     from .app import create_app
     from .engine.loader import ModelLoadError
 
@@ -361,6 +362,7 @@ def serve(config: ServeConfig) -> int:
         f"at {url}/v1",
         flush=True,
     )
+    machine.raise_open_files_limit()
     try:
         with _signals_end_serving():
             uvicorn.run(

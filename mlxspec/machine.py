@@ -154,3 +154,36 @@ def gpu() -> Gpu | None:
         memory_bytes=int(total) if total else None,
         free_bytes=int(free) if free else None,
     )
+
+
+#: Open files the server asks for (each client connection holds one).
+OPEN_FILES_WANTED = 65536
+
+
+def raise_open_files_limit(wanted: int = OPEN_FILES_WANTED) -> int:
+    """Raise this process's soft limit on open files toward ``wanted`` (never past
+    the hard limit, never lower), as servers that hold many connections do.
+
+    With a soft limit of 1024 or 2048 (common defaults) a few thousand clients,
+    or stalled uploads, used up every descriptor and new connections were reset.
+    Unix only; elsewhere, or when the system refuses, the limit stays.
+
+    Args:
+        wanted (int): the soft limit to reach. Default: :data:`OPEN_FILES_WANTED`.
+
+    Returns:
+        int: the soft limit in force afterwards (``-1`` where it cannot be read).
+    """
+    try:
+        import resource
+    except ImportError:  # not a Unix
+        return -1
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):  # the system refused: keep what there is
+            pass
+    return soft

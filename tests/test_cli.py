@@ -124,3 +124,24 @@ def test_serve_env_defaults_turn_cudnn_attention_off_unless_set() -> None:
     env = {"MLX_CUDA_USE_CUDNN_SDPA": "1"}
     apply_serve_env_defaults(env)
     assert env == {"MLX_CUDA_USE_CUDNN_SDPA": "1"}
+
+
+def test_serve_raises_the_open_files_limit_within_the_hard_limit() -> None:
+    # In a child: the limit is the process's own and stays raised.
+    code = (
+        "import resource\n"
+        "from mlxspec.machine import raise_open_files_limit\n"
+        "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, hard), hard))\n"
+        "got = raise_open_files_limit(wanted=4096)\n"
+        "now = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+        "print(got, now[0], now[1] == hard, raise_open_files_limit(wanted=300))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    got, soft, hard_kept, again = out.stdout.split()
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    expected = 4096 if hard == resource.RLIM_INFINITY else min(4096, hard)
+    assert (int(got), int(soft), hard_kept) == (expected, expected, "True")
+    assert int(again) == expected  # never lowered
