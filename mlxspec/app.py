@@ -208,7 +208,9 @@ class _WithEngine:
                 except TimeoutError:
                     gone = ApiError(
                         "request_timeout",
-                        f"the request body stopped arriving for {BODY_IDLE_TIMEOUT_S:g} s",
+                        f"the request body arrived too slowly: it may pause for at most "
+                        f"{BODY_IDLE_TIMEOUT_S:g} s and must average {BODY_MIN_RATE} bytes/s "
+                        "after that",
                     )
                     await _send_error(scope, send, gone, close=True)
                     return
@@ -256,6 +258,10 @@ def _post_headers(headers: list[tuple[bytes, bytes]], length: int) -> list[tuple
 #: it a client that sent part of a body held its connection, and a shutdown
 #: waited out the whole drain time (120 s) for it.
 BODY_IDLE_TIMEOUT_S = 30.0
+#: Bytes per second a body must average once :data:`BODY_IDLE_TIMEOUT_S` has
+#: passed (as Apache's ``mod_reqtimeout`` ``MinRate``), so a client trickling a
+#: byte every few seconds cannot hold a connection past the idle timeout either.
+BODY_MIN_RATE = 1000
 
 
 class _BodyTooLarge(Exception):
@@ -286,13 +292,20 @@ async def _read_capped(receive: Receive, limit: int | None, declared: int | None
 
     Raises:
         _BodyTooLarge: the body is, or declares to be, over ``limit`` bytes.
-        TimeoutError: no part of it arrived for :data:`BODY_IDLE_TIMEOUT_S` seconds.
+        TimeoutError: no part of it arrived for :data:`BODY_IDLE_TIMEOUT_S`
+            seconds, or, past those, it averaged under :data:`BODY_MIN_RATE` bytes/s.
     """
     if limit is not None and declared is not None and declared > limit:
         raise _BodyTooLarge
     chunks, size = [], 0
+    clock = asyncio.get_running_loop().time
+    started = clock()
     while True:
-        message = await asyncio.wait_for(receive(), BODY_IDLE_TIMEOUT_S)
+        deadline = started + BODY_IDLE_TIMEOUT_S + size / BODY_MIN_RATE
+        wait = min(BODY_IDLE_TIMEOUT_S, deadline - clock())
+        if wait <= 0:
+            raise TimeoutError
+        message = await asyncio.wait_for(receive(), wait)
         if message["type"] != "http.request":
             break  # the client left; the app sees an empty body, then the disconnect
         chunk = message.get("body", b"")

@@ -615,12 +615,30 @@ def test_a_body_that_stops_arriving_is_408_and_closes(tiny_engine: Any, monkeypa
     assert (b"connection", b"close") in sent[0]["headers"]
     assert json.loads(sent[1]["body"]) == {
         "error": {
-            "message": "the request body stopped arriving for 0.2 s",
+            "message": "the request body arrived too slowly: it may pause for at most 0.2 s "
+            "and must average 1000 bytes/s after that",
             "type": "invalid_request_error",
             "param": None,
             "code": "request_timeout",
         }
     }
+
+
+def test_a_body_trickling_under_the_minimum_rate_is_408(tiny_engine: Any, monkeypatch) -> None:
+    import mlxspec.app
+
+    monkeypatch.setattr(mlxspec.app, "BODY_IDLE_TIMEOUT_S", 0.3)
+    app = create_app(tiny_engine)
+    got: list[float] = []
+
+    async def receive() -> dict:  # a byte every 0.1 s: never idle for 0.3 s
+        await asyncio.sleep(0.1)
+        got.append(asyncio.get_running_loop().time())
+        return {"type": "http.request", "body": b" ", "more_body": True}
+
+    sent = _raw_post(app, 100_000, receive)
+    assert sent[0]["status"] == 408
+    assert 2 <= len(got) <= 5  # cut at ~0.3 s (+ 1 ms per byte), not held for the body
 
 
 def test_max_body_bytes_flag() -> None:
