@@ -322,9 +322,11 @@ def _ssd_cache_problem(directory: str | None) -> str | None:
 
 def serve(config: ServeConfig) -> int:
     """Load the model, then run uvicorn until interrupted. Returns an exit code."""
+    from . import machine
+
+    machine.raise_open_files_limit()  # first: before anything imports mlx-lm (see there)
     import uvicorn
 
-    from . import machine
     from .app import create_app
     from .engine.loader import ModelLoadError
 
@@ -362,7 +364,6 @@ def serve(config: ServeConfig) -> int:
         f"at {url}/v1",
         flush=True,
     )
-    machine.raise_open_files_limit()
     try:
         with _signals_end_serving():
             uvicorn.run(

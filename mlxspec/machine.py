@@ -166,7 +166,11 @@ def raise_open_files_limit(wanted: int = OPEN_FILES_WANTED) -> int:
 
     With a soft limit of 1024 or 2048 (common defaults) a few thousand clients,
     or stalled uploads, used up every descriptor and new connections were reset.
-    Unix only; elsewhere, or when the system refuses, the limit stays.
+    mlx-lm's ``utils`` module sets the limits to ``(2048, 4096)`` when it is
+    imported, lowering the hard limit for good (a process cannot raise it again),
+    so the first import of ``mlx_lm.utils`` happens here with that one call
+    skipped; call this before anything imports mlx-lm. Unix only; elsewhere, or
+    when the system refuses, the limit stays.
 
     Args:
         wanted (int): the soft limit to reach. Default: :data:`OPEN_FILES_WANTED`.
@@ -178,6 +182,7 @@ def raise_open_files_limit(wanted: int = OPEN_FILES_WANTED) -> int:
         import resource
     except ImportError:  # not a Unix
         return -1
+    _import_mlx_lm_keeping(resource)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
     if soft != resource.RLIM_INFINITY and soft < target:
@@ -187,3 +192,23 @@ def raise_open_files_limit(wanted: int = OPEN_FILES_WANTED) -> int:
         except (ValueError, OSError):  # the system refused: keep what there is
             pass
     return soft
+
+
+def _import_mlx_lm_keeping(resource: Any) -> None:
+    """Import ``mlx_lm.utils`` with its ``setrlimit(RLIMIT_NOFILE, (2048, 4096))``
+    skipped (the open-files limits are this function's caller's to set)."""
+    import sys
+
+    if "mlx_lm.utils" in sys.modules:  # imported already: its call has run
+        return
+    real = resource.setrlimit
+
+    def keep_open_files(which: int, limits: tuple[int, int]) -> None:
+        if which != resource.RLIMIT_NOFILE:
+            real(which, limits)
+
+    resource.setrlimit = keep_open_files
+    try:
+        import mlx_lm.utils  # noqa: F401 (imported for its side effect, skipped)
+    finally:
+        resource.setrlimit = real

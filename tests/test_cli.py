@@ -127,21 +127,31 @@ def test_serve_env_defaults_turn_cudnn_attention_off_unless_set() -> None:
 
 
 def test_serve_raises_the_open_files_limit_within_the_hard_limit() -> None:
-    # In a child: the limit is the process's own and stays raised.
+    # In a child: the limits are the process's own, and mlx-lm is not imported yet
+    # (its utils module sets (2048, 4096) on import, lowering the hard limit).
     code = (
-        "import resource\n"
-        "from mlxspec.machine import raise_open_files_limit\n"
+        "import resource, sys\n"
+        "calls = []\n"
+        "real = resource.setrlimit\n"
+        "def spy(which, limits):\n"
+        "    calls.append(limits)\n"
+        "    real(which, limits)\n"
+        "resource.setrlimit = spy\n"
         "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
-        "resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, hard), hard))\n"
-        "got = raise_open_files_limit(wanted=4096)\n"
+        "real(resource.RLIMIT_NOFILE, (min(256, hard), hard))\n"
+        "from mlxspec.machine import raise_open_files_limit\n"
+        "got = raise_open_files_limit(wanted=1024)\n"
         "now = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
-        "print(got, now[0], now[1] == hard, raise_open_files_limit(wanted=300))\n"
+        "again = raise_open_files_limit(wanted=300)\n"
+        "print(got, now[0], now[1] == hard, again, 'mlx_lm.utils' in sys.modules, calls)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    got, soft, hard_kept, again = out.stdout.split()
+    got, soft, hard_kept, again, imported, calls = out.stdout.split(maxsplit=5)
     import resource
 
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-    expected = 4096 if hard == resource.RLIM_INFINITY else min(4096, hard)
-    assert (int(got), int(soft), hard_kept) == (expected, expected, "True")
+    expected = 1024 if hard == resource.RLIM_INFINITY else min(1024, hard)
+    assert (int(got), int(soft), hard_kept, imported) == (expected, expected, "True", "True")
     assert int(again) == expected  # never lowered
+    assert "(2048, 4096)" not in calls  # mlx-lm's import-time call was skipped
+    assert calls.strip() == f"[({expected}, {hard})]"  # only the raise itself
