@@ -54,8 +54,8 @@ def test_n_choices_are_admitted_all_or_none() -> None:
     with pytest.raises(QueueFullError) as err:
         adm.admit(10, in_flight=1, count=5)  # the fifth choice would wait third
     assert err.value.message == (
-        "generation queue is full (2 requests waiting); the 5 choices of this request "
-        "do not fit; retry later"
+        "the generation queue has no room for this request's 5 choices "
+        "(0 of its 2 places taken); retry later"
     )
     with pytest.raises(EngineRequestError) as never:
         adm.admit(10, in_flight=0, count=6)  # more than the server ever holds
@@ -219,8 +219,8 @@ def test_n_choices_that_do_not_fit_take_nothing_from_other_requests(tiny_model_d
         assert never.json()["error"]["message"].startswith("n=3 choices cannot run")
         assert pair.status_code == 429
         assert pair.json()["error"]["message"] == (
-            "generation queue is full (1 request waiting); the 2 choices of this request "
-            "do not fit; retry later"
+            "the generation queue has no room for this request's 2 choices "
+            "(0 of its 1 place taken); retry later"
         )
         assert [r.status_code for r in done] == [200, 200]
         assert pair_later.status_code == 200

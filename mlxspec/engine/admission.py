@@ -251,9 +251,18 @@ class Admission:
             waiting = max(waiting, self.kv_waiting(projected, count))
         if waiting > self.limits.max_queue:  # it would wait past the end
             self.rejected["queue_full"] += 1
+            if count > 1:  # the queue may have room, only not for all of them
+                taken, size = (
+                    min(self.waiting(in_flight), self.limits.max_queue),
+                    self.limits.max_queue,
+                )
+                places = "place" if size == 1 else "places"
+                raise QueueFullError(
+                    f"the generation queue has no room for this request's {count} choices "
+                    f"({taken} of its {size} {places} taken); retry later"
+                )
             full = _requests(self.limits.max_queue)
-            group = f"; the {count} choices of this request do not fit" if count > 1 else ""
-            raise QueueFullError(f"generation queue is full ({full} waiting){group}; retry later")
+            raise QueueFullError(f"generation queue is full ({full} waiting); retry later")
 
     def room(self, prompt_tokens: int, max_tokens: int | None) -> int:
         """Tokens a request may generate: ``max_tokens`` capped by the room left
