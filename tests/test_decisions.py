@@ -19,8 +19,7 @@ import mlx.core as mx
 import pytest
 
 from mlxspec.engine import PromptError, scoring
-from mlxspec.engine.scoring import answer_ending, loglikelihoods, softmax
-from mlxspec.engine.types import JobAbandoned
+from mlxspec.engine.scoring import answer_ending, loglikelihood_steps, softmax
 from mlxspec.errors import ApiError
 from mlxspec.handlers.decision_wire import (
     answer_texts,
@@ -248,7 +247,7 @@ def test_loglikelihoods_match_direct_forward(tiny_engine, shared_prefix, monkeyp
     answers = [list(tok.encode(t + "<|im_end|>", add_special_tokens=False)) for t in texts]
     monkeypatch.setattr(scoring, "LOGIT_ROWS", 24)  # forces several candidate batches
     assert len(scoring._groups(answers, len(prompt))) > 1
-    work = partial(loglikelihoods, tiny_engine.model, prompt, answers, shared_prefix)
+    work = partial(loglikelihood_steps, tiny_engine.model, prompt, answers, shared_prefix)
     got = asyncio.run(tiny_engine.run_exclusive(work))
     expected = [direct_loglikelihood(tiny_engine.model, prompt, a) for a in answers]
     assert got == pytest.approx(expected, abs=1e-4)
@@ -286,7 +285,7 @@ def test_run_exclusive_result_error_and_cancel(tiny_engine) -> None:
     assert ran == []
 
 
-def test_scoring_stops_between_prefill_chunks_once_the_caller_left(tiny_engine) -> None:
+def test_scoring_pauses_after_each_prefill_chunk(tiny_engine) -> None:
     from mlxspec.engine.lanes import default_prefill_step
 
     step = default_prefill_step()
@@ -302,38 +301,77 @@ def test_scoring_stops_between_prefill_chunks_once_the_caller_left(tiny_engine) 
             return tiny_engine.model(tokens, cache=cache)
 
     model = Counting()
-
-    with pytest.raises(JobAbandoned):
-        loglikelihoods(model, prompt, [[1, 2]], left=lambda: len(calls) >= 1)
-    assert calls == [step]  # one chunk ran; the next saw the caller gone
+    steps = loglikelihood_steps(model, prompt, [[1, 2]])
+    next(steps)
+    assert calls == [step]  # one chunk, then a pause
+    next(steps)
+    assert calls == [step, step]
+    steps.close()  # the caller left: nothing more runs
+    assert calls == [step, step]
     calls.clear()
-    with pytest.raises(JobAbandoned):  # gone before anything ran
-        loglikelihoods(model, prompt, [[1, 2]], shared_prefix=False, left=lambda: True)
-    assert calls == []
-    assert loglikelihoods(model, prompt[:4], [[1, 2]], left=lambda: False)[0] < 0
+    whole = asyncio.run(
+        tiny_engine.run_exclusive(partial(loglikelihood_steps, model, prompt, [[1, 2]]))
+    )
+    assert calls == [step, step, step - 1, 1, 1]  # 3 chunks, the last token, the candidate
+    assert whole == pytest.approx(
+        [direct_loglikelihood(tiny_engine.model, prompt, [1, 2])], abs=1e-4
+    )
 
 
-def test_a_stoppable_exclusive_job_learns_its_caller_left(tiny_engine) -> None:
-    seen: list[bool] = []
+def test_a_stepped_job_runs_beside_decoding_and_stops_when_its_caller_leaves(
+    tiny_model_dir,
+) -> None:
+    from mlxspec.engine import Delta, Engine, GenerationRequest, LogitsParams
 
-    def work(left) -> None:
-        deadline = time.monotonic() + 20
-        while not left() and time.monotonic() < deadline:
-            time.sleep(0.005)
-        seen.append(left())
-        raise JobAbandoned
+    engine = Engine.load(tiny_model_dir, "tiny-llama", max_batch=4)
+    engine.start()
+    tokens: list[int] = []  # tokens the stream got, read at each step of the job
+    closed: list[bool] = []
 
-    async def scenario() -> float:
-        job = asyncio.ensure_future(tiny_engine.run_exclusive(work, stoppable=True))
-        await asyncio.sleep(0.1)  # running on the engine thread by now
-        job.cancel()
+    def stepped(pauses: int | None):
+        def run():
+            seen = []
+            try:
+                for _ in range(pauses) if pauses is not None else iter(int, 1):
+                    seen.append(len(tokens))
+                    time.sleep(0.002)
+                    yield
+            finally:
+                closed.append(True)
+            return seen
+
+        return run
+
+    async def scenario() -> tuple[list[int], float]:
+        prompt = tuple(engine.text_prompt("hello there"))
+        request = GenerationRequest(prompt, max_tokens=200, logits=LogitsParams(((2, -1e9),)))
+
+        async def stream() -> None:
+            async for event in engine.submit(request):
+                if isinstance(event, Delta):
+                    tokens.append(1)
+
+        streaming = asyncio.ensure_future(stream())
+        while not tokens:
+            await asyncio.sleep(0.001)
+        seen = await engine.run_exclusive(stepped(40))
+        forever = asyncio.ensure_future(engine.run_exclusive(stepped(None)))
+        await asyncio.sleep(0.05)
+        forever.cancel()
         started = time.monotonic()
-        assert await tiny_engine.run_exclusive(lambda: "next") == "next"
-        return time.monotonic() - started
+        assert await engine.run_exclusive(lambda: "next") == "next"
+        waited = time.monotonic() - started
+        await streaming
+        return seen, waited
 
-    waited = asyncio.run(scenario())
-    assert seen == [True]
-    assert waited < 5  # the engine thread was freed, not held for 20 s
+    try:
+        seen, waited = asyncio.run(scenario())
+    finally:
+        engine.close()
+    assert len(seen) == 40
+    assert seen[-1] > seen[0]  # the stream kept decoding between the job's steps
+    assert closed == [True, True]  # the endless job was closed once its caller left
+    assert waited < 5
 
 
 # --- routes on the tiny model --------------------------------------------------
@@ -403,8 +441,10 @@ def test_client_leaving_a_queued_decision_skips_its_scoring(
     client: httpx.Client, tiny_engine, monkeypatch
 ) -> None:
     calls: list[int] = []
-    real = scoring.loglikelihoods
-    monkeypatch.setattr(scoring, "loglikelihoods", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = scoring.loglikelihood_steps  # what score_answers runs on the engine thread
+    monkeypatch.setattr(
+        scoring, "loglikelihood_steps", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
     gate = threading.Event()
     blocker = threading.Thread(target=lambda: asyncio.run(tiny_engine.run_exclusive(gate.wait)))
     blocker.start()  # the engine thread is now busy until the gate opens

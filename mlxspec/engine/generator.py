@@ -330,31 +330,28 @@ class Engine:
         self._jobs.put(handle)
         return handle
 
-    async def run_exclusive(self, fn: Callable[..., T], *, stoppable: bool = False) -> T:
+    async def run_exclusive(self, fn: Callable[[], T]) -> T:
         """Run ``fn()`` on the engine thread between decode steps; await its result.
 
         For MLX work outside generation (decision scoring, embeddings): the one
-        thread that owns MLX runs it, in queue order with submitted requests,
-        while the batch waits. Cancelling the awaiting task before ``fn`` starts
-        skips it; once started, a plain job runs to the end and its result is
-        dropped, while a stoppable one is told the caller left.
+        thread that owns MLX runs it, in queue order with the other exclusive
+        jobs. A plain ``fn`` runs whole while the batch waits; one that returns
+        a generator is stepped, a step per engine-loop turn beside the running
+        requests' decode steps, and its return value is the result
+        (:class:`~.handles.ExclusiveJob`). Cancelling the awaiting task before
+        ``fn`` starts skips it; a stepped job is closed at its next step; a
+        plain one runs to the end and its result is dropped.
 
         Args:
-            fn (Callable[..., T]): the work: no arguments, or with ``stoppable``
-                one, ``left() -> bool``, to check between chunks of work (it
-                turns true once the caller stopped waiting; ``fn`` then raises,
-                e.g. :class:`~.types.JobAbandoned`, and nobody reads the error).
-            stoppable (bool): pass ``left`` to ``fn``. Default: ``False``.
+            fn (Callable[[], T]): the work; no arguments.
 
         Returns:
-            T: what ``fn`` returned.
+            T: what ``fn`` returned (for a generator, its return value).
 
         Raises:
             Exception: whatever ``fn`` raised, re-raised in the caller.
         """
         job = ExclusiveJob(fn)
-        if stoppable:
-            job.fn = functools.partial(fn, job.left.is_set)
         self._jobs.put(job)
         try:
             return await asyncio.wrap_future(job.future)

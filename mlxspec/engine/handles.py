@@ -10,10 +10,10 @@ import contextlib
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from typing import Any
 
-from .types import Cancelled, Event, Failed, Finished, GenerationRequest
+from .types import Cancelled, Event, Failed, Finished, GenerationRequest, JobAbandoned
 
 
 class RequestHandle:
@@ -160,20 +160,65 @@ def _flush(deferred: list[tuple[RequestHandle, asyncio.Future[None]]]) -> None:
 
 
 class ExclusiveJob:
-    """A callable queued to run alone on the engine thread (see ``run_exclusive``).
+    """A callable queued to run on the engine thread between decode steps (see
+    ``run_exclusive``).
 
-    ``left`` is set when the caller stopped waiting; work that checks it (a
-    stoppable job) ends early instead of holding the engine thread for nobody.
+    A plain job runs whole in :meth:`start`. A stepped one (``fn`` returns a
+    generator) does one piece of work per :meth:`advance`, which the engine loop
+    calls once per turn beside the running requests' decode steps, so long MLX
+    work (a decision's prefill) does not hold every stream; the generator's
+    return value is the result. ``left`` is set when the caller stopped waiting:
+    a stepped job is then closed at its next step, and a stoppable one (given
+    ``left.is_set``) can end itself.
     """
 
     def __init__(self, fn: Callable[[], Any]) -> None:
         self.fn, self.future = fn, concurrent.futures.Future()
         self.left = threading.Event()
+        self._steps: Any = None
+
+    def start(self) -> bool:
+        """Start the work; True once it is over (a plain job, a failure, a job
+        whose caller left before it started), False while a stepped job has steps left."""
+        # A caller that stopped waiting cancelled the future: skip the work.
+        if not self.future.set_running_or_notify_cancel():
+            return True
+        try:
+            result = self.fn()
+        except Exception as exc:  # delivered to the caller, never kills the thread
+            self.future.set_exception(exc)
+            return True
+        if not isinstance(result, Generator):
+            self.future.set_result(result)
+            return True
+        self._steps = result
+        return False
+
+    def advance(self) -> bool:
+        """One step of a started stepped job; True once it is over."""
+        if self.left.is_set():  # nobody waits for the rest
+            self._steps.close()
+            self.future.set_exception(JobAbandoned())
+            return True
+        try:
+            next(self._steps)
+        except StopIteration as done:
+            self.future.set_result(done.value)
+            return True
+        except Exception as exc:  # delivered to the caller, never kills the thread
+            self.future.set_exception(exc)
+            return True
+        return False
 
     def run(self) -> None:
-        # A caller that stopped waiting cancelled the future: skip the work.
-        if self.future.set_running_or_notify_cancel():
-            try:
-                self.future.set_result(self.fn())
-            except Exception as exc:  # delivered to the caller, never kills the thread
-                self.future.set_exception(exc)
+        """Run the whole job at once (its steps back to back)."""
+        if not self.start():
+            while not self.advance():
+                pass
+
+    def abandon(self) -> None:
+        """End the job unfinished (engine shutdown)."""
+        if self._steps is not None:
+            self._steps.close()
+        if not self.future.done():
+            self.future.set_exception(JobAbandoned())

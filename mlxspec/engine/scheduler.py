@@ -1,7 +1,8 @@
 """The engine thread's loop: which request runs where, one step at a time.
 
-Jobs arrive on the engine's queue. Exclusive jobs (decision scoring,
-embeddings) run between steps; requests go into the KV line
+Jobs arrive on the engine's queue. Exclusive jobs (embeddings) run whole
+between steps, or, when stepped (decision scoring), a prefill chunk per loop
+turn beside the decode steps (:class:`~.handles.ExclusiveJob`); requests go into the KV line
 (:class:`~.admission.KvGate`) and start from its head while they fit. A
 started request runs in one of three places: alone to its end on mlx-lm's
 ``generate_step`` (``--batch 1``, or an explicit ``seed``), alone a token per
@@ -17,6 +18,7 @@ from __future__ import annotations
 import functools
 import logging
 import queue
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -53,11 +55,15 @@ class Scheduler:
         #: The lone request decoding on ``generate_step`` in the batched lane.
         self.solo: SoloRun | None = None
         self.solo_tokens = 0  # its projection, while it decodes alone
+        #: Exclusive jobs in order: the head advances a step per loop turn.
+        self.exclusive: deque[ExclusiveJob] = deque()
 
     def run(self) -> None:
         """Take jobs and step the lone request or the batch until shut down."""
         try:
             while self.admit():
+                if self.exclusive:
+                    self.step_exclusive()
                 if self.solo is not None:
                     self.step_solo()
                 elif self.lane is not None and len(self.lane):
@@ -70,6 +76,8 @@ class Scheduler:
                         self.lane.close()
                         self.lane = self._new_lane()
         finally:
+            for job in self.exclusive:
+                job.abandon()
             if self.solo is not None:
                 self.solo.cancel()
             if self.lane is not None:
@@ -83,6 +91,7 @@ class Scheduler:
         self.admission.running_tokens = self.running_tokens()  # rows may have ended
         lane, gate = self.lane, self.admission.kv_gate
         idle = self.solo is None and (lane is None or not len(lane)) and not gate
+        idle = idle and not self.exclusive
         try:
             job = self.jobs.get(block=idle)
         except queue.Empty:
@@ -90,7 +99,9 @@ class Scheduler:
         while job is not None and job is not _NO_JOB:
             if isinstance(job, ExclusiveJob):
                 self.start_waiting()  # what was queued before it starts first
-                job.run()
+                self.exclusive.append(job)
+                if len(self.exclusive) == 1:
+                    self.start_exclusive()
             else:
                 gate.push(job, self.admission.incoming.popleft())
             try:
@@ -101,6 +112,18 @@ class Scheduler:
             return False
         self.start_waiting()
         return True
+
+    def start_exclusive(self) -> None:
+        """Start exclusive jobs from the head of the line; plain ones run whole,
+        and the first stepped one stays at the head to advance a step per turn."""
+        while self.exclusive and self.exclusive[0].start():
+            self.exclusive.popleft()
+
+    def step_exclusive(self) -> None:
+        """Advance the stepped job at the head by one step (a prefill chunk)."""
+        if self.exclusive[0].advance():
+            self.exclusive.popleft()
+            self.start_exclusive()
 
     def start_waiting(self) -> None:
         """Start requests from the head of the KV line while they fit."""

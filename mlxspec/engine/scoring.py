@@ -13,8 +13,10 @@ Design (one question = one prompt plus N candidates):
 1. Prefill the prompt once into an mlx-lm KV cache (in the engine's prefill
    chunks, :func:`~.lanes.default_prefill_step`: 512 tokens on a GPU, 128 on
    the CPU), keeping only the log-probabilities after the last prompt token,
-   which score every candidate's first token. A client that leaves is noticed
-   between chunks and candidate groups, and the work stops there.
+   which score every candidate's first token. The work pauses after each chunk
+   and candidate batch (:func:`loglikelihood_steps`): the engine runs the
+   running requests' decode steps in between, and stops the work there when
+   the client left.
 2. Copy that cache N times along the batch axis and run all candidates'
    remaining tokens as one right-padded batch on top of it. Right padding is
    safe under a causal mask: a pad only follows the tokens that are scored.
@@ -32,14 +34,14 @@ awaitable entry point for handlers.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 from .lanes import default_prefill_step
 from .prompt import off_loop
-from .types import ContextLengthError, JobAbandoned, PromptError
+from .types import ContextLengthError, PromptError
 
 #: Most cached + new tokens in one candidate batch (batch * (prompt + answer)).
 BATCH_TOKENS = 16384
@@ -172,8 +174,8 @@ async def score_answers(engine: Any, messages: list[dict], answers: Sequence[str
             f"prompt and its longest answer need {longest} tokens.",
             param=None,
         )
-    score = partial(_stoppable_loglikelihoods, engine.model, prompt, candidates)
-    scores = await engine.run_exclusive(score, stoppable=True)
+    steps = partial(loglikelihood_steps, engine.model, prompt, candidates)
+    scores = await engine.run_exclusive(steps)  # a stepped job: a chunk per engine turn
     used = sum(len(prompt) + len(c) - 1 for c in candidates)
     return ScoredAnswers(tuple(scores), softmax(scores), used)
 
@@ -188,24 +190,19 @@ def _decision_tokens(
     return prompt, [list(encode(a + ending, add_special_tokens=False)) for a in answers]
 
 
-def _stoppable_loglikelihoods(
-    model: Any, prompt: Sequence[int], candidates: Sequence[Sequence[int]], left: Callable
-) -> list[float]:
-    """:func:`loglikelihoods` with ``left`` last (``run_exclusive(stoppable=True)`` passes it)."""
-    return loglikelihoods(model, prompt, candidates, left=left)
-
-
-def loglikelihoods(
+def loglikelihood_steps(
     model: Any,
     prompt: Sequence[int],
     candidates: Sequence[Sequence[int]],
     shared_prefix: bool | None = None,
-    left: Callable[[], bool] | None = None,
-) -> list[float]:
-    """Sum of log-probabilities of each candidate's tokens after ``prompt``.
+) -> Generator[None, None, list[float]]:
+    """Sum of log-probabilities of each candidate's tokens after ``prompt``, as a
+    generator that pauses after each prefill chunk and candidate batch.
 
     ``score(c) = sum_j log softmax(f(prompt + c[:j]))[c[j]]`` in float32.
-    Engine thread only.
+    Engine thread only: a stepped ``Engine.run_exclusive`` job, so the engine
+    runs the other requests' decode steps between the pauses and closes it
+    when its caller leaves.
 
     Args:
         model: an mlx-lm model.
@@ -214,61 +211,44 @@ def loglikelihoods(
         shared_prefix (bool | None): prefill the prompt once and batch the
             candidates on copies of its KV cache; ``None`` picks it whenever
             every layer's cache is a plain ``KVCache``. Default: ``None``.
-        left (Callable[[], bool] | None): checked before each prefill chunk and
-            candidate batch; true means the caller left. Default: ``None``.
 
     Returns:
-        list[float]: one log-likelihood per candidate, in order.
-
-    Raises:
-        JobAbandoned: ``left()`` turned true; the rest of the work was skipped.
+        list[float]: (the generator's return value) one log-likelihood per
+        candidate, in order.
     """
     from mlx_lm.models.cache import KVCache, make_prompt_cache
 
     cache = make_prompt_cache(model)
     if shared_prefix is None:
         shared_prefix = all(type(c) is KVCache for c in cache)
-    check = _checker(left)
     if not shared_prefix:
         out = []
         for candidate in candidates:
             fresh = make_prompt_cache(model)
-            first = _prefill(model, prompt, fresh, check)
-            check()
+            first = yield from _prefill(model, prompt, fresh)
             out.extend(_score_batch(model, fresh, first, [candidate], copy=False))
+            yield
         return out
-    first = _prefill(model, prompt, cache, check)
+    first = yield from _prefill(model, prompt, cache)
     out = []
     for group in _groups(candidates, len(prompt)):
-        check()
         out.extend(_score_batch(model, cache, first, group, copy=True))
+        yield
     return out
 
 
-def _checker(left: Callable[[], bool] | None) -> Callable[[], None]:
-    """A check that raises :class:`JobAbandoned` once ``left()`` is true."""
-
-    def check() -> None:
-        if left is not None and left():
-            raise JobAbandoned
-
-    return check
-
-
-def _prefill(
-    model: Any, prompt: Sequence[int], cache: list, check: Callable[[], None] = lambda: None
-) -> Any:
-    """Run ``prompt`` into ``cache`` (``check()`` before each chunk); returns
-    log-probs ``[V]`` (float32) of the token after it."""
+def _prefill(model: Any, prompt: Sequence[int], cache: list) -> Generator[None, None, Any]:
+    """Run ``prompt`` into ``cache``, pausing after each chunk; returns log-probs
+    ``[V]`` (float32) of the token after it."""
     import mlx.core as mx
 
     tokens = mx.array(prompt, dtype=mx.uint32)[None]
     head = tokens.shape[1] - 1
     step = default_prefill_step()
     for start in range(0, head, step):
-        check()
         model(tokens[:, start : min(start + step, head)], cache=cache)
         mx.eval([c.state for c in cache])
+        yield
     logits = model(tokens[:, head:], cache=cache)[0, -1].astype(mx.float32)
     return logits - mx.logsumexp(logits)
 

@@ -215,8 +215,8 @@ Event = Delta | Finished | Failed | Cancelled
 
 
 class JobAbandoned(Exception):
-    """Raised inside a stoppable exclusive job (``Engine.run_exclusive``) when its
-    caller stopped waiting: the work ends early; nobody reads the error."""
+    """The outcome of an exclusive job (``Engine.run_exclusive``) closed unfinished:
+    its caller stopped waiting (nobody reads it) or the engine shut down."""
 
 
 class EngineRequestError(ValueError):
