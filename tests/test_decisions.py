@@ -289,9 +289,8 @@ def test_scoring_pauses_after_each_prefill_chunk(tiny_engine) -> None:
     from mlxspec.engine.lanes import default_prefill_step
 
     step = default_prefill_step()
-    prompt = [
-        5 + i % 50 for i in range(3 * step)
-    ]  # 3 prefill chunks + the last token (ids in vocab)
+    # Three prefill chunks and the last token, ids inside the tiny vocabulary.
+    prompt = [5 + i % 50 for i in range(3 * step)]
     calls: list[int] = []
 
     class Counting:  # the tiny model, counting its forward passes
