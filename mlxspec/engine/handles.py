@@ -168,8 +168,7 @@ class ExclusiveJob:
     calls once per turn beside the running requests' decode steps, so long MLX
     work (a decision's prefill) does not hold every stream; the generator's
     return value is the result. ``left`` is set when the caller stopped waiting:
-    a stepped job is then closed at its next step, and a stoppable one (given
-    ``left.is_set``) can end itself.
+    a stepped job is then closed at its next step.
     """
 
     def __init__(self, fn: Callable[[], Any]) -> None:
@@ -209,12 +208,6 @@ class ExclusiveJob:
             self.future.set_exception(exc)
             return True
         return False
-
-    def run(self) -> None:
-        """Run the whole job at once (its steps back to back)."""
-        if not self.start():
-            while not self.advance():
-                pass
 
     def abandon(self) -> None:
         """End the job unfinished (engine shutdown)."""
