@@ -6,8 +6,10 @@ process-global one: tests build many apps). Three feeds fill it:
 * :class:`RequestMetricsMiddleware` counts every HTTP response by the route
   template of the OpenAPI document, method and status;
 * :class:`GenerationWatch`, driven by ``handlers.common.outputs`` (which sees
-  every event of every surface), times the first token (TTFT) and the gaps
-  between tokens, and counts prompt, generated and prompt-cache tokens;
+  every event of every surface), times the first token (TTFT, split into the
+  queue time before the engine started the request and the prefill time
+  after) and the gaps between tokens, and counts prompt, generated and
+  prompt-cache tokens;
 * :class:`_EngineCollector` reads the engine's own counters at scrape time
   (queue depth, active rows, outcomes, admission refusals).
 
@@ -78,6 +80,20 @@ class Metrics:
             buckets=TTFT_BUCKETS,
             registry=r,
         )
+        self.queue_time = Histogram(
+            "mlxspec_request_queue_time_seconds",
+            "Time from submission until the engine started the request (waiting for"
+            " a batch slot or KV room).",
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.prefill_time = Histogram(
+            "mlxspec_request_prefill_time_seconds",
+            "Time from the engine starting the request to its first generated token"
+            " (prefill, plus the decode steps of other rows it waited through).",
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
         self.itl = Histogram(
             "mlxspec_inter_token_latency_seconds",
             "Time between consecutive generated tokens of one request.",
@@ -92,7 +108,7 @@ class Metrics:
 
     def watch(self, handle: RequestHandle) -> GenerationWatch:
         """A :class:`GenerationWatch` timing ``handle`` from its submission."""
-        return GenerationWatch(self, getattr(handle, "submitted_at", time.monotonic()))
+        return GenerationWatch(self, getattr(handle, "submitted_at", time.monotonic()), handle)
 
 
 class GenerationWatch:
@@ -102,12 +118,16 @@ class GenerationWatch:
     Args:
         metrics (Metrics): where observations go.
         start (float): ``time.monotonic()`` when the request was submitted.
+        handle (RequestHandle | None): the request; its ``started_at`` (set by
+            the engine) splits TTFT into queue and prefill time. Default:
+            ``None`` (TTFT only).
     """
 
-    def __init__(self, metrics: Metrics, start: float) -> None:
+    def __init__(self, metrics: Metrics, start: float, handle: Any = None) -> None:
         self._metrics = metrics
         self._last: float | None = None
         self._start = start
+        self._handle = handle
 
     def observe(self, event: Delta | Finished) -> None:
         """Record one event: a ``Delta`` with tokens moves TTFT or ITL, a
@@ -127,6 +147,10 @@ class GenerationWatch:
         if self._last is None:
             # Tokens that arrive with the first one have no measurable gap.
             m.ttft.observe(now - self._start)
+            started = getattr(self._handle, "started_at", None)
+            if started is not None:
+                m.queue_time.observe(max(started - self._start, 0.0))
+                m.prefill_time.observe(max(now - started, 0.0))
         else:
             # Several tokens in one event share the gap since the last event.
             gap = (now - self._last) / tokens

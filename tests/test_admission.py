@@ -10,6 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from mlxspec.app import create_app
 from mlxspec.cli import load_engine, parse_config
@@ -163,8 +164,14 @@ def test_queue_full_is_429_then_queued_requests_complete(idle_engine: Engine) ->
             full = await c.post("/v1/completions", json=body)
             streamed = await c.post("/v1/completions", json={**body, "stream": True})
             stats = (await c.get("/stats")).json()
+            await asyncio.sleep(0.2)  # both wait at least this long before starting
             idle_engine.start()
             done = await asyncio.gather(*held)
+            metrics = (await c.get("/metrics")).text
+        families = text_string_to_metric_families(metrics)
+        queue = {s.name: s.value for f in families for s in f.samples}
+        assert queue["mlxspec_request_queue_time_seconds_count"] == 2
+        assert queue["mlxspec_request_queue_time_seconds_sum"] >= 0.4
         for refused in (full, streamed):
             assert refused.status_code == 429
             assert refused.headers["retry-after"] == "1"

@@ -276,6 +276,12 @@ def test_metrics_move_after_requests(tiny_engine: Any) -> None:
     assert after[("mlxspec_prompt_tokens_total", ())] == 2 * n
     assert after[("mlxspec_generation_tokens_total", ())] == 6
     assert after[("mlxspec_time_to_first_token_seconds_count", ())] == 2
+    # TTFT splits into queue and prefill time, each request once, at most TTFT together
+    assert after[("mlxspec_request_queue_time_seconds_count", ())] == 2
+    assert after[("mlxspec_request_prefill_time_seconds_count", ())] == 2
+    split = after[("mlxspec_request_queue_time_seconds_sum", ())]
+    split += after[("mlxspec_request_prefill_time_seconds_sum", ())]
+    assert 0 < split <= after[("mlxspec_time_to_first_token_seconds_sum", ())]
     assert after[("mlxspec_inter_token_latency_seconds_count", ())] == 4  # 2 gaps each
     hits = ("mlxspec_prompt_cache_hits_total", ())
     assert after[hits] - before.get(hits, 0) == sum(1 for c in cached if c > 0)
@@ -505,6 +511,8 @@ def test_generation_watch_splits_a_multi_token_gap() -> None:
     watch.observe(Finished("length", prompt_tokens=7, completion_tokens=2, cached_tokens=3))
     got = samples(metrics.render().decode())
     assert got[("mlxspec_time_to_first_token_seconds_count", ())] == 1
+    # no handle: no split of the TTFT
+    assert got[("mlxspec_request_queue_time_seconds_count", ())] == 0
     assert got[("mlxspec_time_to_first_token_seconds_bucket", (("le", "1.0"),))] == 0
     assert got[("mlxspec_time_to_first_token_seconds_bucket", (("le", "2.5"),))] == 1
     assert got[("mlxspec_inter_token_latency_seconds_count", ())] == 2
@@ -514,6 +522,29 @@ def test_generation_watch_splits_a_multi_token_gap() -> None:
     assert got[("mlxspec_prompt_cache_hits_total", ())] == 1
     assert got[("mlxspec_prompt_cache_tokens_total", ())] == 3
     assert got[("mlxspec_queue_depth", ())] == 0  # an engine without admission state
+
+
+def test_generation_watch_splits_ttft_at_the_start() -> None:
+    import time
+    from types import SimpleNamespace
+
+    from mlxspec.engine import Delta
+    from mlxspec.metrics import GenerationWatch, Metrics
+
+    metrics = Metrics(engine=None)
+    now = time.monotonic()
+    handle = SimpleNamespace(started_at=now - 0.3)  # waited ~0.7 s, then 0.3 s to the token
+    watch = GenerationWatch(metrics, now - 1.0, handle)
+    watch.observe(Delta("a", (5,)))
+    watch.observe(Delta("b", (6,)))  # later tokens add no queue or prefill sample
+    got = samples(metrics.render().decode())
+    queue = got[("mlxspec_request_queue_time_seconds_sum", ())]
+    prefill = got[("mlxspec_request_prefill_time_seconds_sum", ())]
+    assert got[("mlxspec_request_queue_time_seconds_count", ())] == 1
+    assert 0.69 < queue < 0.71
+    assert 0.3 <= prefill < 0.5
+    assert got[("mlxspec_request_prefill_time_seconds_bucket", (("le", "0.25"),))] == 0
+    assert got[("mlxspec_request_queue_time_seconds_bucket", (("le", "1.0"),))] == 1
 
 
 def test_machine_reads_proc_files(tmp_path: Path) -> None:

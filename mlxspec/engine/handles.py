@@ -39,6 +39,9 @@ class RequestHandle:
         self._cancelled = threading.Event()
         #: ``time.monotonic()`` at submission, for time-to-first-token.
         self.submitted_at = time.monotonic()
+        #: ``time.monotonic()`` when the engine started the request (its
+        #: prefill began), set on the engine thread; ``None`` while it waits.
+        self.started_at: float | None = None
 
     @property
     def cancelled(self) -> bool:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import logging
 import queue
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -144,7 +145,9 @@ class Scheduler:
         lane = self.lane
         if handle.cancelled:
             self.count("cancelled")
-        elif lane is None or handle.request.sampling.seed is not None:
+            return
+        handle.started_at = time.monotonic()  # its prefill begins (queue time ends)
+        if lane is None or handle.request.sampling.seed is not None:
             self.admission.running_tokens = self.running_tokens() + tokens  # while it runs
             self.serial(handle)
         elif self.goes_solo(lane, handle):
