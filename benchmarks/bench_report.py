@@ -25,7 +25,8 @@ def pct(values: list[float], q: float) -> float | None:
 def merge_runs(runs: list[dict]) -> dict:
     """One server's repeated runs -> one result: each level is its median run by
     aggregate tokens/s (the lower middle one for an even count), with every
-    run's tokens/s kept in ``tok_per_s_runs``; the multi-turn result is the first run's;
+    run's tokens/s kept in ``tok_per_s_runs`` (and mlxspec's per-level engine reading,
+    ``engine``, in ``engine_runs``); the multi-turn result is the first run's;
     each run's engine step times (mlxspec's ``GET /stats`` ``batch.steps`` and
     ``batch.solo_steps``) are kept in ``engine_steps_runs`` and ``engine_solo_steps_runs``."""
     levels = []
@@ -35,6 +36,8 @@ def merge_runs(runs: list[dict]) -> dict:
         mid["tok_per_s_runs"] = [r["levels"][i]["tok_per_s"] for r in runs]
         if "decode_tok_per_s_p50" in first:
             mid["decode_tok_per_s_runs"] = [r["levels"][i]["decode_tok_per_s_p50"] for r in runs]
+        if "engine" in first:  # mlxspec's per-level engine reading, every run's
+            mid["engine_runs"] = [r["levels"][i].get("engine") for r in runs]
         assert mid["concurrency"] == first["concurrency"]
         levels.append(mid)
     merged = {"levels": levels, "multi_turn": runs[0]["multi_turn"]}

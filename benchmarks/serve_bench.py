@@ -295,6 +295,14 @@ def main(argv: list[str] | None = None) -> int:
         "stream_generate baseline before each repeat and after the last; each level "
         "reports its median run (single-stream figures swing with run order)",
     )
+    ap.add_argument(
+        "--warm-rounds",
+        type=int,
+        default=1,
+        help="unmeasured rounds at each level's concurrency before it is measured, on "
+        "prompts of their own (the first server process on a fresh H200 ran its first "
+        "level 2-3x slower per step than later ones)",
+    )
     args = ap.parse_args(argv)
 
     from mlx_lm.utils import load_tokenizer
@@ -350,6 +358,51 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+#: ``GET /metrics`` histograms whose sums and counts :func:`engine_reading` keeps.
+TIMED = {
+    "ttft": "mlxspec_time_to_first_token_seconds",
+    "queue": "mlxspec_request_queue_time_seconds",
+    "prefill": "mlxspec_request_prefill_time_seconds",
+}
+
+
+def engine_reading(base: str) -> dict[str, float]:
+    """mlxspec's cumulative engine figures now: batched and lone steps (count,
+    seconds in the model, rows) from ``GET /stats``, and the sum and count of
+    each :data:`TIMED` histogram from ``GET /metrics``."""
+    batch = httpx.get(f"{base}/stats", timeout=30).json()["batch"]
+    out: dict[str, float] = {}
+    for lane in ("steps", "solo_steps"):
+        t = batch[lane]
+        out[f"{lane}"] = t["steps"]
+        out[f"{lane}_model_s"] = t["steps"] * t["generate_ms_mean"] / 1000
+        out[f"{lane}_rows"] = t["steps"] * t["mean_rows"]
+    text = httpx.get(f"{base}/metrics", timeout=30).text
+    for key, name in TIMED.items():
+        for line in text.splitlines():
+            for part in ("sum", "count"):
+                if line.startswith(f"{name}_{part} "):
+                    out[f"{key}_{part}"] = float(line.split()[1])
+    return out
+
+
+def engine_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float | None]:
+    """What one level cost the engine: batched and lone steps run, their mean
+    milliseconds in the model and mean rows, and the mean server-side TTFT, queue
+    time and prefill time (seconds) of the level's requests."""
+    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    out: dict[str, float | None] = {}
+    for lane in ("steps", "solo_steps"):
+        n = d[lane]
+        out[lane] = n
+        out[f"{lane}_model_ms_mean"] = 1000 * d[f"{lane}_model_s"] / n if n else None
+        out[f"{lane}_rows_mean"] = d[f"{lane}_rows"] / n if n else None
+    for key in TIMED:
+        n = d.get(f"{key}_count", 0.0)
+        out[f"{key}_mean_s"] = d[f"{key}_sum"] / n if n else None
+    return out
+
+
 def measure_server(
     kind: str, args: argparse.Namespace, tokenizer, bias: dict, bar, out_dir: Path, with_turns: bool
 ) -> dict:
@@ -363,9 +416,17 @@ def measure_server(
             prompts = [build_prompt(tokenizer, n, s) for s in range(64)]
             asyncio.run(run_level(base, prompts[:1], 1, 1, 4, bias, None))  # warm-up
             for conc in args.concurrency:
+                if args.warm_rounds > 0:  # unmeasured, on prompts the level never sends
+                    warm = [build_prompt(tokenizer, n, 1000 + s) for s in range(conc)]
+                    asyncio.run(
+                        run_level(base, warm, conc, args.warm_rounds, args.max_tokens, bias, None)
+                    )
+                before = engine_reading(base) if kind.startswith("mlxspec") else None
                 level = asyncio.run(
                     run_level(base, prompts, conc, args.rounds, args.max_tokens, bias, bar)
                 )
+                if before is not None:
+                    level["engine"] = engine_delta(before, engine_reading(base))
                 levels.append({"prompt_tokens": n, **level})
         turns = None
         if with_turns:
