@@ -114,6 +114,47 @@ def test_openai_sdk_float_and_default_base64(embedding_server: LiveServer, refer
     assert default.usage.prompt_tokens == floats.usage.prompt_tokens > 0
 
 
+def test_dimensions_keep_the_leading_values_normalised_again(
+    emb_client: httpx.Client, embedding_server: LiveServer, reference
+) -> None:
+    full = reference(TEXTS[0])[0]
+    norm = math.sqrt(sum(x * x for x in full[:8]))
+    r = emb_client.post("/v1/embeddings", json={"input": TEXTS[0], "dimensions": 8})
+    assert r.status_code == 200, r.text
+    short = r.json()["data"][0]["embedding"]
+    assert short == pytest.approx([x / norm for x in full[:8]], abs=1e-5)
+    assert math.sqrt(sum(x * x for x in short)) == pytest.approx(1.0, abs=1e-5)
+    whole = emb_client.post("/v1/embeddings", json={"input": TEXTS[0], "dimensions": 32})
+    assert whole.json()["data"][0]["embedding"] == pytest.approx(full, abs=1e-5)
+    with openai.OpenAI(
+        base_url=f"{embedding_server.base}/v1",
+        api_key="not-needed",
+        max_retries=0,
+        http_client=checking_client(timeout=60),
+    ) as sdk:  # the SDK's default base64 encoding, shortened
+        got = sdk.embeddings.create(model="m", input=TEXTS, dimensions=8)
+    assert [len(d.embedding) for d in got.data] == [8, 8]
+    assert got.data[0].embedding == pytest.approx(short, abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("dimensions", "message"),
+    [
+        (33, "dimensions must be at most 32 for this model (its embedding size), got 33"),
+        (0, "Invalid value for 'dimensions': 0 is less than the minimum of 1"),
+        (
+            "8",
+            "Invalid type for 'dimensions': expected an integer or null, but got a string instead.",
+        ),
+    ],
+)
+def test_bad_dimensions_are_400(emb_client: httpx.Client, dimensions, message) -> None:
+    r = emb_client.post("/v1/embeddings", json={"input": "x", "dimensions": dimensions})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "dimensions"
+    assert r.json()["error"]["message"] == message
+
+
 def test_base64_is_little_endian_float32() -> None:
     assert encode_base64([1.0, -2.0]) == "AACAPwAAAMA="
 

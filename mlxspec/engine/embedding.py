@@ -4,7 +4,10 @@ A Qwen3-Embedding model is a plain Qwen3 decoder whose last-layer hidden state
 at the final token is the embedding (last-token pooling), L2-normalised so that
 similarity is a dot product (Qwen3-Embedding model card; sentence-transformers
 ``pooling_mode_lasttoken``). Queries may be prefixed with an instruction in the
-model card's format ``Instruct: {instruction}\\nQuery:{text}``.
+model card's format ``Instruct: {instruction}\\nQuery:{text}``. A shorter
+vector keeps the first dimensions of the pooled state and is normalised again
+(Matryoshka representation learning, Kusupati et al. 2022, which
+Qwen3-Embedding is trained for; OpenAI's ``dimensions`` parameter).
 
 :func:`is_embedding_model` decides at load time whether the served model is one;
 :func:`embed_texts` is the awaitable entry point for handlers; :func:`embed`
@@ -35,7 +38,8 @@ class Embeddings:
 
     Args:
         vectors (tuple[tuple[float, ...], ...]): one unit-length vector per
-            text, in input order; length = the model's hidden size.
+            text, in input order; length = the model's hidden size, or the
+            ``dimensions`` asked for.
         tokens (int): input tokens read, all texts together.
     """
 
@@ -85,7 +89,16 @@ def query_text(text: str, instruction: str | None) -> str:
     return text if instruction is None else f"Instruct: {instruction}\nQuery:{text}"
 
 
-async def embed_texts(engine: Any, texts: Sequence[str], instruction: str | None) -> Embeddings:
+def hidden_size(model: Any) -> int | None:
+    """The length of ``model``'s pooled state (``args.hidden_size`` of an mlx-lm
+    model), or ``None`` when the model does not say."""
+    size = getattr(getattr(model, "args", None), "hidden_size", None)
+    return size if isinstance(size, int) else None
+
+
+async def embed_texts(
+    engine: Any, texts: Sequence[str], instruction: str | None, dimensions: int | None = None
+) -> Embeddings:
     """Embed ``texts`` with the served model (forwards on the engine thread).
 
     Each text is encoded with the tokenizer's own special-token handling
@@ -96,15 +109,25 @@ async def embed_texts(engine: Any, texts: Sequence[str], instruction: str | None
         engine (Engine): the started engine.
         texts (Sequence[str]): texts to embed.
         instruction (str | None): optional query instruction (:func:`query_text`).
+        dimensions (int | None): keep this many leading dimensions (>= 1) of
+            each pooled state before normalising. Default: ``None`` (all).
 
     Returns:
         Embeddings: unit vectors and the token count.
 
     Raises:
-        PromptError: a text encodes to no tokens (``param`` is ``input[i]``).
+        PromptError: ``dimensions`` exceeds the model's hidden size (``param``
+            ``dimensions``), or a text encodes to no tokens (``input[i]``).
         ContextLengthError: a text exceeds the context window (or the
             operator's cap).
     """
+    size = hidden_size(engine.model)
+    if dimensions is not None and size is not None and dimensions > size:
+        raise PromptError(
+            f"dimensions must be at most {size} for this model (its embedding size), "
+            f"got {dimensions}",
+            param="dimensions",
+        )
     encoded = await off_loop(_encode_all, engine.tokenizer, texts, instruction)
     prompts = []
     for i, tokens in enumerate(encoded):
@@ -121,7 +144,7 @@ async def embed_texts(engine: Any, texts: Sequence[str], instruction: str | None
     vectors: list[list[float]] = []
     for start in range(0, len(prompts), CHUNK):  # decode steps may run between chunks
         vectors += await engine.run_exclusive(
-            partial(embed, engine.model, prompts[start : start + CHUNK])
+            partial(embed, engine.model, prompts[start : start + CHUNK], dimensions)
         )
     return Embeddings(tuple(tuple(v) for v in vectors), sum(len(p) for p in prompts))
 
@@ -131,7 +154,9 @@ def _encode_all(tokenizer: Any, texts: Sequence[str], instruction: str | None) -
     return [list(tokenizer.encode(query_text(text, instruction))) for text in texts]
 
 
-def embed(model: Any, prompts: Sequence[Sequence[int]]) -> list[list[float]]:
+def embed(
+    model: Any, prompts: Sequence[Sequence[int]], dimensions: int | None = None
+) -> list[list[float]]:
     """Last-token-pooled, L2-normalised hidden states. Engine thread only.
 
     Each prompt runs alone (no padding, so no pad token can leak into the
@@ -141,6 +166,8 @@ def embed(model: Any, prompts: Sequence[Sequence[int]]) -> list[list[float]]:
     Args:
         model: an mlx-lm model with a ``model`` backbone attribute.
         prompts (Sequence[Sequence[int]]): token ids per text, each non-empty.
+        dimensions (int | None): leading dimensions kept before normalising
+            (Matryoshka truncation); ``None`` keeps all ``H``.
 
     Returns:
         list[list[float]]: one float32 unit vector (as Python floats) per prompt.
@@ -150,7 +177,7 @@ def embed(model: Any, prompts: Sequence[Sequence[int]]) -> list[list[float]]:
     out = []
     for tokens in prompts:
         hidden = model.model(mx.array(tokens, dtype=mx.uint32)[None])
-        last = hidden[0, -1].astype(mx.float32)
+        last = hidden[0, -1, :dimensions].astype(mx.float32)
         # The epsilon only guards an all-zero state; real states have norm >> 1e-12.
         unit = last / mx.maximum(mx.linalg.norm(last), 1e-12)
         out.append(unit.tolist())

@@ -3,7 +3,8 @@
 Only an embedding model serves it (``ModelInfo.embedding``); vectors come from
 :func:`mlxspec.engine.embed_texts` and are sent as JSON floats or, with
 ``encoding_format: base64``, as base64 of little-endian float32 bytes (the
-OpenAI SDKs' default request).
+OpenAI SDKs' default request); ``dimensions`` shortens them (the leading
+dimensions, normalised again).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ async def create_embedding(body: dict[str, Any]) -> Any:
 
     Raises:
         ApiError: the served model is not an embedding model (param ``model``).
+        PromptError: ``dimensions`` exceeds the model's embedding size.
         QueueFullError: ``--max-queue`` requests already wait (429 ``queue_full``).
     """
     engine = current_engine()
@@ -39,7 +41,9 @@ async def create_embedding(body: dict[str, Any]) -> Any:
     texts = [raw] if isinstance(raw, str) else list(raw)
     # A place in the admission queue, as a generation takes (429 when full).
     with engine.admission.hold(engine.in_flight):
-        result = await until_disconnect(embed_texts(engine, texts, body.get("instruction")))
+        result = await until_disconnect(
+            embed_texts(engine, texts, body.get("instruction"), body.get("dimensions"))
+        )
     as_base64 = body.get("encoding_format") == "base64"
     data = [
         {"object": "embedding", "index": i, "embedding": encode_base64(v) if as_base64 else list(v)}
