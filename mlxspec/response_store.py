@@ -3,8 +3,11 @@
 A finished response is kept with the conversation that produced it, so a
 later request can name it instead of resending the history (reference,
 "POST /v1/responses": one hour TTL, a 32 MiB byte-capped LRU, observable at
-``GET /stats`` as ``response_store``). Nothing here touches the engine or
-HTTP; the clock is injectable so expiry is testable without sleeping.
+``GET /stats`` as ``response_store``). A response still running is listed
+too (:class:`Running`: how to read it as it stands and how to cancel it), so
+``GET /v1/responses/{id}`` answers while it streams or runs in the
+background, as OpenAI's API does. Nothing here touches the engine or HTTP;
+the clock is injectable so expiry is testable without sleeping.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import json
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +59,26 @@ class StoredResponse:
         return len(text.encode("utf-8"))
 
 
+@dataclass(frozen=True)
+class Running:
+    """A response that has not finished yet.
+
+    Args:
+        view (Callable[[], dict]): the ``Response`` object as it stands now
+            (``status`` ``queued`` or ``in_progress``).
+        cancel (Callable[[], None]): stop its generation.
+        background (bool): created with ``background: true`` (only those may
+            be cancelled through the API).
+        done (Awaitable | None): completes once the response has ended and is
+            stored; ``None`` when nothing waits on it.
+    """
+
+    view: Callable[[], dict[str, Any]]
+    cancel: Callable[[], None]
+    background: bool = False
+    done: Awaitable[Any] | None = None
+
+
 @dataclass
 class _Entry:
     value: StoredResponse
@@ -86,6 +109,22 @@ class ResponseStore:
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
+        self._running: dict[str, Running] = {}
+
+    def begin(self, response_id: str, running: Running) -> None:
+        """List ``response_id`` as running until :meth:`end`."""
+        with self._lock:
+            self._running[response_id] = running
+
+    def end(self, response_id: str) -> None:
+        """``response_id`` has ended (stored by :meth:`put` first, or dropped)."""
+        with self._lock:
+            self._running.pop(response_id, None)
+
+    def running(self, response_id: str) -> Running | None:
+        """The running response ``response_id``, or ``None`` when it is not running."""
+        with self._lock:
+            return self._running.get(response_id)
 
     def put(self, response_id: str, value: StoredResponse) -> bool:
         """Store ``value`` under ``response_id``, evicting least recently used entries.

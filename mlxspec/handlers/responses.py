@@ -7,11 +7,15 @@ OpenAI's named stream events. A finished response (completed or incomplete,
 never failed) is stored, with its conversation, unless ``store`` is false;
 ``previous_response_id`` continues from it. ``GET`` and ``DELETE
 /v1/responses/{response_id}`` read and remove stored responses, as OpenAI's
-API does. Errors use the OpenAI envelope.
+API does; ``GET`` also answers while a response still runs. With
+``background: true`` the request answers at once (``queued``) and the turn
+runs on without the client, who polls ``GET`` and may ``POST
+/v1/responses/{response_id}/cancel``. Errors use the OpenAI envelope.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
@@ -20,7 +24,7 @@ from connexion.context import scope
 from mlxspec import sse
 from mlxspec.engine import Engine, PromptError
 from mlxspec.errors import ApiError
-from mlxspec.response_store import Conversation, ResponseStore, StoredResponse
+from mlxspec.response_store import Conversation, ResponseStore, Running, StoredResponse
 
 from .common import JSON, current_engine, now
 from .responses_input import assistant_message, to_chat_body
@@ -41,7 +45,9 @@ def not_found(response_id: str, param: str) -> ApiError:
 
 
 async def create_response(body: dict[str, Any]) -> Any:
-    """Run one turn and answer a Response object, or its event stream.
+    """Run one turn and answer a Response object, or its event stream; with
+    ``background: true`` (and no ``stream``), answer the ``queued`` response at
+    once and run the turn on its own.
 
     A ``text.format`` grammar (or a forced tool call's) that cannot be enforced
     runs unconstrained with a ``Warning`` header, as on chat completions
@@ -49,10 +55,20 @@ async def create_response(body: dict[str, Any]) -> Any:
 
     Raises:
         ApiError: 404 ``response_not_found`` for an unknown or expired
-            ``previous_response_id``; 400 naming ``input`` for a prompt the
-            template or the model cannot take; the chat path's engine errors.
+            ``previous_response_id``, 400 when it is still running; 400 naming
+            ``input`` for a prompt the template or the model cannot take; 400
+            for ``background`` with ``store: false``; the chat path's engine errors.
     """
     engine, store = current_engine(), current_store()
+    background = body.get("background") is True
+    stored = body.get("store") is not False
+    if background and not stored:
+        raise ApiError(
+            "invalid_request",
+            "background responses must be stored: background: true cannot be combined "
+            "with store: false",
+            param="background",
+        )
     chat, conversation = to_chat_body(body, _previous(store, body))
     try:
         turn = await open_turn(engine, chat, prompt_param="input")
@@ -60,19 +76,73 @@ async def create_response(body: dict[str, Any]) -> Any:
         # its param indexes the translated chat messages, which the client never saw
         raise ApiError("invalid_request", exc.message, param="input") from exc
     builder = ResponseBuilder(_skeleton(body, turn, conversation, engine), _token_counter(engine))
-    keep = _keeper(store, conversation, builder, body.get("store") is not False)
+    keep = _keeper(store, conversation, builder, stored)
+    response_id = builder.response["id"]
     if body.get("stream"):
+        frames_of_turn = _frames(turn, builder, keep)
+        if stored:
+            store.begin(response_id, Running(_view(builder, turn), turn.handle.cancel, background))
+            frames_of_turn = _listed(frames_of_turn, store, response_id)
         # Keep-alive comments fill silences (a withheld tool call, a long prefill).
-        events = sse.with_keepalive(_frames(turn, builder, keep))
+        events = sse.with_keepalive(frames_of_turn)
         frames = sse.named_events(events, builder.fail, on_close=turn.handle.cancel)
         response = sse.event_stream(frames)
         response.headers.update(turn.warning)
         return response
-    result = await collect_turn(turn)
-    for event in turn_as_events(result):
-        builder.feed(event)
-    keep()
+    if background:
+        task = asyncio.ensure_future(_run_in_background(turn, builder, keep, store))
+        _BACKGROUND.add(task)
+        task.add_done_callback(_BACKGROUND.discard)
+        view = _view(builder, turn)
+        store.begin(response_id, Running(view, turn.handle.cancel, True, task))
+        return view(), 200, {**JSON, **turn.warning}
+    if stored:
+        store.begin(response_id, Running(_view(builder, turn), turn.handle.cancel))
+    try:
+        result = await collect_turn(turn)
+        for event in turn_as_events(result):
+            builder.feed(event)
+        keep()
+    finally:
+        store.end(response_id)
     return builder.response, 200, {**JSON, **turn.warning}
+
+
+#: Background turns in flight (the event loop keeps only weak references to tasks).
+_BACKGROUND: set[asyncio.Future[None]] = set()
+
+
+async def _run_in_background(
+    turn: Turn, builder: ResponseBuilder, keep: Callable[[], None], store: ResponseStore
+) -> None:
+    """Run a background turn to its end and store it: ``completed`` or
+    ``incomplete``, ``cancelled`` when cancelled, ``failed`` (with ``error``)
+    when the engine failed. Its client is gone, so nothing cancels it but
+    ``POST /v1/responses/{id}/cancel`` (and the server's shutdown)."""
+    try:
+        async for _ in _frames(turn, builder, keep):
+            pass
+    except ApiError as exc:
+        if exc.spec.status == 499:  # the engine request was cancelled
+            builder.response["status"] = "cancelled"
+        else:
+            builder.fail(exc)
+        keep()
+    finally:
+        store.end(builder.response["id"])
+
+
+def _view(builder: ResponseBuilder, turn: Turn) -> Callable[[], dict[str, Any]]:
+    """Reads a running response as it stands: ``queued`` until the engine
+    starts the request, then ``in_progress`` with the output so far."""
+
+    def view() -> dict[str, Any]:
+        response = builder.snapshot()
+        if response["status"] == "in_progress" and turn.handle.started_at is None:
+            response["status"] = "queued"
+        return response
+
+    return view
 
 
 async def count_response_input_tokens(body: dict[str, Any]) -> Any:
@@ -98,11 +168,18 @@ def _previous(store: ResponseStore, body: dict[str, Any]) -> Conversation | None
     """The stored conversation ``previous_response_id`` names, or ``None`` without one.
 
     Raises:
-        ApiError: 404 ``response_not_found`` for an unknown or expired id.
+        ApiError: 404 ``response_not_found`` for an unknown or expired id;
+            400 for a response that is still running.
     """
     previous_id = body.get("previous_response_id")
     if previous_id is None:
         return None
+    if store.running(previous_id) is not None:
+        raise ApiError(
+            "invalid_request",
+            f"response '{previous_id}' is still running; continue from it once it has finished",
+            param="previous_response_id",
+        )
     stored = store.get(previous_id)
     if stored is None:
         raise not_found(previous_id, "previous_response_id")
@@ -110,15 +187,58 @@ def _previous(store: ResponseStore, body: dict[str, Any]) -> Conversation | None
 
 
 async def get_response(response_id: str) -> Any:
-    """A stored response, as it was sent.
+    """A response as it stands: a running one (``queued`` or ``in_progress``,
+    its output so far) or a stored one as it was sent.
 
     Raises:
         ApiError: 404 ``response_not_found``.
     """
-    stored = current_store().get(response_id)
+    store = current_store()
+    running = store.running(response_id)
+    if running is not None:
+        return running.view(), 200, JSON
+    stored = store.get(response_id)
     if stored is None:
         raise not_found(response_id, "response_id")
     return stored.response, 200, JSON
+
+
+async def cancel_response(response_id: str) -> Any:
+    """Cancel a background response and answer it as it ended (``cancelled``,
+    or its final state when it had already finished: cancelling twice is
+    harmless).
+
+    Raises:
+        ApiError: 404 ``response_not_found``; 400 for a response not created
+            with ``background: true``.
+    """
+    store = current_store()
+    running = store.running(response_id)
+    background = running.background if running is not None else None
+    if running is None:
+        stored = store.get(response_id)
+        if stored is None:
+            raise not_found(response_id, "response_id")
+        background = stored.response.get("background") is True
+    if not background:
+        raise ApiError(
+            "invalid_request",
+            "only responses created with background: true can be cancelled",
+            param="response_id",
+        )
+    if running is not None:
+        running.cancel()
+        if running.done is not None:
+            await asyncio.shield(running.done)
+    stored = store.get(response_id)
+    if stored is not None:
+        return stored.response, 200, JSON
+    if running is None:  # deleted (or evicted) meanwhile
+        raise not_found(response_id, "response_id")
+    # a background stream: its client sees the stream end; nothing is stored
+    view = running.view()
+    view["status"] = "cancelled"
+    return view, 200, JSON
 
 
 async def delete_response(response_id: str) -> Any:
@@ -145,6 +265,18 @@ async def _frames(
             keep()
         for frame in frames:
             yield frame
+
+
+async def _listed(
+    frames: AsyncIterator[Frame], store: ResponseStore, response_id: str
+) -> AsyncIterator[Frame]:
+    """``frames``, with ``response_id`` no longer listed as running once they
+    end, however they end (finished, failed, or the client left)."""
+    try:
+        async for frame in frames:
+            yield frame
+    finally:
+        store.end(response_id)
 
 
 def _keeper(
@@ -186,6 +318,7 @@ def _skeleton(
         "tool_choice": body.get("tool_choice") or "auto",
         "tools": [t for t in body.get("tools") or () if t.get("type") == "function"],
         "store": body.get("store") is not False,
+        "background": body.get("background") is True,
         "metadata": body.get("metadata") or {},
         "prompt_cache_key": body.get("prompt_cache_key"),
         "text": {"format": (body.get("text") or {}).get("format") or {"type": "text"}},
