@@ -155,11 +155,52 @@ def test_bad_dimensions_are_400(emb_client: httpx.Client, dimensions, message) -
     assert r.json()["error"]["message"] == message
 
 
+def test_token_id_inputs_embed_as_given(emb_client: httpx.Client, reference, embedding_dir) -> None:
+    from mlx_lm.utils import load_tokenizer
+
+    tokenizer = load_tokenizer(embedding_dir)
+    ids = [list(tokenizer.encode(t)) for t in TEXTS]
+    one = emb_client.post("/v1/embeddings", json={"input": ids[0]})
+    many = emb_client.post("/v1/embeddings", json={"input": ids, "dimensions": 4})
+    assert one.status_code == many.status_code == 200, one.text + many.text
+    assert one.json()["data"][0]["embedding"] == pytest.approx(reference(TEXTS[0])[0], abs=1e-5)
+    assert one.json()["usage"]["prompt_tokens"] == len(ids[0])
+    assert [len(d["embedding"]) for d in many.json()["data"]] == [4, 4]
+    assert many.json()["usage"]["prompt_tokens"] == sum(len(i) for i in ids)
+    # an instruction applies to text inputs only
+    with_instruction = emb_client.post(
+        "/v1/embeddings", json={"input": ids[0], "instruction": "Find pets"}
+    )
+    assert with_instruction.json()["data"] == one.json()["data"]
+
+
+def test_token_ids_outside_the_vocabulary_are_400(emb_client: httpx.Client) -> None:
+    r = emb_client.post("/v1/embeddings", json={"input": [[5, 6], [7, 10**6]]})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "input[1]"
+    assert error["message"].startswith(f"input[1] token {10**6} is not a token id of this model")
+
+
+def test_an_empty_instruction_is_no_instruction(emb_client: httpx.Client) -> None:
+    plain = emb_client.post("/v1/embeddings", json={"input": "cats"}).json()
+    empty = emb_client.post("/v1/embeddings", json={"input": "cats", "instruction": ""}).json()
+    assert empty["data"] == plain["data"]
+    assert empty["usage"] == plain["usage"]
+
+
 def test_base64_is_little_endian_float32() -> None:
     assert encode_base64([1.0, -2.0]) == "AACAPwAAAMA="
 
 
-SHAPE = "`input` must be a string or array of strings"
+MIXED = (
+    "`input` mixes token ids with other inputs: send one list of token ids, or a list of "
+    "texts and token-id lists"
+)
+SHAPE = (
+    "`input` must be a string, an array of strings, an array of token ids or an array of "
+    "token-id arrays"
+)
 
 
 @pytest.mark.parametrize(
@@ -167,8 +208,12 @@ SHAPE = "`input` must be a string or array of strings"
     [
         ({"input": 5}, "input", SHAPE),
         ({"input": []}, "input", "`input` must not be empty"),
-        ({"input": ["ok", 3]}, "input[1]", SHAPE),
-        ({"input": [["nested"]]}, "input[0]", SHAPE),
+        ({"input": ["ok", 3]}, "input[1]", MIXED),
+        ({"input": [["nested"]]}, "input[0][0]", SHAPE),
+        ({"input": [[]]}, "input[0]", "`input` must not be empty"),
+        ({"input": [1, "a"]}, "input[0]", MIXED),
+        ({"input": ["a", [1], 2]}, "input[2]", MIXED),
+        ({"input": [-1]}, "input[0]", SHAPE),
         ({"model": "m"}, "input", SHAPE),
     ],
 )

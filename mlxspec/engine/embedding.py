@@ -23,7 +23,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from .prompt import off_loop
+from .prompt import off_loop, token_prompt
 from .types import ContextLengthError, PromptError
 
 #: Texts embedded per engine-thread job; generation steps interleave between jobs.
@@ -97,18 +97,24 @@ def hidden_size(model: Any) -> int | None:
 
 
 async def embed_texts(
-    engine: Any, texts: Sequence[str], instruction: str | None, dimensions: int | None = None
+    engine: Any,
+    texts: Sequence[str | Sequence[int]],
+    instruction: str | None,
+    dimensions: int | None = None,
 ) -> Embeddings:
     """Embed ``texts`` with the served model (forwards on the engine thread).
 
     Each text is encoded with the tokenizer's own special-token handling
     (Qwen3-Embedding's tokenizer appends ``<|endoftext|>``, whose state is the
-    embedding).
+    embedding); an input of token ids (OpenAI's pre-tokenized ``input``) is
+    embedded as given, without the instruction.
 
     Args:
         engine (Engine): the started engine.
-        texts (Sequence[str]): texts to embed.
-        instruction (str | None): optional query instruction (:func:`query_text`).
+        texts (Sequence[str | Sequence[int]]): texts, or token ids of the
+            served model, to embed.
+        instruction (str | None): optional query instruction (:func:`query_text`);
+            an empty one is none.
         dimensions (int | None): keep this many leading dimensions (>= 1) of
             each pooled state before normalising. Default: ``None`` (all).
 
@@ -117,7 +123,8 @@ async def embed_texts(
 
     Raises:
         PromptError: ``dimensions`` exceeds the model's hidden size (``param``
-            ``dimensions``), or a text encodes to no tokens (``input[i]``).
+            ``dimensions``); a text encodes to no tokens, or a token id is
+            outside the vocabulary (``input[i]``).
         ContextLengthError: a text exceeds the context window (or the
             operator's cap).
     """
@@ -128,10 +135,12 @@ async def embed_texts(
             f"got {dimensions}",
             param="dimensions",
         )
-    encoded = await off_loop(_encode_all, engine.tokenizer, texts, instruction)
+    encoded = await off_loop(_encode_all, engine.tokenizer, texts, instruction or None)
     prompts = []
     for i, tokens in enumerate(encoded):
         param = f"input[{i}]" if len(texts) > 1 else "input"
+        if not isinstance(texts[i], str):
+            tokens = token_prompt(tokens, engine.info.vocab_size, param=param)
         if not tokens:
             raise PromptError("the input is empty after tokenization", param=param)
         if len(tokens) > (limit := engine.admission.context_limit):
@@ -149,9 +158,16 @@ async def embed_texts(
     return Embeddings(tuple(tuple(v) for v in vectors), sum(len(p) for p in prompts))
 
 
-def _encode_all(tokenizer: Any, texts: Sequence[str], instruction: str | None) -> list[list[int]]:
-    """Token ids of each text (a prompt thread's work)."""
-    return [list(tokenizer.encode(query_text(text, instruction))) for text in texts]
+def _encode_all(
+    tokenizer: Any, texts: Sequence[str | Sequence[int]], instruction: str | None
+) -> list[list[int]]:
+    """Token ids of each text, token-id inputs as given (a prompt thread's work)."""
+    return [
+        list(tokenizer.encode(query_text(text, instruction)))
+        if isinstance(text, str)
+        else list(text)
+        for text in texts
+    ]
 
 
 def embed(

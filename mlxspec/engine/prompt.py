@@ -357,8 +357,9 @@ def encode_text(tokenizer: Any, prompt: str) -> list[int]:
     return tokens
 
 
-def token_prompt(ids: Sequence[int], vocab_size: int | None) -> list[int]:
-    """A pre-tokenized completion prompt (OpenAI's token-id ``prompt``), used as given.
+def token_prompt(ids: Sequence[int], vocab_size: int | None, param: str = "prompt") -> list[int]:
+    """A pre-tokenized input (OpenAI's token-id ``prompt``, or an embeddings
+    ``input`` of token ids), used as given.
 
     The document has checked that ``ids`` is a non-empty list of non-negative
     integers; only the model knows the upper bound, and MLX's embedding lookup
@@ -369,12 +370,13 @@ def token_prompt(ids: Sequence[int], vocab_size: int | None) -> list[int]:
         ids (Sequence[int]): token ids of the served model.
         vocab_size (int | None): rows of the model's embedding table; ``None``
             if unknown (then unchecked).
+        param (str): the request field the ids came from. Default: ``"prompt"``.
 
     Returns:
         list[int]: ``ids`` as a new list (nothing added, no BOS).
 
     Raises:
-        PromptError: a negative id or one not below ``vocab_size`` (``param="prompt"``).
+        PromptError: a negative id or one not below ``vocab_size`` (its ``param``).
     """
     tokens = list(ids)
     top = vocab_size if vocab_size is not None else float("inf")
@@ -382,7 +384,7 @@ def token_prompt(ids: Sequence[int], vocab_size: int | None) -> list[int]:
     if bad is not None:
         span = f"0 to {vocab_size - 1}" if vocab_size is not None else "non-negative"
         raise PromptError(
-            f"prompt token {bad} is not a token id of this model (token ids are {span})",
-            param="prompt",
+            f"{param} token {bad} is not a token id of this model (token ids are {span})",
+            param=param,
         )
     return tokens

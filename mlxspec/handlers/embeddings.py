@@ -22,7 +22,8 @@ from .common import JSON, current_engine, until_disconnect
 
 
 async def create_embedding(body: dict[str, Any]) -> Any:
-    """Embed ``input`` (a string or list of strings) with the served model.
+    """Embed ``input`` (a string, a list of strings, a list of token ids or a
+    list of token-id lists) with the served model.
 
     Raises:
         ApiError: the served model is not an embedding model (param ``model``).
@@ -37,8 +38,7 @@ async def create_embedding(body: dict[str, Any]) -> Any:
             "(e.g. Qwen3-Embedding) to use /v1/embeddings",
             param="model",
         )
-    raw = body["input"]
-    texts = [raw] if isinstance(raw, str) else list(raw)
+    texts = _inputs(body["input"])
     # A place in the admission queue, as a generation takes (429 when full).
     with engine.admission.hold(engine.in_flight):
         result = await until_disconnect(
@@ -51,6 +51,26 @@ async def create_embedding(body: dict[str, Any]) -> Any:
     ]
     usage = {"prompt_tokens": result.tokens, "total_tokens": result.tokens}
     return {"object": "list", "data": data, "model": engine.info.id, "usage": usage}, 200, JSON
+
+
+def _inputs(raw: str | list[Any]) -> list[Any]:
+    """The inputs of a validated ``input``: a string or one list of token ids
+    is one input, otherwise each item (a text or a token-id list) is one.
+
+    Raises:
+        ApiError: token ids mixed with texts or token-id lists (``input[i]``).
+    """
+    if isinstance(raw, str) or all(isinstance(x, int) for x in raw):
+        return [raw]
+    mixed = next((i for i, x in enumerate(raw) if isinstance(x, int)), None)
+    if mixed is not None:
+        raise ApiError(
+            "invalid_request",
+            "`input` mixes token ids with other inputs: send one list of token ids, or a "
+            "list of texts and token-id lists",
+            param=f"input[{mixed}]",
+        )
+    return list(raw)
 
 
 def encode_base64(vector: Sequence[float]) -> str:
