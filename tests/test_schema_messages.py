@@ -42,9 +42,10 @@ MESSAGES = {"model": "m", "max_tokens": 1, "messages": [{"role": "user", "conten
         ("/v1/embeddings", {"input": []}, "input", "`input` must not be empty"),
         (
             "/v1/embeddings",
-            {"input": ["a", 2]},
+            {"input": ["a", {"b": 2}]},
             "input[1]",
-            "`input` must be a string or array of strings",
+            "`input` must be a string, an array of strings, an array of token ids or an array "
+            "of token-id arrays",
         ),
         (
             "/v1/responses",
