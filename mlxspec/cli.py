@@ -259,6 +259,7 @@ def load_engine(config: ServeConfig):  # noqa: ANN201 - returns mlxspec.engine.E
     from .engine.loader import ModelLoadError, resolve_model
 
     resolved = resolve_model(config.model)
+    _warn_if_beyond_memory(config.memory_budget)
     overrides = GenerationDefaults(
         temperature=config.temperature,
         top_p=config.top_p,
@@ -288,6 +289,25 @@ def load_engine(config: ServeConfig):  # noqa: ANN201 - returns mlxspec.engine.E
         raise ModelLoadError(f"cannot load model from {resolved.path}: {exc}") from exc
     engine.start()
     return engine
+
+
+def _warn_if_beyond_memory(budget: int | None) -> None:
+    """Log a warning when ``--memory-budget`` exceeds the memory of this machine
+    (its RAM, or its GPU's memory when MLX runs on one): such a budget bounds
+    nothing, which is likely not what the operator meant."""
+    from . import machine
+
+    if budget is None:
+        return
+    device = machine.gpu()
+    total = device.memory_bytes if device is not None else machine.memory()[0]
+    if total is not None and budget > total:
+        log.warning(
+            "--memory-budget %s bytes is more than this machine's %s (%s bytes): it limits nothing",
+            budget,
+            "GPU memory" if device is not None else "memory",
+            total,
+        )
 
 
 def _bind_problem(host: str, port: int) -> str | None:

@@ -155,3 +155,22 @@ def test_serve_raises_the_open_files_limit_within_the_hard_limit() -> None:
     assert int(again) == expected  # never lowered
     assert "(2048, 4096)" not in calls  # mlx-lm's import-time call was skipped
     assert calls.strip() == f"[({expected}, {hard})]"  # only the raise itself
+
+
+def test_a_memory_budget_beyond_the_machine_is_warned_about(caplog) -> None:
+    import logging
+
+    from mlxspec import machine
+    from mlxspec.cli import _warn_if_beyond_memory
+
+    total = machine.memory()[0]
+    assert total is not None  # Linux /proc/meminfo
+    with caplog.at_level(logging.WARNING, logger="mlxspec.cli"):
+        _warn_if_beyond_memory(None)
+        _warn_if_beyond_memory(total // 4)
+        assert caplog.messages == []
+        _warn_if_beyond_memory(total * 1000)
+    assert caplog.messages == [
+        f"--memory-budget {total * 1000} bytes is more than this machine's memory "
+        f"({total} bytes): it limits nothing"
+    ]
