@@ -366,6 +366,17 @@ def test_prompt_over_the_operator_cap_is_400_context_over_budget(capped_engine: 
     assert chat.json()["error"]["code"] == "context_over_budget"
 
 
+def test_a_decision_over_the_operator_cap_names_the_server_limit(capped_engine: Engine) -> None:
+    app = create_app(capped_engine, validate_responses=True)
+    question = {"type": "predicate", "name": "round", "instructions": "Is it round?"}
+    body = {"model": "m", "input": "the world is round, he said", "questions": [question]}
+    r = _post(app, "/v1/decisions", body)
+    assert r.status_code == 400, r.text
+    message = r.json()["error"]["message"]
+    assert message.startswith("This server's context limit is 24 tokens, but the decision prompt")
+    assert capped_engine.admission.context_words() == "This server's context limit is 24 tokens"
+
+
 def test_max_tokens_is_capped_to_the_room_left(capped_engine: Engine) -> None:
     app = create_app(capped_engine, validate_responses=True)
     prompt = "hello"

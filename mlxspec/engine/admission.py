@@ -132,6 +132,15 @@ class Admission:
         """Most prompt + completion tokens a request may use."""
         return self.window if self.enforced_context is None else self.enforced_context
 
+    def context_words(self) -> str:
+        """The sentence that names :attr:`context_limit` in a context-length
+        error: the model's maximum context length, or this server's limit when
+        the operator's cap is the smaller (the model's window is not the bound
+        the client hit)."""
+        if self.enforced_context is None or self.enforced_context >= self.window:
+            return f"This model's maximum context length is {self.window} tokens"
+        return f"This server's context limit is {self.enforced_context} tokens"
+
     def waiting(self, in_flight: int) -> int:
         """Requests in flight that hold no decode slot yet (beyond the slots, or
         in line under the KV budget)."""

@@ -143,10 +143,9 @@ async def embed_texts(
             tokens = token_prompt(tokens, engine.info.vocab_size, param=param)
         if not tokens:
             raise PromptError("the input is empty after tokenization", param=param)
-        if len(tokens) > (limit := engine.admission.context_limit):
+        if len(tokens) > engine.admission.context_limit:
             raise ContextLengthError(
-                f"This model's maximum context length is {limit} "
-                f"tokens, but the input has {len(tokens)} tokens.",
+                f"{engine.admission.context_words()}, but the input has {len(tokens)} tokens.",
                 param=param,
             )
         prompts.append(tokens)

@@ -166,11 +166,11 @@ async def score_answers(engine: Any, messages: list[dict], answers: Sequence[str
             the operator's ``--max-context`` / memory-budget cap).
     """
     prompt, candidates = await off_loop(_decision_tokens, engine, messages, answers)
-    limit = engine.admission.context_limit  # the model's window or the operator's cap
+    admission = engine.admission
     longest = len(prompt) + max(len(c) for c in candidates) - 1
-    if longest > limit:
+    if longest > admission.context_limit:  # the model's window or the operator's cap
         raise ContextLengthError(
-            f"This model's maximum context length is {limit} tokens, but the decision "
+            f"{admission.context_words()}, but the decision "
             f"prompt and its longest answer need {longest} tokens.",
             param=None,
         )
