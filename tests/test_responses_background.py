@@ -194,8 +194,36 @@ def test_cancel_a_background_stream(held_engine: Engine) -> None:
         response_id = json.loads(first[len("data: ") :])["response"]["id"]
         cancelled = c.post(f"/v1/responses/{response_id}/cancel")
         rest = [line for line in lines if line.startswith("data: ")]
-        gone = c.get(f"/v1/responses/{response_id}")
+        kept = c.get(f"/v1/responses/{response_id}")
+        again = c.post(f"/v1/responses/{response_id}/cancel")
     assert cancelled.status_code == 200
     assert (cancelled.json()["status"], cancelled.json()["background"]) == ("cancelled", True)
     assert json.loads(rest[-1][len("data: ") :])["type"] == "response.failed"
-    assert gone.status_code == 404  # a stream that did not finish is not stored
+    # a background stream that stopped early is stored as cancelled
+    assert (kept.status_code, kept.json()["status"]) == (200, "cancelled")
+    assert again.json() == kept.json()
+
+
+def test_running_responses_refuse_delete_and_stream_resumption(held_engine: Engine) -> None:
+    app = create_app(held_engine, validate_responses=True)
+
+    async def go() -> tuple[httpx.Response, httpx.Response, dict]:
+        transport = httpx.ASGITransport(app=app)
+        async with checking_async_client("http://t", transport=transport, timeout=60) as c:
+            created = (await c.post("/v1/responses", json={**BODY, "background": True})).json()
+            route = f"/v1/responses/{created['id']}"
+            deleted = await c.delete(route)
+            resumed = await c.get(route, params={"stream": "true"})
+            held_engine.start()
+            done = await _until_done(c, created["id"])
+            assert (await c.delete(route)).status_code == 200  # finished: it may go
+        return deleted, resumed, done
+
+    deleted, resumed, done = asyncio.run(go())
+    assert deleted.status_code == 400
+    assert deleted.json()["error"]["message"].endswith(
+        "is still running; cancel it or let it finish first"
+    )
+    assert (resumed.status_code, resumed.json()["error"]["param"]) == (400, "stream")
+    assert done["status"] == "incomplete"
+    assert done["completed_at"] is None  # incomplete responses have no completion time

@@ -457,3 +457,27 @@ def test_any_chunking_streams_what_the_collected_turn_answers(
 def test_text_format_becomes_response_format(fmt: dict, expected: dict | None) -> None:
     chat, _ = to_chat_body({"input": "x", "text": {"format": fmt}})
     assert chat.get("response_format") == expected
+
+
+def test_a_running_response_reads_with_its_text_so_far_and_stops_incomplete() -> None:
+    builder, _ = fold([ReasoningDelta("hmm"), TextDelta("Hel"), TextDelta("lo")])
+    view = builder.view()
+    assert view["status"] == "in_progress"
+    assert view["output"][0]["summary"] == [{"type": "summary_text", "text": "hmm"}]
+    assert view["output"][1]["content"] == [
+        {"type": "output_text", "text": "Hello", "annotations": []}
+    ]
+    assert builder.snapshot()["output"][1]["content"] == []  # the stream's own copy
+    builder.stop("cancelled")
+    stopped = builder.snapshot()
+    assert stopped["status"] == "cancelled"
+    assert (stopped["output"][1]["status"], builder.output_text()) == ("incomplete", "Hello")
+
+
+def test_a_call_stopped_mid_arguments_is_incomplete_and_no_tool_call() -> None:
+    builder, _ = fold([ToolCallStart(0, "call_a", "get_weather"), ToolCallArguments(0, '{"ci')])
+    assert builder.view()["output"][0]["arguments"] == '{"ci'
+    builder.stop("cancelled")
+    item = builder.snapshot()["output"][0]
+    assert (item["status"], item["arguments"]) == ("incomplete", '{"ci')
+    assert builder.tool_calls == []

@@ -82,7 +82,8 @@ async def create_response(body: dict[str, Any]) -> Any:
         frames_of_turn = _frames(turn, builder, keep)
         if stored:
             store.begin(response_id, Running(_view(builder, turn), turn.handle.cancel, background))
-            frames_of_turn = _listed(frames_of_turn, store, response_id)
+            end = _stream_end(builder, keep, store, background)
+            frames_of_turn = _listed(frames_of_turn, end)
         # Keep-alive comments fill silences (a withheld tool call, a long prefill).
         events = sse.with_keepalive(frames_of_turn)
         frames = sse.named_events(events, builder.fail, on_close=turn.handle.cancel)
@@ -123,10 +124,10 @@ async def _run_in_background(
         async for _ in _frames(turn, builder, keep):
             pass
     except ApiError as exc:
-        if exc.spec.status == 499:  # the engine request was cancelled
-            builder.response["status"] = "cancelled"
-        else:
-            builder.fail(exc)
+        cancelled = exc.spec.status == 499  # the engine request was cancelled
+        builder.stop("cancelled" if cancelled else "failed")
+        if not cancelled:
+            builder.fail(exc)  # sets ``error``
         keep()
     finally:
         store.end(builder.response["id"])
@@ -137,7 +138,7 @@ def _view(builder: ResponseBuilder, turn: Turn) -> Callable[[], dict[str, Any]]:
     starts the request, then ``in_progress`` with the output so far."""
 
     def view() -> dict[str, Any]:
-        response = builder.snapshot()
+        response = builder.view()
         if response["status"] == "in_progress" and turn.handle.started_at is None:
             response["status"] = "queued"
         return response
@@ -186,13 +187,20 @@ def _previous(store: ResponseStore, body: dict[str, Any]) -> Conversation | None
     return stored.conversation
 
 
-async def get_response(response_id: str) -> Any:
+async def get_response(response_id: str, stream: bool | None = None) -> Any:
     """A response as it stands: a running one (``queued`` or ``in_progress``,
     its output so far) or a stored one as it was sent.
 
     Raises:
-        ApiError: 404 ``response_not_found``.
+        ApiError: 404 ``response_not_found``; 400 for ``stream=true`` (resuming
+            a response's stream is not supported).
     """
+    if stream:
+        raise ApiError(
+            "invalid_request",
+            "resuming a response's stream is not supported; read the response without stream=true",
+            param="stream",
+        )
     store = current_store()
     running = store.running(response_id)
     if running is not None:
@@ -245,9 +253,16 @@ async def delete_response(response_id: str) -> Any:
     """Forget a stored response; later continuations from it answer 404.
 
     Raises:
-        ApiError: 404 ``response_not_found``.
+        ApiError: 404 ``response_not_found``; 400 for a response still running.
     """
-    if not current_store().delete(response_id):
+    store = current_store()
+    if store.running(response_id) is not None:
+        raise ApiError(
+            "invalid_request",
+            f"response '{response_id}' is still running; cancel it or let it finish first",
+            param="response_id",
+        )
+    if not store.delete(response_id):
         raise not_found(response_id, "response_id")
     return {"id": response_id, "object": "response", "deleted": True}, 200, JSON
 
@@ -267,16 +282,29 @@ async def _frames(
             yield frame
 
 
-async def _listed(
-    frames: AsyncIterator[Frame], store: ResponseStore, response_id: str
-) -> AsyncIterator[Frame]:
-    """``frames``, with ``response_id`` no longer listed as running once they
-    end, however they end (finished, failed, or the client left)."""
+async def _listed(frames: AsyncIterator[Frame], end: Callable[[], None]) -> AsyncIterator[Frame]:
+    """``frames``, then ``end()`` however they end (finished, failed, or the client left)."""
     try:
         async for frame in frames:
             yield frame
     finally:
-        store.end(response_id)
+        end()
+
+
+def _stream_end(
+    builder: ResponseBuilder, keep: Callable[[], None], store: ResponseStore, background: bool
+) -> Callable[[], None]:
+    """What ends a stored stream: it is no longer running; a background stream
+    that stopped before its end (cancelled, or its client left) is stored as
+    ``cancelled``, so ``GET`` and a repeated cancel still find it."""
+
+    def end() -> None:
+        if background and builder.response["status"] == "in_progress":
+            builder.stop("cancelled")
+            keep()
+        store.end(builder.response["id"])
+
+    return end
 
 
 def _keeper(
@@ -306,6 +334,7 @@ def _skeleton(
         "id": item_id("resp"),
         "object": "response",
         "created_at": now(),
+        "completed_at": None,
         "model": engine.info.id,
         "error": None,
         "incomplete_details": None,

@@ -170,6 +170,32 @@ class ResponseBuilder:
         """A deep copy of the response as it stands (events must not alias it)."""
         return copy.deepcopy(self.response)
 
+    def view(self) -> dict[str, Any]:
+        """A copy of the response as it stands with the open item's text (or
+        call arguments) so far filled in, for reading a running response; the
+        stream's own events carry that text as deltas instead."""
+        response = self.snapshot()
+        if self._open is not None:
+            item = response["output"][self._open.index]
+            text = "".join(self._open.pieces)
+            if item["type"] == "function_call":
+                item["arguments"] = text
+            elif item["type"] == "message":
+                item["content"] = [_TEXT_ITEMS["message"].part(text)]
+            else:
+                item["summary"] = [_TEXT_ITEMS["reasoning"].part(text)]
+        return response
+
+    def stop(self, status: str) -> None:
+        """End a turn that will get no :class:`TurnEnd` (cancelled, or failed):
+        the open item is closed ``incomplete`` with its text so far (a call cut
+        mid-arguments is incomplete and no tool call), and the response takes
+        ``status``. No events: nobody reads a stopped turn's stream."""
+        if self._open is not None and self.output[self._open.index]["type"] == "function_call":
+            self._open.cut = True
+        self._close("incomplete")
+        self.response["status"] = status
+
     def start(self) -> list[Frame]:
         """``response.created`` and ``response.in_progress``."""
         return [
