@@ -404,3 +404,40 @@ def test_stats_reports_the_cap(capped_engine: Engine) -> None:
     assert admission["enforced_context_tokens"] == 24
     assert admission["memory_budget_bytes"] is None
     assert admission["max_safe_context"] == 24  # the cap binds before memory does
+
+
+def test_a_request_cancelled_behind_a_serial_one_frees_its_place(tmp_path: Path) -> None:
+    from fixtures.tiny_model import build_tiny_llama
+    from mlxspec.engine import Delta, GenerationRequest, LogitsParams
+
+    model = build_tiny_llama(tmp_path / "long", context=4096)
+    engine = Engine.load(model, "tiny-llama", max_batch=1, limits=AdmissionLimits(1))
+    engine.start()
+    no_eos = LogitsParams(logit_bias=((2, -1e9),))
+
+    async def go() -> tuple[int, int, int]:
+        long = engine.submit(GenerationRequest(prompt=(5, 6, 7), max_tokens=3000, logits=no_eos))
+        behind = engine.submit(GenerationRequest(prompt=(5, 6), max_tokens=2))
+        async for event in long:  # the long request runs: its first token
+            assert isinstance(event, Delta)
+            break
+        with pytest.raises(QueueFullError):  # one running, one waiting: the queue is full
+            engine.submit(GenerationRequest(prompt=(8,), max_tokens=1))
+        behind.cancel()
+        deadline = asyncio.get_running_loop().time() + 10
+        while engine.in_flight > 1:  # counted out between the long request's tokens
+            assert asyncio.get_running_loop().time() < deadline, "the place was never freed"
+            await asyncio.sleep(0.005)
+        completed, cancelled = engine.counters["completed"], engine.counters["cancelled"]
+        after = engine.submit(GenerationRequest(prompt=(8,), max_tokens=1))  # room again
+        long.cancel()
+        async for _ in after:
+            pass
+        return completed, cancelled, engine.counters["completed"]
+
+    try:
+        completed, cancelled, finally_completed = asyncio.run(go())
+    finally:
+        engine.close()
+    assert (completed, cancelled) == (0, 1)  # freed while the long request still ran
+    assert finally_completed == 1

@@ -58,6 +58,9 @@ class Scheduler:
         self.solo_tokens = 0  # its projection, while it decodes alone
         #: Exclusive jobs in order: the head advances a step per loop turn.
         self.exclusive: deque[ExclusiveJob] = deque()
+        #: Jobs taken off the queue during a serial run that :meth:`admit`
+        #: handles first (an exclusive job or the shutdown sentinel).
+        self.backlog: deque[Any] = deque()
 
     def run(self) -> None:
         """Take jobs and step the lone request or the batch until shut down."""
@@ -77,8 +80,9 @@ class Scheduler:
                         self.lane.close()
                         self.lane = self._new_lane()
         finally:
-            for job in self.exclusive:
-                job.abandon()
+            for job in (*self.exclusive, *self.backlog):
+                if isinstance(job, ExclusiveJob):
+                    job.abandon()
             if self.solo is not None:
                 self.solo.cancel()
             if self.lane is not None:
@@ -92,11 +96,8 @@ class Scheduler:
         self.admission.running_tokens = self.running_tokens()  # rows may have ended
         lane, gate = self.lane, self.admission.kv_gate
         idle = self.solo is None and (lane is None or not len(lane)) and not gate
-        idle = idle and not self.exclusive
-        try:
-            job = self.jobs.get(block=idle)
-        except queue.Empty:
-            job = _NO_JOB
+        idle = idle and not self.exclusive and not self.backlog
+        job = self.next_job(block=idle)
         while job is not None and job is not _NO_JOB:
             if isinstance(job, ExclusiveJob):
                 self.start_waiting()  # what was queued before it starts first
@@ -105,14 +106,21 @@ class Scheduler:
                     self.start_exclusive()
             else:
                 gate.push(job, self.admission.incoming.popleft())
-            try:
-                job = self.jobs.get_nowait()
-            except queue.Empty:
-                job = _NO_JOB
+            job = self.next_job(block=False)
         if job is None:
             return False
         self.start_waiting()
         return True
+
+    def next_job(self, block: bool) -> Any:
+        """The next job: from :attr:`backlog` first, then the queue (waiting for
+        one when ``block``); :data:`_NO_JOB` when there is none."""
+        if self.backlog:
+            return self.backlog.popleft()
+        try:
+            return self.jobs.get(block=block)
+        except queue.Empty:
+            return _NO_JOB
 
     def start_exclusive(self) -> None:
         """Start exclusive jobs from the head of the line; plain ones run whole,
@@ -166,6 +174,7 @@ class Scheduler:
             not len(lane)
             and self.solo is None
             and self.jobs.empty()
+            and not self.backlog
             and not self.admission.kv_gate
             and not handle.request.shared_prefill
         )
@@ -212,14 +221,38 @@ class Scheduler:
         return self.engine.budget(handle.request)
 
     def serial(self, handle: RequestHandle) -> None:
-        """Run ``handle`` alone to its end (the batch and any lone request wait)."""
+        """Run ``handle`` alone to its end (the batch and any lone request wait;
+        requests cancelled while they wait are counted out between its tokens)."""
         engine = self.engine
         run = functools.partial(
-            run_alone, handle, engine.lane_parts, self.budget(handle), engine.solo_times
+            run_alone,
+            handle,
+            engine.lane_parts,
+            self.budget(handle),
+            engine.solo_times,
+            self.drop_cancelled_waiting,
         )
         outcome = self.guard(handle, run)
         if outcome is not None:
             self.count(outcome)
+
+    def drop_cancelled_waiting(self) -> None:
+        """Take queued requests into line without starting any, and count out
+        the ones in line that were cancelled, so their queue places free up
+        while a serial request runs (it holds the loop for its whole length).
+        An exclusive job or the shutdown sentinel stops the taking: it goes to
+        :attr:`backlog`, for :meth:`admit` to handle in order."""
+        gate = self.admission.kv_gate
+        while not self.backlog:
+            job = self.next_job(block=False)
+            if job is _NO_JOB:
+                break
+            if job is None or isinstance(job, ExclusiveJob):
+                self.backlog.append(job)
+            else:
+                gate.push(job, self.admission.incoming.popleft())
+        for _ in range(gate.drop_cancelled()):
+            self.count("cancelled")
 
     def _new_lane(self) -> BatchLane:
         engine = self.engine

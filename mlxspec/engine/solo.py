@@ -24,6 +24,7 @@ so no forward pass is repeated or lost.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .lanes import Handoff, LaneParts, StepTimes
@@ -222,7 +223,11 @@ class SoloRun:
 
 
 def run_alone(
-    handle: RequestHandle, parts: LaneParts, budget: int, times: StepTimes | None = None
+    handle: RequestHandle,
+    parts: LaneParts,
+    budget: int,
+    times: StepTimes | None = None,
+    between: Callable[[], None] | None = None,
 ) -> str:
     """Run one request to its end on the serial lane (seeded first if it has a seed).
 
@@ -231,6 +236,8 @@ def run_alone(
         parts (LaneParts): the engine's parts.
         budget (int): tokens it may generate (>= 1).
         times (StepTimes | None): where its decode steps are timed. Default: ``None``.
+        between (Callable | None): called after each step (the scheduler drops
+            requests cancelled while they wait). Default: ``None``.
 
     Returns:
         str: ``"completed"`` or ``"cancelled"``.
@@ -241,5 +248,6 @@ def run_alone(
         mx.random.seed(handle.request.sampling.seed)
     run = SoloRun(handle, parts, budget, lane="serial", times=times)
     while not run.step():
-        pass
+        if between is not None:
+            between()
     return run.outcome
