@@ -13,12 +13,13 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from mlxspec.app import create_app
-from mlxspec.cli import load_engine, parse_config
+from mlxspec.cli import load_engine
 from mlxspec.conformance.httpx_checks import checking_async_client
 from mlxspec.engine import AdmissionLimits, BudgetTooSmallError, Engine, EngineRequestError
 from mlxspec.engine.admission import Admission, ContextBudgetError, QueueFullError
 from mlxspec.engine.fit import ModelMemory
 from mlxspec.engine.loader import ModelLoadError
+from mlxspec.flags import parse_config
 
 #: Keeps the tiny random model from ending early on EOS (``<|im_end|>`` is id 2).
 NO_EOS = {"2": -100}

@@ -201,8 +201,8 @@ def test_sigterm_drains_the_stream_then_flushes(tiny_model_dir, tmp_path) -> Non
 
 
 def test_cache_flags() -> None:
-    from mlxspec.cli import parse_config
     from mlxspec.config import ServeConfig
+    from mlxspec.flags import parse_config
 
     cfg = parse_config(
         ["serve", "--prompt-cache-bytes", "512M", "--ssd-cache", "/x", "--ssd-cache-bytes", "2G"]
@@ -219,7 +219,7 @@ def test_cache_flags() -> None:
 
 @pytest.mark.parametrize("size", ["lots", "-1", "1X"])
 def test_bad_cache_size_exits_2(size: str) -> None:
-    from mlxspec.cli import parse_config
+    from mlxspec.flags import parse_config
 
     with pytest.raises(SystemExit) as err:
         parse_config(["serve", "--prompt-cache-bytes", size])

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from mlxspec.cli import parse_config
 from mlxspec.config import ServeConfig
+from mlxspec.flags import parse_config
 
 
 def test_defaults() -> None:

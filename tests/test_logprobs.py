@@ -77,7 +77,7 @@ def test_completion_top_logprobs_map_text_to_logprob() -> None:
 
 
 def test_format_flag_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    from mlxspec.cli import parse_config
+    from mlxspec.flags import parse_config
 
     monkeypatch.delenv("MLXSPEC_LOGPROBS_FORMAT", raising=False)
     assert parse_config(["serve"]).logprobs_format == "mlx"

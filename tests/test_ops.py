@@ -14,10 +14,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from mlxspec.app import create_app
-from mlxspec.cli import parse_bytes, parse_config
 from mlxspec.config import ServeConfig
 from mlxspec.conformance.asgi import chat_post_scope
 from mlxspec.conformance.httpx_checks import checking_async_client
+from mlxspec.flags import parse_bytes, parse_config
 from mlxspec.openapi import load_spec
 
 KEY = "sk-local-0123456789"

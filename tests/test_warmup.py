@@ -17,7 +17,6 @@ import httpx
 import pytest
 
 from mlxspec.app import create_app
-from mlxspec.cli import parse_config
 from mlxspec.conformance.httpx_checks import checking_async_client, checking_client
 from mlxspec.conformance.live import serve
 from mlxspec.engine import (
@@ -31,6 +30,7 @@ from mlxspec.engine import (
 from mlxspec.engine.kv import bucket_tail, tail_buckets
 from mlxspec.engine.prompt_cache import PromptCache
 from mlxspec.engine.warmup import warmup_lengths
+from mlxspec.flags import parse_config
 
 NO_EOS = LogitsParams(logit_bias=((2, -1e9),))
 #: The tiny model's window is 256 tokens: buckets of 256 and up (and the 512-token
