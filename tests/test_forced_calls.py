@@ -26,7 +26,7 @@ from fixtures.tool_models import ScriptedEngine, build_tool_model
 from mlxspec.app import create_app
 from mlxspec.conformance.httpx_checks import checking_client
 from mlxspec.handlers.tool_options import TurnOptions
-from mlxspec.handlers.turns import (
+from mlxspec.handlers.turn_parser import (
     TextDelta,
     ToolCallArguments,
     ToolCallCut,

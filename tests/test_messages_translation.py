@@ -19,7 +19,7 @@ from mlxspec.handlers.messages import (
     stop_fields,
     tool_use_id,
 )
-from mlxspec.handlers.turns import (
+from mlxspec.handlers.turn_parser import (
     ChatTurn,
     ReasoningDelta,
     TextDelta,

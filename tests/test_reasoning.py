@@ -13,14 +13,14 @@ from mlxspec.conformance.httpx_checks import checking_client
 from mlxspec.engine import TokenLogprob
 from mlxspec.engine.prompt import normalize_messages
 from mlxspec.handlers.tool_options import template_kwargs
-from mlxspec.handlers.turns import (
+from mlxspec.handlers.turn_parser import (
     ReasoningDelta,
     TextDelta,
     ToolCallArguments,
     ToolCallStart,
-    TurnOptions,
     TurnParser,
 )
+from mlxspec.handlers.turns import TurnOptions
 from mlxspec.parsers import Content, ParserChoice, Reasoning, reasoning_parser_class
 from tests.helpers import scripted_tool_server
 

@@ -13,7 +13,7 @@ from mlxspec.engine import Finished
 from mlxspec.errors import ApiError
 from mlxspec.handlers.responses_input import to_chat_body
 from mlxspec.handlers.responses_output import ResponseBuilder, turn_as_events
-from mlxspec.handlers.turns import (
+from mlxspec.handlers.turn_parser import (
     ChatTurn,
     ReasoningDelta,
     TextDelta,

@@ -21,19 +21,16 @@ from .choices import (
 )
 from .common import JSON, SYSTEM_FINGERPRINT, current_engine, new_id, now
 from .logprobs import chat_chunk_logprobs, chat_logprobs, current_format
-from .turns import (
+from .turn_parser import (
     ChatTurn,
     ReasoningDelta,
     TextDelta,
     ToolCall,
     ToolCallArguments,
     ToolCallStart,
-    Turn,
     TurnEnd,
-    collect_turn,
-    open_turn,
-    turn_events,
 )
+from .turns import Turn, collect_turn, open_turn, turn_events
 
 
 async def create_chat_completion(body: dict[str, Any]) -> Any:

@@ -21,7 +21,7 @@ from mlxspec.engine import Finished
 
 from .anthropic import to_chat_body
 from .common import JSON, current_engine
-from .turns import (
+from .turn_parser import (
     ChatEvent,
     ChatTurn,
     ReasoningDelta,
@@ -29,13 +29,9 @@ from .turns import (
     ToolCallArguments,
     ToolCallCut,
     ToolCallStart,
-    Turn,
     TurnEnd,
-    collect_turn,
-    count_prompt,
-    open_turn,
-    turn_events,
 )
+from .turns import Turn, collect_turn, count_prompt, open_turn, turn_events
 
 
 async def create_message(body: dict[str, Any]) -> Any:

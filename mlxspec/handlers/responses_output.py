@@ -25,7 +25,7 @@ from typing import Any
 from mlxspec.engine import Finished
 from mlxspec.errors import ApiError
 
-from .turns import (
+from .turn_parser import (
     ChatEvent,
     ChatTurn,
     ReasoningDelta,
