@@ -407,7 +407,10 @@ def test_stats_reports_the_cap(capped_engine: Engine) -> None:
     assert admission["max_safe_context"] == 24  # the cap binds before memory does
 
 
-def test_a_request_cancelled_behind_a_serial_one_frees_its_place(tmp_path: Path) -> None:
+@pytest.mark.parametrize("exclusive_between", [False, True])
+def test_a_request_cancelled_behind_a_serial_one_frees_its_place(
+    tmp_path: Path, exclusive_between: bool
+) -> None:
     from fixtures.tiny_model import build_tiny_llama
     from mlxspec.engine import Delta, GenerationRequest, LogitsParams
 
@@ -418,10 +421,13 @@ def test_a_request_cancelled_behind_a_serial_one_frees_its_place(tmp_path: Path)
 
     async def go() -> tuple[int, int, int]:
         long = engine.submit(GenerationRequest(prompt=(5, 6, 7), max_tokens=3000, logits=no_eos))
-        behind = engine.submit(GenerationRequest(prompt=(5, 6), max_tokens=2))
         async for event in long:  # the long request runs: its first token
             assert isinstance(event, Delta)
             break
+        # an exclusive job (a decision's or embeddings' work) queued ahead of the one cancelled
+        job = asyncio.ensure_future(engine.run_exclusive(lambda: 42)) if exclusive_between else None
+        await asyncio.sleep(0)  # the job is queued before the next request
+        behind = engine.submit(GenerationRequest(prompt=(5, 6), max_tokens=2))
         with pytest.raises(QueueFullError):  # one running, one waiting: the queue is full
             engine.submit(GenerationRequest(prompt=(8,), max_tokens=1))
         behind.cancel()
@@ -434,6 +440,8 @@ def test_a_request_cancelled_behind_a_serial_one_frees_its_place(tmp_path: Path)
         long.cancel()
         async for _ in after:
             pass
+        if job is not None:
+            assert await job == 42  # it ran after the serial request, in order
         return completed, cancelled, engine.counters["completed"]
 
     try:

@@ -4,6 +4,7 @@ leave between steps, and a cancelled row frees its slot."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -94,3 +95,35 @@ def test_cancelled_row_leaves_batch_and_others_finish(tiny_engine) -> None:
     finals = [r[0][1] for r in results]
     assert [(f.completion_tokens, f.finish_reason) for f in finals] == [(5, "length")] * 3
     assert tiny_engine.counters["cancelled"] == before + 1
+
+
+def test_a_request_waiting_for_a_batch_row_counts_as_not_started(tiny_model_dir) -> None:
+    """With more requests than rows, mlx-lm's generator holds the extra ones
+    until a row frees: their ``started_at`` (where queue time ends, for the
+    metrics) is when their prefill begins, not when they were handed to it."""
+    engine = Engine.load(tiny_model_dir, "tiny-llama", max_batch=2)
+    engine.start()
+
+    async def go() -> tuple[list, list[float]]:
+        reqs = [GenerationRequest((5 + i, 6, 7), max_tokens=120, logits=NO_EOS) for i in range(4)]
+        handles = [engine.submit(r) for r in reqs]
+        finished_at: list[float] = [0.0] * 4
+
+        async def drain(i: int) -> None:
+            async for event in handles[i]:
+                if isinstance(event, Finished):
+                    finished_at[i] = time.monotonic()
+
+        await asyncio.gather(*(drain(i) for i in range(4)))
+        return handles, finished_at
+
+    try:
+        handles, finished_at = asyncio.run(go())
+    finally:
+        engine.close()
+    first_two_done = min(finished_at[:2])
+    for h in handles[:2]:
+        assert h.started_at - h.submitted_at < first_two_done - h.submitted_at
+    for h in handles[2:]:  # they began once a first row had finished its 120 tokens
+        assert h.started_at >= min(h0.started_at for h0 in handles[:2])
+        assert h.started_at > first_two_done - 0.5 * (first_two_done - handles[0].started_at)

@@ -67,6 +67,10 @@ class BatchLane:
         self._projected: dict[int, int] = {}
         #: Their sum: tokens of KV cache the rows may reach together.
         self.projected_tokens = 0
+        #: Rows whose request has not started: mlx-lm's generator holds a row
+        #: beyond its ``completion_batch_size`` until one leaves, and the request's
+        #: ``started_at`` (the end of its queue time) is its first prefill step.
+        self._unstarted: set[int] = set()
         self._cache = parts.prompt_cache
         self._namespace = parts.namespace
 
@@ -113,12 +117,15 @@ class BatchLane:
             logits_processors=[handoff.processors],
         )
         self._rows[uid] = handoff.row
+        if handoff.row.handle.started_at is None:
+            self._unstarted.add(uid)
         self._projected[uid] = len(handoff.held) + len(handoff.feed) + handoff.max_tokens
         self.projected_tokens += self._projected[uid]
 
     def _forget(self, uid: int) -> None:
         """Drop row ``uid`` and its share of :attr:`projected_tokens`."""
         del self._rows[uid]
+        self._unstarted.discard(uid)
         self.projected_tokens -= self._projected.pop(uid)
 
     def _prefill_once(self, prompt: tuple[int, ...], session: str | None) -> None:
@@ -154,11 +161,22 @@ class BatchLane:
                 self._on_done("cancelled")
         if not self._rows:
             return
-        start = time.perf_counter()
-        _, responses = self._gen.next()
+        began, start = time.monotonic(), time.perf_counter()
+        prompts, responses = self._gen.next()
         routed = time.perf_counter()
+        if self._unstarted:
+            self._mark_started(prompts, responses, began)
         self._route(responses)
         self.times.add(len(responses), routed - start, time.perf_counter() - routed)
+
+    def _mark_started(self, prompts: list[Any], responses: list[Any], began: float) -> None:
+        """Set ``started_at`` to ``began`` (the step's start, ``time.monotonic()``)
+        on the requests whose rows appear in the step for the first time (a
+        prefill chunk, or a token for a row adopted with no prompt to prefill)."""
+        for r in (*prompts, *responses):
+            if r.uid in self._unstarted:
+                self._unstarted.discard(r.uid)
+                self._rows[r.uid].handle.started_at = began
 
     def _route(self, responses: list[Any]) -> None:
         """Hand each response's token to its row; remove the rows that ended."""
@@ -206,6 +224,7 @@ class BatchLane:
             row.handle.emit(Failed(message))
         failed = len(self._rows)
         self._rows.clear()
+        self._unstarted.clear()
         self._projected.clear()
         self.projected_tokens = 0
         return failed
@@ -215,6 +234,7 @@ class BatchLane:
         for row in self._rows.values():
             row.handle.cancel()
         self._rows.clear()
+        self._unstarted.clear()
         self._projected.clear()
         self.projected_tokens = 0
         self._gen.close()

@@ -59,7 +59,8 @@ class Scheduler:
         #: Exclusive jobs in order: the head advances a step per loop turn.
         self.exclusive: deque[ExclusiveJob] = deque()
         #: Jobs taken off the queue during a serial run that :meth:`admit`
-        #: handles first (an exclusive job or the shutdown sentinel).
+        #: handles first, in order: from the first exclusive job or shutdown
+        #: sentinel on (requests as ``(handle, KV projection)``).
         self.backlog: deque[Any] = deque()
 
     def run(self) -> None:
@@ -89,6 +90,9 @@ class Scheduler:
                 self.lane.close()
             while (waiting := self.admission.kv_gate.pop_ready(0)) is not None:
                 waiting[0].cancel()
+            for job in self.backlog:
+                if isinstance(job, tuple):
+                    job[0].cancel()
 
     def admit(self) -> bool:
         """Take queued jobs (waiting only when idle) into line, then start the
@@ -104,6 +108,8 @@ class Scheduler:
                 self.exclusive.append(job)
                 if len(self.exclusive) == 1:
                     self.start_exclusive()
+            elif isinstance(job, tuple):  # a request the serial lane set aside
+                gate.push(*job)
             else:
                 gate.push(job, self.admission.incoming.popleft())
             job = self.next_job(block=False)
@@ -154,16 +160,17 @@ class Scheduler:
         if handle.cancelled:
             self.count("cancelled")
             return
-        handle.started_at = time.monotonic()  # its prefill begins (queue time ends)
         if lane is None or handle.request.sampling.seed is not None:
+            handle.started_at = time.monotonic()  # its prefill begins (queue time ends)
             self.admission.running_tokens = self.running_tokens() + tokens  # while it runs
             self.serial(handle)
         elif self.goes_solo(lane, handle):
+            handle.started_at = time.monotonic()
             parts, times = self.engine.lane_parts, self.engine.solo_times
             solo = functools.partial(SoloRun, handle, parts, self.budget(handle), "batched", times)
             self.solo = self.guard(handle, solo)
             self.solo_tokens = tokens if self.solo is not None else 0
-        else:
+        else:  # the batch marks it started when its prefill begins (it may wait for a row)
             self.hand_over(lane)
             self.guard(handle, lambda: lane.add(handle, self.budget(handle)))
 
@@ -238,19 +245,31 @@ class Scheduler:
 
     def drop_cancelled_waiting(self) -> None:
         """Take queued requests into line without starting any, and count out
-        the ones in line that were cancelled, so their queue places free up
-        while a serial request runs (it holds the loop for its whole length).
-        An exclusive job or the shutdown sentinel stops the taking: it goes to
-        :attr:`backlog`, for :meth:`admit` to handle in order."""
-        gate = self.admission.kv_gate
-        while not self.backlog:
-            job = self.next_job(block=False)
-            if job is _NO_JOB:
+        the ones that were cancelled, so their queue places free up while a
+        serial request runs (it holds the loop for its whole length).
+
+        Once an exclusive job or the shutdown sentinel is met, it and every job
+        after it go to :attr:`backlog` in order (requests with their KV
+        projection), for :meth:`admit` to handle as it would have; cancelled
+        requests there are counted out too.
+        """
+        gate, incoming = self.admission.kv_gate, self.admission.incoming
+        while True:
+            try:
+                job = self.jobs.get_nowait()
+            except queue.Empty:
                 break
             if job is None or isinstance(job, ExclusiveJob):
                 self.backlog.append(job)
+            elif self.backlog:
+                self.backlog.append((job, incoming.popleft()))
             else:
-                gate.push(job, self.admission.incoming.popleft())
+                gate.push(job, incoming.popleft())
+        if self.backlog:
+            kept = deque(j for j in self.backlog if not (isinstance(j, tuple) and j[0].cancelled))
+            for _ in range(len(self.backlog) - len(kept)):
+                self.count("cancelled")
+            self.backlog = kept
         for _ in range(gate.drop_cancelled()):
             self.count("cancelled")
 
