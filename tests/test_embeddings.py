@@ -15,7 +15,6 @@ from pathlib import Path
 
 import httpx
 import mlx.core as mx
-import openai
 import pytest
 
 from fixtures.tiny_embedding import build_tiny_qwen3_embedding
@@ -23,6 +22,7 @@ from mlxspec.conformance.httpx_checks import checking_client
 from mlxspec.engine.embedding import is_embedding_model, query_text
 from mlxspec.handlers.embeddings import encode_base64
 from tests.conftest import LiveServer
+from tests.helpers import openai_sdk
 
 TEXTS = ["the cat sat on the mat", "hello"]
 
@@ -98,12 +98,7 @@ def test_instruction_uses_qwen3_query_format(emb_client: httpx.Client, reference
 
 
 def test_openai_sdk_float_and_default_base64(embedding_server: LiveServer, reference) -> None:
-    with openai.OpenAI(
-        base_url=f"{embedding_server.base}/v1",
-        api_key="not-needed",
-        max_retries=0,
-        http_client=checking_client(timeout=60),
-    ) as sdk:
+    with openai_sdk(embedding_server.base) as sdk:
         floats = sdk.embeddings.create(model="m", input=TEXTS, encoding_format="float")
         default = sdk.embeddings.create(model="m", input=TEXTS)  # the SDK asks for base64
     for result in (floats, default):
@@ -126,12 +121,8 @@ def test_dimensions_keep_the_leading_values_normalised_again(
     assert math.sqrt(sum(x * x for x in short)) == pytest.approx(1.0, abs=1e-5)
     whole = emb_client.post("/v1/embeddings", json={"input": TEXTS[0], "dimensions": 32})
     assert whole.json()["data"][0]["embedding"] == pytest.approx(full, abs=1e-5)
-    with openai.OpenAI(
-        base_url=f"{embedding_server.base}/v1",
-        api_key="not-needed",
-        max_retries=0,
-        http_client=checking_client(timeout=60),
-    ) as sdk:  # the SDK's default base64 encoding, shortened
+    # the SDK's default base64 encoding, shortened
+    with openai_sdk(embedding_server.base) as sdk:
         got = sdk.embeddings.create(model="m", input=TEXTS, dimensions=8)
     assert [len(d.embedding) for d in got.data] == [8, 8]
     assert got.data[0].embedding == pytest.approx(short, abs=1e-6)

@@ -15,13 +15,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import openai
 import pytest
 
 from mlxspec.app import create_app
 from mlxspec.conformance.httpx_checks import checking_async_client, checking_client
 from mlxspec.engine import Engine
 from tests.conftest import LiveServer
+from tests.helpers import openai_sdk
 
 BODY = {"input": "hello there", "max_output_tokens": 6, "temperature": 0}
 
@@ -143,12 +143,7 @@ def test_background_needs_store(client: httpx.Client) -> None:
 
 
 def test_openai_sdk_background_retrieve_and_cancel(tiny_server: LiveServer) -> None:
-    with openai.OpenAI(
-        base_url=f"{tiny_server.base}/v1",
-        api_key="x",
-        max_retries=0,
-        http_client=checking_client(timeout=60),
-    ) as sdk:
+    with openai_sdk(tiny_server.base) as sdk:
         started = sdk.responses.create(model="m", **BODY, background=True)
         assert started.background is True
         assert started.status in ("queued", "in_progress", "incomplete")
