@@ -77,11 +77,11 @@ async def create_response(body: dict[str, Any]) -> Any:
         raise ApiError("invalid_request", exc.message, param="input") from exc
     builder = ResponseBuilder(_skeleton(body, turn, conversation, engine), _token_counter(engine))
     keep = _keeper(store, conversation, builder, stored)
-    response_id = builder.response["id"]
+    response_id, view = builder.response["id"], _view(builder, turn)
     if body.get("stream"):
         frames_of_turn = _frames(turn, builder, keep)
         if stored:
-            store.begin(response_id, Running(_view(builder, turn), turn.handle.cancel, background))
+            store.begin(response_id, Running(view, turn.handle.cancel, background))
             end = _stream_end(builder, keep, store, background)
             frames_of_turn = _listed(frames_of_turn, end)
         # Keep-alive comments fill silences (a withheld tool call, a long prefill).
@@ -94,11 +94,10 @@ async def create_response(body: dict[str, Any]) -> Any:
         task = asyncio.ensure_future(_run_in_background(turn, builder, keep, store))
         _BACKGROUND.add(task)
         task.add_done_callback(_BACKGROUND.discard)
-        view = _view(builder, turn)
         store.begin(response_id, Running(view, turn.handle.cancel, True, task))
         return view(), 200, {**JSON, **turn.warning}
     if stored:
-        store.begin(response_id, Running(_view(builder, turn), turn.handle.cancel))
+        store.begin(response_id, Running(view, turn.handle.cancel))
     try:
         result = await collect_turn(turn)
         for event in turn_as_events(result):
