@@ -442,6 +442,10 @@ def test_a_request_cancelled_behind_a_serial_one_frees_its_place(
             pass
         if job is not None:
             assert await job == 42  # it ran after the serial request, in order
+        # the engine counts a request just after its Finished event goes out
+        while engine.in_flight:
+            assert asyncio.get_running_loop().time() < deadline + 10, "a request never ended"
+            await asyncio.sleep(0.005)
         return completed, cancelled, engine.counters["completed"]
 
     try:
