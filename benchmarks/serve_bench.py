@@ -53,7 +53,11 @@ def build_prompt(tokenizer, n_tokens: int, salt: int) -> str:
 #: ``mlx_lm-nocudnn``: mlx_lm.server with cuDNN attention off, as ``mlxspec serve``
 #: runs by default (``mlxspec.config.SERVE_ENV_DEFAULTS``): the like-for-like
 #: comparison beside the out-of-the-box one.
-KIND_ENV = {"mlx_lm-nocudnn": ("mlx_lm", {"MLX_CUDA_USE_CUDNN_SDPA": "0"})}
+#: ``mlxspec-cudnn``: mlxspec serve with cuDNN attention back on (its default is off).
+KIND_ENV = {
+    "mlx_lm-nocudnn": ("mlx_lm", {"MLX_CUDA_USE_CUDNN_SDPA": "0"}),
+    "mlxspec-cudnn": ("mlxspec", {"MLX_CUDA_USE_CUDNN_SDPA": "1"}),
+}
 #: Kinds measured only on the multi-turn conversation (their levels would add time,
 #: not information): the prompt cache's baseline.
 TURNS_ONLY = {"mlxspec-nocache"}
@@ -62,7 +66,7 @@ TURNS_ONLY = {"mlxspec-nocache"}
 def server_command(kind: str, model: str, port: int, batch: int) -> list[str]:
     if kind in KIND_ENV:
         return server_command(KIND_ENV[kind][0], model, port, batch)
-    if kind == "mlxspec-nocache":  # the prompt cache's baseline: every prompt prefilled
+    if kind in ("mlxspec-nocache", "mlxspec-nocache-levels"):  # every prompt prefilled
         return [*server_command("mlxspec", model, port, batch), "--prompt-cache-bytes", "0"]
     if kind == "mlxspec-native":  # the checkpoint's own weights: no float32 CPU copy
         return [*server_command("mlxspec", model, port, batch), "--cpu-weights", "native"]

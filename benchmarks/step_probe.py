@@ -22,6 +22,9 @@ decode steps after a warm-up), milliseconds per step:
 - ``batchkv``: ``BatchKVCache`` caches (no left padding), pipelined as ``plain``:
   the attention mask and cache layout ``BatchGenerator`` uses;
 - ``batchgen``: ``BatchGenerator.next()`` with B rows, one shared greedy sampler;
+- ``batchgen_bias``: the same with a ``logit_bias`` processor on each row, as
+  serve_bench's requests carry (EOS forbidden) and both servers then run: each
+  row's logits are processed alone and the rows concatenated;
 - ``matmul``: one layer's matrix products at M = B rows (µs), times the layers.
 """
 
@@ -90,10 +93,12 @@ def time_build(model, cache, y, steps: int) -> float:
     return statistics.median(times) * 1e3
 
 
-def time_batchgen(model, prompts, steps: int) -> float:
-    """Milliseconds per ``BatchGenerator.next()`` once every row decodes."""
+def time_batchgen(model, prompts, steps: int, bias: dict[int, float] | None = None) -> float:
+    """Milliseconds per ``BatchGenerator.next()`` once every row decodes; with
+    ``bias`` (token id -> additive logit), each row gets its own mlx-lm
+    ``logit_bias`` processor."""
     from mlx_lm.generate import BatchGenerator
-    from mlx_lm.sample_utils import make_sampler
+    from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
     sampler = make_sampler(temp=0.0)
     rows = prompts.tolist()
@@ -104,7 +109,13 @@ def time_batchgen(model, prompts, steps: int) -> float:
         prefill_batch_size=min(len(rows), 8),
         prefill_step_size=512,
     )
-    gen.insert(rows, max_tokens=[steps + 64] * len(rows), samplers=[sampler] * len(rows))
+    processors = [make_logits_processors(bias) if bias else [] for _ in rows]
+    gen.insert(
+        rows,
+        max_tokens=[steps + 64] * len(rows),
+        samplers=[sampler] * len(rows),
+        logits_processors=processors,
+    )
     while True:  # prefill and the first tokens
         _, responses = gen.next()
         if len(responses) == len(rows):
@@ -148,7 +159,7 @@ def time_matmuls(args_model, rows: int, dtype, repeats: int = 50) -> float:
 
 
 #: The per-step layers drawn by :func:`plot`, in legend order.
-LAYERS = ("plain", "batchkv", "batchgen", "plain_sync", "matmul_model_ms")
+LAYERS = ("plain", "batchkv", "batchgen", "batchgen_bias", "plain_sync", "matmul_model_ms")
 
 
 def plot(results: list[Path], out: Path) -> None:
@@ -164,6 +175,8 @@ def plot(results: list[Path], out: Path) -> None:
         runs = json.loads(path.read_text())["runs"]
         batches = sorted({r["batch"] for r in runs})
         for layer in LAYERS:
+            if any(layer not in r for r in runs):  # results from before the layer existed
+                continue
             ms = [statistics.median(r[layer] for r in runs if r["batch"] == b) for b in batches]
             ax.plot(batches, ms, marker="o", label=layer)
         ax.set_title(path.stem)
@@ -198,7 +211,8 @@ def main() -> None:
     from mlx_lm import load
     from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 
-    model, _ = load(str(args.model))
+    model, tokenizer = load(str(args.model))
+    forbid_eos = {int(t): -1e9 for t in tokenizer.eos_token_ids}
     vocab = model.args.vocab_size
     n_layers = model.args.num_hidden_layers
     results: dict = {"model": str(args.model), "device": str(mx.default_device()), "runs": []}
@@ -218,6 +232,7 @@ def main() -> None:
             y = _prefill(model, cache, prompts)
             row["batchkv"] = time_loop(model, cache, y, args.steps, True)
             row["batchgen"] = time_batchgen(model, prompts, args.steps)
+            row["batchgen_bias"] = time_batchgen(model, prompts, args.steps, forbid_eos)
             row["matmul_layer_us"] = time_matmuls(model.args, b, mx.bfloat16)
             row["matmul_model_ms"] = row["matmul_layer_us"] * n_layers / 1e3
             results["runs"].append(row)
