@@ -274,6 +274,53 @@ def test_a_damaged_snapshot_is_deleted_and_written_again(tiny_engine, tmp_path) 
     assert restored is not None and restored[0] == tuple(tiny_engine.text_prompt(SHARED))
 
 
+def test_flush_writes_again_what_vanished_from_disk_while_ram_holds_it(
+    tiny_engine, tmp_path
+) -> None:
+    import shutil
+
+    ssd = SsdCache(tmp_path / "ssd")
+    cache = PromptCache(1 << 30, ssd)
+    run_into(tiny_engine, cache, SHARED)
+    assert cache.flush(30)["entries"] == 1
+    (snapshot,) = list(ssd.directory.iterdir())
+    snapshot.unlink()  # one file deleted by hand: RAM still holds its tokens
+    report = cache.flush(30)
+    assert (report["durable"], report["flushedSnapshots"], report["missingSnapshots"]) == (
+        True,
+        1,
+        0,
+    )
+    assert snapshot.exists() and report["entries"] == 1
+    shutil.rmtree(ssd.directory)  # the whole directory: made again and written
+    report = cache.flush(30)
+    assert (report["durable"], report["flushedSnapshots"], report["entries"]) == (True, 1, 1)
+    assert report["longest_durable_prefix_tokens"] == len(tiny_engine.text_prompt(SHARED))
+    assert snapshot.exists()
+
+
+def test_flush_reports_a_vanished_snapshot_missing_until_written_again(
+    tiny_engine, tmp_path
+) -> None:
+    ssd = SsdCache(tmp_path / "ssd")
+    run_into(tiny_engine, PromptCache(1 << 30, ssd), SHARED)
+    cache = PromptCache(1 << 30, ssd)  # a RAM tier that never held those tokens
+    assert cache.flush(30)["entries"] == 1
+    (snapshot,) = list(ssd.directory.iterdir())
+    snapshot.unlink()
+    for _ in range(2):  # retrying does not make it durable
+        report = cache.flush(30)
+        assert (report["durable"], report["missingSnapshots"], report["entries"]) == (False, 1, 0)
+        assert report["longest_durable_prefix_tokens"] == 0
+    run_into(tiny_engine, cache, SHARED + "and more")  # a longer snapshot covers it again
+    report = cache.flush(30)
+    assert (report["durable"], report["missingSnapshots"], report["flushedSnapshots"]) == (
+        True,
+        0,
+        1,
+    )
+
+
 def test_flush_without_ssd_tier_is_durable_and_empty() -> None:
     report = PromptCache(1).flush(1)
     assert report == SsdCache.empty_flush_report()

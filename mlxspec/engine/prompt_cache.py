@@ -357,7 +357,13 @@ class PromptCache:
         an SSD tier nothing is pending: durable, zero entries."""
         if self.ssd is None:
             return SsdCache.empty_flush_report()
-        return self.ssd.flush(timeout)
+        return self.ssd.flush(timeout, in_ram=self._kept)
+
+    def _kept(self, key: tuple) -> list[Any] | None:
+        """The kept RAM cache for ``(namespace, tokens)``, or ``None``."""
+        with self._lock:
+            entry = self._entries.get(key)  # type: ignore[call-overload]
+        return entry.cache if entry is not None else None
 
     def stats(self) -> dict[str, Any]:
         """Counters for ``GET /stats``' ``prompt_cache`` section.

@@ -23,7 +23,7 @@ import struct
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +85,9 @@ class SsdCache:
         self._pending: OrderedDict[tuple, list[Any]] = OrderedDict()
         #: Snapshots whose write failed; the next flush retries them.
         self._failed: OrderedDict[tuple, list[Any]] = OrderedDict()
+        #: Snapshots whose files vanished from the directory while neither RAM
+        #: nor a longer snapshot on disk still covers them (reported by flush).
+        self._missing: set[tuple] = set()
         self._cond = threading.Condition()
         self._writing = False
         self._counts = dict.fromkeys(
@@ -128,6 +131,7 @@ class SsdCache:
                 if tokens[: len(other[1])] == other[1]:
                     del self._pending[other]
             self._pending[key] = cache
+            self._missing.discard(key)
             while len(self._pending) > MAX_PENDING:
                 self._pending.popitem(last=False)
                 self._counts["dropped_spills"] += 1
@@ -217,6 +221,7 @@ class SsdCache:
         from mlx_lm.models.cache import save_prompt_cache
 
         name = _name(*key)
+        self.directory.mkdir(parents=True, exist_ok=True)  # deleted while serving
         final = self.directory / (name + _SUFFIX)
         temp = self.directory / f".{name}.{os.getpid()}.tmp{_SUFFIX}"
         metadata = {
@@ -246,17 +251,41 @@ class SsdCache:
             total -= size
 
     # Any thread.
-    def flush(self, timeout: float) -> dict[str, Any]:
-        """Retry failed snapshots and wait up to ``timeout`` seconds for every
-        pending one to be written.
+    def flush(
+        self, timeout: float, in_ram: Callable[[tuple], list[Any] | None] | None = None
+    ) -> dict[str, Any]:
+        """Retry failed snapshots, write again those whose files vanished, and
+        wait up to ``timeout`` seconds for every pending one to be written.
+
+        A snapshot whose file is gone from the directory (deleted by hand, or
+        the directory itself) leaves the index; it is written again from
+        ``in_ram`` when the RAM tier still holds its tokens, else it counts in
+        ``missingSnapshots`` on this and every later flush until a snapshot
+        on disk covers its tokens again (the reference: retrying does not turn
+        a missing snapshot into a durable one).
+
+        Args:
+            timeout (float): seconds to wait for the writer.
+            in_ram (Callable | None): ``(namespace, tokens) -> cache | None``,
+                the RAM tier's kept cache for a key. Default: ``None`` (none).
 
         Returns:
             dict: the reference's flush report; ``durable`` is true only when
-            nothing is pending and no write failed during this flush (a
-            snapshot that fails again stays pending for the next flush).
+            nothing is pending or missing and no write failed during this
+            flush (a snapshot that fails again stays pending for the next flush).
         """
         started = time.perf_counter()
         with self._cond:
+            vanished = [k for k, (path, _) in self._index.items() if not path.exists()]
+            for key in vanished:
+                del self._index[key]
+        rewrite = {key: in_ram(key) if in_ram is not None else None for key in vanished}
+        with self._cond:
+            for key, cache in rewrite.items():
+                if cache is not None and key not in self._index:
+                    self._pending.setdefault(key, cache)
+                elif cache is None:
+                    self._missing.add(key)
             failed0, spills0 = self._counts["failed_spills"], self._counts["spills"]
             self._pending.update(self._failed)
             self._failed.clear()
@@ -264,10 +293,12 @@ class SsdCache:
             self._cond.wait_for(lambda: not self._pending and not self._writing, timeout)
             failed = self._counts["failed_spills"] - failed0
             pending = len(self._pending) + len(self._failed)
+            self._missing = {k for k in self._missing if not self._covered(k)}
+            missing = len(self._missing)
             report = {
-                "durable": pending == 0 and failed == 0,
+                "durable": pending == 0 and failed == 0 and missing == 0,
                 "flushedSnapshots": self._counts["spills"] - spills0,
-                "missingSnapshots": 0,
+                "missingSnapshots": missing,
                 "pendingSnapshots": pending,
                 "pendingSpills": pending,
                 "pendingSpillBytes": self._pending_bytes(),
@@ -295,6 +326,15 @@ class SsdCache:
             "entries": 0,
             "longest_durable_prefix_tokens": 0,
         }
+
+    def _covered(self, key: tuple) -> bool:
+        """Whether a snapshot on disk holds ``key``'s tokens, or a longer
+        prefix-sharing run of them (lock held)."""
+        namespace, tokens = key
+        return any(
+            k[0] == namespace and k[1][: len(tokens)] == tokens and path.exists()
+            for k, (path, _) in self._index.items()
+        )
 
     def _pending_bytes(self) -> int:
         waiting = [*self._pending.values(), *self._failed.values()]
