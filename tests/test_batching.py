@@ -66,12 +66,33 @@ def test_mixed_settings_in_one_batch(tiny_engine, serial_engine) -> None:
     assert [f.completion_tokens for _, f in batched] == [f.completion_tokens for _, f in serial]
 
 
-def test_seeded_requests_run_serially(tiny_engine) -> None:
-    req = GenerationRequest(
-        prompts(tiny_engine)[0], max_tokens=4, sampling=SamplingParams(temperature=1.0, seed=3)
-    )
-    ((text, fin),) = asyncio.run(run_all(tiny_engine, [req]))
+def test_seeded_requests_share_the_batch_and_reproduce(tiny_engine, serial_engine) -> None:
+    """A seed is a request-local random stream (the reference): seeded requests
+    decode in the batch beside others, their draws do not depend on their
+    batch-mates, and they give what they give alone on the serial lane."""
+    p = prompts(tiny_engine)
+    hot = [SamplingParams(temperature=50.0, seed=s) for s in (3, 3, 4)]
+    seeded = [
+        GenerationRequest(p[i], max_tokens=8, sampling=hot[i], logits=NO_EOS) for i in (0, 1, 2)
+    ]
+    others = [GenerationRequest(q, max_tokens=8, logits=NO_EOS) for q in p[3:6]]
+    together = asyncio.run(run_all(tiny_engine, seeded + others))
+    assert [f.lane for _, f in together] == ["batched"] * 6
+    alone = [asyncio.run(run_all(serial_engine, [r]))[0] for r in seeded]
+    assert [t for t, _ in together[:3]] == [t for t, _ in alone]
+    assert len({t for t, _ in together[:3]}) == 3  # different prompts or seeds
+    again = asyncio.run(run_all(tiny_engine, [seeded[0]]))[0]
+    assert again[0] == together[0][0]
+
+
+def test_seeded_requests_with_xtc_run_serially(tiny_engine) -> None:
+    """XTC draws its coin from MLX's global stream: such a seeded request seeds
+    it and runs alone, as mlx_lm.server runs every seeded request."""
+    xtc = SamplingParams(temperature=1.0, seed=3, xtc_probability=0.5, xtc_threshold=0.1)
+    req = GenerationRequest(prompts(tiny_engine)[0], max_tokens=4, sampling=xtc)
+    ((first, fin),) = asyncio.run(run_all(tiny_engine, [req]))
     assert fin.lane == "serial"
+    assert asyncio.run(run_all(tiny_engine, [req]))[0][0] == first
 
 
 def test_cancelled_row_leaves_batch_and_others_finish(tiny_engine) -> None:

@@ -18,6 +18,7 @@ from mlxspec.engine import (
     GenerationRequest,
     LogitsParams,
     RequestHandle,
+    SamplingParams,
 )
 from mlxspec.engine.batching import BatchLane
 from mlxspec.engine.prompt_cache import PromptCache
@@ -26,6 +27,8 @@ from mlxspec.engine.solo import SoloRun
 NO_EOS = LogitsParams(logit_bias=((2, -1e9),))
 #: Strong enough to change the tiny model's greedy output after 8 tokens.
 PENALTIES = LogitsParams(logit_bias=((2, -1e9),), presence_penalty=0.1, frequency_penalty=2.0)
+#: Near-uniform sampling with a seed: the draws, not the logits, pick the tokens.
+HOT_SEEDED = SamplingParams(temperature=50.0, seed=5)
 SCHEMA = {
     "type": "object",
     "properties": {
@@ -130,7 +133,7 @@ def prompt(engine: Engine, text: str = "the quick brown fox jumps") -> tuple[int
 @pytest.mark.parametrize("steps", [0, 1, 2, 3, 4, 5, 7, 9, 13, 20])
 @pytest.mark.parametrize(
     "kind",
-    ["greedy", "penalties", "grammar", "stop", "logprobs"],
+    ["greedy", "penalties", "grammar", "stop", "logprobs", "seeded"],
 )
 def test_handoff_at_any_step_gives_the_solo_output(
     batch_engine, serial_engine, kind, steps
@@ -149,6 +152,10 @@ def test_handoff_at_any_step_gives_the_solo_output(
         "grammar": GenerationRequest(base, max_tokens=60, constraint=JSON_SCHEMA, logprobs=True),
         "stop": GenerationRequest(base, max_tokens=40, logits=NO_EOS, stop=("s" * 6,)),
         "logprobs": GenerationRequest(base, max_tokens=12, logits=NO_EOS, top_logprobs=3),
+        # its random stream carries over the move (the same sampler object)
+        "seeded": GenerationRequest(
+            base, max_tokens=24, logits=NO_EOS, sampling=HOT_SEEDED, logprobs=True
+        ),
     }[kind]
     got, want = moved_after(batch_engine, request, steps), alone(serial_engine, request)
     assert (got.text, got.ids, got.logprobs) == (want.text, want.ids, want.logprobs)
@@ -258,16 +265,18 @@ def test_lone_request_starts_from_the_prompt_cache(tiny_engine, serial_engine) -
     assert tiny_engine.handoffs == moves
 
 
-def test_seeded_arrival_runs_serially_beside_a_lone_request(batch_engine, serial_engine) -> None:
-    """A seeded request (serial lane) arriving while a lone request decodes runs
-    to its end while the lone one waits; both give their alone outputs."""
-    from mlxspec.engine import SamplingParams
-
+@pytest.mark.parametrize("xtc", [False, True], ids=["seeded", "seeded-xtc"])
+def test_seeded_arrival_beside_a_lone_request(batch_engine, serial_engine, xtc) -> None:
+    """A seeded request arriving while a lone request decodes joins it in the
+    batch (its own random stream); one using XTC (MLX's global stream) runs on
+    the serial lane to its end while the lone one waits. Either way both give
+    their alone outputs."""
     first = GenerationRequest(prompt(batch_engine), max_tokens=200, logits=NO_EOS)
+    xtc_on = {"xtc_probability": 0.5, "xtc_threshold": 0.1} if xtc else {}
     seeded = GenerationRequest(
         prompt(batch_engine, "hello"),
         max_tokens=6,
-        sampling=SamplingParams(temperature=0.8, seed=7),
+        sampling=SamplingParams(temperature=0.8, seed=7, **xtc_on),
         logits=NO_EOS,
     )
     moves = batch_engine.handoffs
@@ -281,9 +290,10 @@ def test_seeded_arrival_runs_serially_beside_a_lone_request(batch_engine, serial
         return await collect(batch_engine.submit(seeded)), await first_task
 
     got_seeded, got_first = asyncio.run(asyncio.wait_for(go(), 120))
-    assert got_seeded.finished.lane == "serial"
+    assert got_seeded.finished.lane == ("serial" if xtc else "batched")
     assert got_first.finished.lane == "batched"
-    assert batch_engine.handoffs == moves  # the lone request was not moved
+    # with XTC the lone request was not moved; else it moved into the batch
+    assert batch_engine.handoffs == moves + (0 if xtc else 1)
     for got, request in ((got_first, first), (got_seeded, seeded)):
         want = alone(serial_engine, request)
         assert (got.text, got.ids) == (want.text, want.ids)

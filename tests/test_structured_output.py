@@ -298,13 +298,18 @@ def test_every_choice_is_enforced(client) -> None:
         assert choice["finish_reason"] == "stop"
 
 
-@pytest.mark.parametrize("seed", [None, 7], ids=["batched", "serial"])
-def test_grammar_is_enforced_after_a_prompt_cache_hit(client, seed) -> None:
-    prompt = f"a prompt worth caching, seed {seed}"
-    body = {"prompt": prompt, "guided_regex": "[0-9]{3}", "max_tokens": 10, "seed": seed}
+#: A seeded request using XTC runs on the serial lane (its coin comes from MLX's
+#: global random stream).
+SERIAL = {"seed": 7, "temperature": 0.7, "xtc_probability": 0.5, "xtc_threshold": 0.1}
+
+
+@pytest.mark.parametrize("extra", [{}, SERIAL], ids=["batched", "serial"])
+def test_grammar_is_enforced_after_a_prompt_cache_hit(client, extra) -> None:
+    prompt = f"a prompt worth caching, {sorted(extra)}"
+    body = {"prompt": prompt, "guided_regex": "[0-9]{3}", "max_tokens": 10, **extra}
     first, second = (client.post(COMP, json=body).json() for _ in range(2))
     assert second["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
-    assert second["usage"]["lane"] == ("serial" if seed else "batched")
+    assert second["usage"]["lane"] == ("serial" if extra else "batched")
     for reply in (first, second):
         assert re.fullmatch("[0-9]{3}", reply["choices"][0]["text"])
         assert reply["choices"][0]["finish_reason"] == "stop"

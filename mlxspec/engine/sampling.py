@@ -102,8 +102,13 @@ def build_sampler(params: SamplingParams, special_tokens: list[int]) -> Callable
     :data:`MIN_TOP_P` are moved to those bounds, which sample the same way
     without float32 underflow.
 
+    A request with a ``seed`` (and a temperature) gets a :class:`SeededSampler`
+    of its own, whose draws come from a request-local random stream, so it can
+    decode in the batch; with XTC as well it keeps mlx-lm's sampler, whose XTC
+    coin comes from MLX's global stream (:func:`needs_global_seed`).
+
     Requests with the same settings get the same sampler object unless they use
-    XTC: ``BatchGenerator`` samples a batch whose rows share one sampler in one
+    XTC or a seed: ``BatchGenerator`` samples a batch whose rows share one sampler in one
     call over ``(rows, vocab)`` instead of one call per row (mlx-lm's top-p,
     min-p, top-k and categorical draw all work along the last axis). XTC draws
     one "apply or not" number per call, so a shared XTC sampler would make that
@@ -128,9 +133,69 @@ def build_sampler(params: SamplingParams, special_tokens: list[int]) -> Callable
         params.xtc_threshold,
         tuple(special_tokens),
     )
+    if params.seed is not None and settings[0] > 0 and params.xtc_probability == 0:
+        return SeededSampler(params.seed, *settings[:4])
     if params.xtc_probability > 0:
         return _make_sampler(*settings)
     return _shared_sampler(*settings)
+
+
+def needs_global_seed(params: SamplingParams) -> bool:
+    """Whether a request must seed MLX's global random stream and decode alone
+    on the serial lane: a seeded, sampled request using XTC (mlx-lm's
+    ``apply_xtc`` draws its coin from the global stream). Any other seeded
+    request samples with a :class:`SeededSampler` and may share the batch."""
+    return (
+        params.seed is not None
+        and params.temperature >= GREEDY_BELOW
+        and params.xtc_probability > 0
+    )
+
+
+class SeededSampler:
+    """A sampler drawing from its own random stream, seeded by the request.
+
+    The reference: "An explicit ``seed`` controls a request-local random stream
+    and can use continuous execution. Repeating a request reproduces sampling
+    at the same model arithmetic and batch composition." The filters are
+    mlx-lm's (``apply_top_p``, ``apply_min_p``, ``apply_top_k``, in
+    ``make_sampler``'s order) and the draw is ``mx.random.categorical`` of the
+    logits over the temperature, as mlx-lm's ``categorical_sampling``, but
+    with a key split off this sampler's own key at each call instead of MLX's
+    global one. One object per request (it holds the stream's state); a
+    request moved from the lone lane into the batch keeps it.
+
+    Args:
+        seed (int): the request's seed, ``0 <= seed < 2**64``.
+        temperature (float): softmax temperature, > 0.
+        top_p (float): nucleus mass; ``0`` or ``>= 1`` is off.
+        min_p (float): min-p threshold; ``0`` is off.
+        top_k (int): keep the k most likely tokens; ``0`` is off.
+
+    Call: ``logprobs (rows, vocab) float -> token ids (rows,) uint32``.
+    """
+
+    def __init__(self, seed: int, temperature: float, top_p: float, min_p: float, top_k: int):
+        import mlx.core as mx
+        from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
+
+        self._key = mx.random.key(seed)
+        self._scale = 1.0 / temperature
+        self._filters: list[Callable] = []
+        if 0 < top_p < 1.0:
+            self._filters.append(lambda x: apply_top_p(x, top_p))
+        if min_p != 0.0:
+            self._filters.append(lambda x: apply_min_p(x, min_p, 1))
+        if top_k > 0:
+            self._filters.append(lambda x: apply_top_k(x, top_k))
+
+    def __call__(self, logprobs: Any) -> Any:
+        import mlx.core as mx
+
+        self._key, draw = mx.random.split(self._key)
+        for keep in self._filters:
+            logprobs = keep(logprobs)
+        return mx.random.categorical(logprobs * self._scale, key=draw)
 
 
 def _make_sampler(

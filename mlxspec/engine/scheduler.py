@@ -5,7 +5,8 @@ between steps, or, when stepped (decision scoring), a prefill chunk per loop
 turn beside the decode steps (:class:`~.handles.ExclusiveJob`); requests go into the KV line
 (:class:`~.admission.KvGate`) and start from its head while they fit. A
 started request runs in one of three places: alone to its end on mlx-lm's
-``generate_step`` (``--batch 1``, or an explicit ``seed``), alone a token per
+``generate_step`` (``--batch 1``, or a seeded request using XTC, whose coin
+comes from MLX's global random stream), alone a token per
 loop turn on ``generate_step`` while nothing else runs (:mod:`.solo`), or in
 the continuous batch (:class:`~.batching.BatchLane`), which the lone request
 joins when a second one arrives. The loop never lets an exception in one
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from .batching import BatchLane
 from .handles import ExclusiveJob, RequestHandle, coalesced_wakeups
+from .sampling import needs_global_seed
 from .solo import SoloRun, run_alone
 from .types import Failed
 
@@ -160,7 +162,7 @@ class Scheduler:
         if handle.cancelled:
             self.count("cancelled")
             return
-        if lane is None or handle.request.sampling.seed is not None:
+        if lane is None or needs_global_seed(handle.request.sampling):
             handle.started_at = time.monotonic()  # its prefill begins (queue time ends)
             self.admission.running_tokens = self.running_tokens() + tokens  # while it runs
             self.serial(handle)

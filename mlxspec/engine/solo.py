@@ -29,7 +29,13 @@ from typing import TYPE_CHECKING, Any
 
 from .lanes import Handoff, LaneParts, StepTimes
 from .rows import Row
-from .sampling import build_logits_processors, build_sampler, penalty_window, with_history
+from .sampling import (
+    build_logits_processors,
+    build_sampler,
+    needs_global_seed,
+    penalty_window,
+    with_history,
+)
 
 if TYPE_CHECKING:
     from .generator import RequestHandle
@@ -229,7 +235,8 @@ def run_alone(
     times: StepTimes | None = None,
     between: Callable[[], None] | None = None,
 ) -> str:
-    """Run one request to its end on the serial lane (seeded first if it has a seed).
+    """Run one request to its end on the serial lane (MLX's global random
+    stream seeded first when its sampler draws from it: :func:`needs_global_seed`).
 
     Args:
         handle (RequestHandle): the request.
@@ -244,7 +251,7 @@ def run_alone(
     """
     import mlx.core as mx
 
-    if handle.request.sampling.seed is not None:
+    if needs_global_seed(handle.request.sampling):
         mx.random.seed(handle.request.sampling.seed)
     run = SoloRun(handle, parts, budget, lane="serial", times=times)
     while not run.step():

@@ -27,8 +27,10 @@ class SamplingParams:
             Default: ``0.0``.
         xtc_probability (float): chance per step of applying XTC. Default: ``0.0``.
         xtc_threshold (float): XTC probability threshold. Default: ``0.1``.
-        seed (int | None): seeds MLX's global RNG before the request runs
-            (as ``mlx_lm.server`` does). Default: ``None``.
+        seed (int | None): seeds the request's own random stream
+            (:class:`~.sampling.SeededSampler`; with XTC, MLX's global RNG
+            before the request runs alone, as ``mlx_lm.server`` does).
+            Default: ``None``.
     """
 
     temperature: float = 0.0

@@ -3,8 +3,7 @@
 Each choice is its own engine request on the same prompt; the engine batches
 them (continuous batching), so they decode together. The requests are marked
 ``shared_prefill``: the batched lane prefills the prompt once into the prompt
-cache and every choice starts from that KV cache (seeded choices run one after
-another on the serial lane and find the previous choice's cache). With a
+cache and every choice starts from that KV cache. With a
 ``seed``, choice i samples with ``seed + i`` so the choices differ and the
 whole request stays reproducible; greedy decoding gives n identical choices.
 """
