@@ -221,6 +221,39 @@ def test_bad_input_is_400(emb_client: httpx.Client, body, param, message) -> Non
     }
 
 
+TOO_MANY = "`input` holds more than 2048 inputs; send at most 2048 per request"
+
+
+@pytest.mark.parametrize("item", ["a", [5]], ids=["texts", "token-id-lists"])
+def test_more_than_2048_inputs_are_400(emb_client: httpx.Client, item) -> None:
+    r = emb_client.post("/v1/embeddings", json={"input": [item] * 2049})
+    assert r.status_code == 400, r.text[:200]
+    assert r.json() == {
+        "error": {
+            "message": TOO_MANY,
+            "type": "invalid_request_error",
+            "param": "input",
+            "code": None,
+        }
+    }
+    # 2048 pass validation: the handler's later dimensions check (before any forward) answers
+    full = emb_client.post("/v1/embeddings", json={"input": [item] * 2048, "dimensions": 33})
+    assert (full.status_code, full.json()["error"]["param"]) == (400, "dimensions")
+
+
+def test_one_token_id_list_is_one_input_whatever_its_length(emb_client: httpx.Client) -> None:
+    # 2049 ids are one input: the context limit refuses it, not the 2048-input cap
+    r = emb_client.post("/v1/embeddings", json={"input": [5] * 2049})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"] == {
+        "message": "This model's maximum context length is 128 tokens, "
+        "but the input has 2049 tokens.",
+        "type": "invalid_request_error",
+        "param": "input",
+        "code": "context_length_exceeded",
+    }
+
+
 def test_input_longer_than_the_context_is_400(emb_client: httpx.Client) -> None:
     r = emb_client.post("/v1/embeddings", json={"input": ["ok", "a" * 300]})
     assert r.status_code == 400, r.text
