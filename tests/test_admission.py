@@ -72,11 +72,15 @@ def test_n_choices_are_admitted_all_or_none() -> None:
 
 def test_hold_counts_while_held_and_refuses_like_admit() -> None:
     adm = Admission(AdmissionLimits(max_queue=1), slots=1, window=100)
-    with adm.hold(in_flight=1):  # the one waiting place
+    with adm.hold(in_flight=1, job="embedding"):  # the one waiting place
         assert adm.held == 1
-        with pytest.raises(QueueFullError), adm.hold(in_flight=2):
+        with pytest.raises(QueueFullError) as err, adm.hold(in_flight=2, job="decision"):
             pass
         assert adm.held == 1  # a refused hold takes nothing
+    # one queue for every job: the refusal names the job it refused, not a generation
+    assert err.value.message == (
+        "queue is full (1 request waiting); this decision request was not queued, retry later"
+    )
     assert adm.held == 0
     assert adm.rejected == {"queue_full": 1, "context_over_budget": 0}
 
@@ -241,14 +245,19 @@ def test_n_choices_that_do_not_fit_take_nothing_from_other_requests(tiny_model_d
     assert engine.submitted == 4
 
 
-QUEUE_FULL = {
-    "error": {
-        "message": "generation queue is full (1 request waiting); retry later",
-        "type": "resource_admission",
-        "param": None,
-        "code": "queue_full",
+def queue_full(message: str) -> dict:
+    """The 429 body of a refusal for a full queue."""
+    return {
+        "error": {
+            "message": message,
+            "type": "resource_admission",
+            "param": None,
+            "code": "queue_full",
+        }
     }
-}
+
+
+QUEUE_FULL = queue_full("generation queue is full (1 request waiting); retry later")
 DECISION = {
     "model": "m",
     "input": "The sky is blue.",
@@ -285,8 +294,13 @@ def test_decisions_take_a_queue_place_and_get_429_when_it_is_full(tiny_model_dir
             engine.start()
             done = await asyncio.gather(*held)
             after = await c.post("/v1/systemone", json=SYSTEMONE)
-        for r in refused:  # System One keeps OpenAI's envelope outside validation
-            assert (r.status_code, r.headers["retry-after"], r.json()) == (429, "1", QUEUE_FULL)
+        decision_full = queue_full(
+            "queue is full (1 request waiting); this decision request was not queued, retry later"
+        )
+        expected = [QUEUE_FULL, decision_full, decision_full]
+        # System One keeps OpenAI's envelope outside validation
+        for r, body in zip(refused, expected, strict=True):
+            assert (r.status_code, r.headers["retry-after"], r.json()) == (429, "1", body)
         assert (stats["queue_depth"], stats["in_flight"]) == (1, 2)
         assert stats["rejected"] == {"queue_full": 3, "context_over_budget": 0}
         assert [r.status_code for r in done] == [200, 200]
@@ -318,7 +332,9 @@ def test_embeddings_take_a_queue_place_too(tmp_path: Path) -> None:
             engine.start()
             done = await asyncio.gather(*held)
         assert (refused.status_code, refused.headers["retry-after"]) == (429, "1")
-        assert refused.json() == QUEUE_FULL
+        assert refused.json() == queue_full(
+            "queue is full (1 request waiting); this embedding request was not queued, retry later"
+        )
         assert [r.status_code for r in done] == [200, 200]
         assert done[0].json()["data"] == done[1].json()["data"]
 

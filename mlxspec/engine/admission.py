@@ -211,7 +211,7 @@ class Admission:
         self._check_queue(in_flight, projected, count)
 
     @contextmanager
-    def hold(self, in_flight: int) -> Iterator[None]:
+    def hold(self, in_flight: int, job: str) -> Iterator[None]:
         """Admit one request that generates nothing (decisions, embeddings) for the
         duration of the ``with`` block: it takes a place in the queue exactly as
         a generation does (the reference reserves one per decision request).
@@ -219,11 +219,15 @@ class Admission:
         Args:
             in_flight (int): requests submitted and not yet ended (the engine's
                 ``in_flight``, which includes :attr:`held`).
+            job (str): what the request does, as the refusal names it
+                (``"embedding"``, ``"decision"``).
 
         Raises:
-            QueueFullError: ``max_queue`` requests are already waiting.
+            QueueFullError: ``max_queue`` requests are already waiting; the
+                message names ``job`` (``queue is full (64 requests waiting);
+                this embedding request was not queued, retry later``).
         """
-        self._check_queue(in_flight)
+        self._check_queue(in_flight, job=job)
         self.held += 1
         try:
             yield
@@ -251,10 +255,13 @@ class Admission:
                 waiting += 1
         return waiting
 
-    def _check_queue(self, in_flight: int, projected: int | None = None, count: int = 1) -> None:
+    def _check_queue(
+        self, in_flight: int, projected: int | None = None, count: int = 1, job: str | None = None
+    ) -> None:
         """Refuse when the last of ``count`` new requests would wait past the
         queue's end (a group queues as its members would, one after another,
-        each projecting ``projected`` tokens of KV cache)."""
+        each projecting ``projected`` tokens of KV cache). ``job`` names a
+        request that generates nothing in the refusal; ``None`` is a generation."""
         waiting = in_flight + count - self.slots
         if projected is not None:
             waiting = max(waiting, self.kv_waiting(projected, count))
@@ -271,6 +278,11 @@ class Admission:
                     f"({taken} of its {size} {places} taken); retry later"
                 )
             full = _requests(self.limits.max_queue)
+            if job is not None:  # one queue for all jobs; the message says which was refused
+                raise QueueFullError(
+                    f"queue is full ({full} waiting); this {job} request was not queued, "
+                    "retry later"
+                )
             raise QueueFullError(f"generation queue is full ({full} waiting); retry later")
 
     def room(self, prompt_tokens: int, max_tokens: int | None) -> int:

@@ -60,7 +60,7 @@ async def _decide(request: DecisionRequest, systemone: bool) -> tuple[str, list[
     engine = current_engine()
     answers, used = [], 0
     # One place in the admission queue for the whole request, like a generation.
-    with engine.admission.hold(engine.in_flight):
+    with engine.admission.hold(engine.in_flight, "decision"):
         for question in request.questions:
             messages = question_messages(request, question)
             try:

@@ -40,7 +40,7 @@ async def create_embedding(body: dict[str, Any]) -> Any:
         )
     texts = _inputs(body["input"])
     # A place in the admission queue, as a generation takes (429 when full).
-    with engine.admission.hold(engine.in_flight):
+    with engine.admission.hold(engine.in_flight, "embedding"):
         result = await until_disconnect(
             embed_texts(engine, texts, body.get("instruction"), body.get("dimensions"))
         )
