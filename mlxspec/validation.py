@@ -17,8 +17,11 @@ double (``1e400``), are invalid JSON. A schema may
 carry ``x-mlxspec-error`` (a message, or a map from JSON Schema keyword to
 message) to give a field the reference's exact error text; ``{field}`` in such
 a message becomes the field's dotted path (``questions.0.type``, ``body`` for
-the root). A request schema with ``x-mlxspec-param-style: dotted`` names
-fields that way in ``param`` too (the decision routes' convention).
+the root). A plain message covers every failure of the field, its absence
+included; a map's ``"*"`` covers a value that is there, so a missing required
+field reads ``<field> is required`` unless the map has a ``required`` key.
+A request schema with ``x-mlxspec-param-style: dotted`` names fields that
+way in ``param`` too (the decision routes' convention).
 """
 
 from __future__ import annotations
@@ -212,8 +215,11 @@ def _custom_message(error: ValidationError, schema: dict) -> str | None:
     """The nearest ``x-mlxspec-error`` at the failing location (``anyOf`` parents included).
 
     A mapping is looked up by the failing keyword, then by the keyword of the
-    level that carries it, then ``"*"``.
+    level that carries it, then ``"*"``, except for a missing field: ``"*"``
+    speaks of a value's shape, and a field that is not there has none (it gets
+    the generic ``<field> is required``).
     """
+    fallback = () if error.validator == "required" else ("*",)
     level: ValidationError | None = error
     while level is not None:
         here = schema if level is error else level.schema
@@ -221,7 +227,7 @@ def _custom_message(error: ValidationError, schema: dict) -> str | None:
         if isinstance(custom, str):
             return custom
         if isinstance(custom, dict):
-            for key in (error.validator, level.validator, "*"):
+            for key in (error.validator, level.validator, *fallback):
                 if isinstance(custom.get(str(key)), str):
                     return custom[str(key)]
         level = level.parent

@@ -31,10 +31,16 @@ def test_messages_required(client: httpx.Client, body: dict) -> None:
     assert_error(client.post(CHAT, json=body), "messages required", "messages")
 
 
-def test_unknown_role(client: httpx.Client) -> None:
-    r = client.post(CHAT, json={"messages": [USER, {"role": "wizard", "content": "x"}]})
+@pytest.mark.parametrize("role", ["wizard", 5])
+def test_unknown_role(client: httpx.Client, role) -> None:
+    r = client.post(CHAT, json={"messages": [USER, {"role": role, "content": "x"}]})
     message = "role must be one of 'system', 'developer', 'user', 'assistant', 'tool'"
     assert_error(r, message, "messages[1].role")
+
+
+def test_missing_role_is_required_not_malformed(client: httpx.Client) -> None:
+    r = client.post(CHAT, json={"messages": [USER, {"content": "x"}]})
+    assert_error(r, "messages[1].role is required", "messages[1].role")
 
 
 @pytest.mark.parametrize(

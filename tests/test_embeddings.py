@@ -205,7 +205,7 @@ SHAPE = (
         ({"input": [1, "a"]}, "input[0]", MIXED),
         ({"input": ["a", [1], 2]}, "input[2]", MIXED),
         ({"input": [-1]}, "input[0]", SHAPE),
-        ({"model": "m"}, "input", SHAPE),
+        ({"model": "m"}, "input", "input is required"),  # missing, not malformed
     ],
 )
 def test_bad_input_is_400(emb_client: httpx.Client, body, param, message) -> None:

@@ -236,6 +236,7 @@ def test_warning_header_is_one_ascii_line() -> None:
             "response_format.json_schema",
             "response_format.json_schema is required",
         ),
+        (COMP, "response_format", {}, "response_format.type", "response_format.type is required"),
     ],
 )
 def test_malformed_fields_are_400(client, path, field, value, param, message) -> None:

@@ -63,6 +63,21 @@ def test_custom_messages_by_keyword() -> None:
     )
 
 
+def test_a_missing_field_is_required_unless_its_message_says_otherwise() -> None:
+    def missing(message: object) -> tuple[str, str | None]:
+        field = {"type": "string", "x-mlxspec-error": message}
+        schema = {"type": "object", "required": ["x"], "properties": {"x": field}}
+        err = error_for(best_error(validator_for(schema).iter_errors({})))
+        return err.message, err.param
+
+    # "*" speaks of a value that is there; a missing one is required
+    assert missing({"*": "x must be a string"}) == ("x is required", "x")
+    assert missing({"type": "x must be a string"}) == ("x is required", "x")
+    # a message for absence, or one message for every failure, still applies
+    assert missing({"required": "send x", "*": "x must be a string"}) == ("send x", "x")
+    assert missing("{field}: must be a string") == ("x: must be a string", "x")
+
+
 def test_custom_message_found_through_any_of() -> None:
     err = first_error({"messages": [{}], "pick": -5})
     assert (err.message, err.param) == ("pick is wrong", "pick")
