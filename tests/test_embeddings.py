@@ -180,6 +180,24 @@ def test_an_empty_instruction_is_no_instruction(emb_client: httpx.Client) -> Non
     assert empty["usage"] == plain["usage"]
 
 
+def test_embedded_tokens_are_counted_in_metrics(emb_client: httpx.Client) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def counters() -> tuple[float, float]:
+        text = emb_client.get("/metrics").text
+        values = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+        return values["mlxspec_embedding_tokens_total"], values["mlxspec_prompt_tokens_total"]
+
+    before = counters()
+    ok = emb_client.post("/v1/embeddings", json={"input": TEXTS})
+    refused = emb_client.post("/v1/embeddings", json={"input": ["ok", "a" * 300]})
+    assert (ok.status_code, refused.status_code) == (200, 400)
+    embedded, prompt = counters()
+    # the usage it reported, in its own counter; a refused request embeds nothing
+    assert embedded - before[0] == ok.json()["usage"]["prompt_tokens"] > 0
+    assert prompt == before[1]  # generations' prompt tokens are another counter
+
+
 def test_base64_is_little_endian_float32() -> None:
     assert encode_base64([1.0, -2.0]) == "AACAPwAAAMA="
 

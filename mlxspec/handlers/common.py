@@ -35,7 +35,7 @@ from mlxspec.engine import (
     TokenLogprob,
 )
 from mlxspec.errors import ApiError
-from mlxspec.metrics import GenerationWatch
+from mlxspec.metrics import GenerationWatch, Metrics
 
 SYSTEM_FINGERPRINT = f"mlxspec-{__version__}"
 T = TypeVar("T")
@@ -315,13 +315,18 @@ async def outputs(handle: RequestHandle) -> AsyncIterator[Delta | Finished]:
         yield event
 
 
-def _watch(handle: RequestHandle) -> GenerationWatch | None:
-    """The app's latency/token watch for ``handle``; ``None`` outside a request
-    (unit tests drive handles directly) or in an app without metrics."""
+def current_metrics() -> Metrics | None:
+    """The app's metrics; ``None`` outside a request (unit tests drive handles
+    directly) or in an app without metrics."""
     try:
-        metrics = scope["state"].get("metrics")
+        return scope["state"].get("metrics")
     except RuntimeError:  # connexion's context is unbound outside a request
         return None
+
+
+def _watch(handle: RequestHandle) -> GenerationWatch | None:
+    """The app's latency/token watch for ``handle`` (see :func:`current_metrics`)."""
+    metrics = current_metrics()
     return metrics.watch(handle) if metrics is not None else None
 
 

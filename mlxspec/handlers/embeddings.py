@@ -4,7 +4,8 @@ Only an embedding model serves it (``ModelInfo.embedding``); vectors come from
 :func:`mlxspec.engine.embed_texts` and are sent as JSON floats or, with
 ``encoding_format: base64``, as base64 of little-endian float32 bytes (the
 OpenAI SDKs' default request); ``dimensions`` shortens them (the leading
-dimensions, normalised again).
+dimensions, normalised again). The input tokens of a request that got its
+vectors are counted in ``/metrics`` (``mlxspec_embedding_tokens_total``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 from mlxspec.engine import embed_texts
 from mlxspec.errors import ApiError
 
-from .common import JSON, current_engine, until_disconnect
+from .common import JSON, current_engine, current_metrics, until_disconnect
 
 
 async def create_embedding(body: dict[str, Any]) -> Any:
@@ -44,6 +45,8 @@ async def create_embedding(body: dict[str, Any]) -> Any:
         result = await until_disconnect(
             embed_texts(engine, texts, body.get("instruction"), body.get("dimensions"))
         )
+    if (metrics := current_metrics()) is not None:
+        metrics.embedding_tokens.inc(result.tokens)
     as_base64 = body.get("encoding_format") == "base64"
     data = [
         {"object": "embedding", "index": i, "embedding": encode_base64(v) if as_base64 else list(v)}
