@@ -107,13 +107,18 @@ def test_max_context_caps_and_refuses() -> None:
 
 
 def test_max_context_above_the_window_is_the_window() -> None:
-    assert Admission(AdmissionLimits(max_context=500), 1, 100).enforced_context == 100
+    adm = Admission(AdmissionLimits(max_context=500), 1, 100)
+    assert adm.enforced_context == 100
+    # the model's window is the bound a client hits, so errors name it
+    assert adm.context_words() == "This model's maximum context length is 100 tokens"
 
 
 def test_memory_budget_leaves_kv_room_after_weights_and_reserve() -> None:
     # 2000 bytes: 1000 of weights, 200 (10%) reserve, 800 / 10 bytes per token.
     adm = Admission(AdmissionLimits(memory_budget=2000), 1, 1000, MEMORY)
     assert adm.enforced_context == 80
+    # decisions and embeddings over it name the server's limit, not the model's
+    assert adm.context_words() == "This server's context limit is 80 tokens"
     both = Admission(AdmissionLimits(max_context=50, memory_budget=2000), 1, 1000, MEMORY)
     assert both.enforced_context == 50
 
