@@ -25,6 +25,10 @@ PASSTHROUGH = ("max_tokens", *SAMPLER_FIELDS, *SESSION_FIELDS)
 #: Prior-turn reasoning the client sends back; a template must not see it again.
 _DROPPED_BLOCKS = {"thinking", "redacted_thinking"}
 
+#: What follows ``messages.<i>.content`` in the refusal of an empty turn (the
+#: document's ``AnthropicMessageParam`` says the same of an empty user turn).
+EMPTY_TURN = "is empty: every message needs content except a final assistant message (a prefill)"
+
 
 def to_chat_body(body: Mapping[str, Any]) -> dict[str, Any]:
     """Translate an Anthropic Messages body into an OpenAI chat completion body.
@@ -54,10 +58,12 @@ def to_chat_body(body: Mapping[str, Any]) -> dict[str, Any]:
         dict: a new chat body; ``body`` is not mutated.
 
     Raises:
-        ApiError: tool results and tool uses that do not pair up
-            (:func:`check_tool_pairs`); a prefill with structured output (the
-            Anthropic SDK documents the two as incompatible).
+        ApiError: an empty turn before the last (:func:`check_empty_turns`); tool
+            results and tool uses that do not pair up (:func:`check_tool_pairs`);
+            a prefill with structured output (the Anthropic SDK documents the two
+            as incompatible).
     """
+    check_empty_turns(body["messages"])
     check_tool_pairs(body["messages"])
     messages = _system(body.get("system"))
     for message in body["messages"]:
@@ -94,6 +100,26 @@ def to_chat_body(body: Mapping[str, Any]) -> dict[str, Any]:
     if variables:
         chat["chat_template_kwargs"] = variables
     return chat
+
+
+def check_empty_turns(messages: Sequence[Mapping[str, Any]]) -> None:
+    """Only the last message may have empty ``content`` (``""`` or ``[]``).
+
+    Anthropic's Messages API refuses an empty turn anywhere but a final
+    assistant one (an empty prefill). The document already refuses an empty
+    user turn; an empty assistant turn is only wrong where another follows it,
+    which a schema of one message cannot see.
+
+    Args:
+        messages (Sequence[Mapping]): the request's ``messages``, validated.
+
+    Raises:
+        ApiError: 400 ``invalid_request`` naming the first empty turn's
+            ``messages.<i>.content``.
+    """
+    for i, message in enumerate(messages[:-1]):
+        if not message["content"]:
+            raise ApiError("invalid_request", f"messages.{i}.content {EMPTY_TURN}")
 
 
 def check_tool_pairs(messages: Sequence[Mapping[str, Any]]) -> None:
