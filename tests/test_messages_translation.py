@@ -248,7 +248,8 @@ def test_sampling_extras_session_and_ignored_fields() -> None:
     ("kind", "enabled"), [("enabled", True), ("adaptive", True), ("disabled", False)]
 )
 def test_thinking_sets_enable_thinking(kind: str, enabled: bool) -> None:
-    chat = to_chat_body(body(thinking={"type": kind, "budget_tokens": 1024}))
+    # an enabled budget must be below max_tokens (Anthropic's rule)
+    chat = to_chat_body(body(max_tokens=2048, thinking={"type": kind, "budget_tokens": 1024}))
     assert chat["chat_template_kwargs"] == {"enable_thinking": enabled}
 
 

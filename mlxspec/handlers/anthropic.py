@@ -60,10 +60,12 @@ def to_chat_body(body: Mapping[str, Any]) -> dict[str, Any]:
     Raises:
         ApiError: an empty turn before the last (:func:`check_empty_turns`); tool
             results and tool uses that do not pair up (:func:`check_tool_pairs`);
+            a thinking budget not below ``max_tokens`` (:func:`check_thinking_budget`);
             a prefill with structured output (the Anthropic SDK documents the two
             as incompatible).
     """
     check_empty_turns(body["messages"])
+    check_thinking_budget(body)
     check_tool_pairs(body["messages"])
     messages = _system(body.get("system"))
     for message in body["messages"]:
@@ -120,6 +122,30 @@ def check_empty_turns(messages: Sequence[Mapping[str, Any]]) -> None:
     for i, message in enumerate(messages[:-1]):
         if not message["content"]:
             raise ApiError("invalid_request", f"messages.{i}.content {EMPTY_TURN}")
+
+
+def check_thinking_budget(body: Mapping[str, Any]) -> None:
+    """An ``enabled`` thinking budget is less than ``max_tokens``.
+
+    Anthropic's API reference (``ThinkingConfigEnabled.budget_tokens``: "Must
+    be >=1024 and less than ``max_tokens``"); the document checks the 1024. A
+    body without ``max_tokens`` (``countMessageTokens``) has nothing to compare.
+
+    Args:
+        body (Mapping): a validated ``createMessage`` or ``countMessageTokens`` body.
+
+    Raises:
+        ApiError: 400 ``invalid_request`` naming both values.
+    """
+    thinking, cap = body.get("thinking") or {}, body.get("max_tokens")
+    budget = thinking.get("budget_tokens")
+    if thinking.get("type") == "enabled" and budget is not None and cap is not None:
+        if budget >= cap:
+            raise ApiError(
+                "invalid_request",
+                f"thinking.budget_tokens ({budget}) must be less than max_tokens ({cap}): "
+                "the thinking budget is part of max_tokens",
+            )
 
 
 def check_tool_pairs(messages: Sequence[Mapping[str, Any]]) -> None:
