@@ -289,14 +289,15 @@ def test_count_tokens_equals_the_prompt_length(
     assert count.input_tokens == oracle["usage"]["prompt_tokens"] == 44
     m = sdk.messages.create(model="x", max_tokens=1, system=system, messages=USER)
     assert prompt_tokens(m.usage) == count.input_tokens
-    r = client.post(COUNT, json={"messages": USER, "max_tokens": 5, "temperature": 9})
+    r = client.post(COUNT, json={"model": "x", "messages": USER, "max_tokens": 5, "temperature": 9})
     assert r.json() == {"input_tokens": 21}
 
 
 @pytest.mark.parametrize("stop", [5, -1, 1.5, True, "x", {"a": 1}])
 def test_count_tokens_ignores_generation_fields_of_any_type(client: httpx.Client, stop) -> None:
     # a fresh user found a 500 here: stop_sequences was read but never validated
-    r = client.post(COUNT, json={"messages": USER, "stop_sequences": stop, "top_k": "x"})
+    body = {"model": "x", "messages": USER, "stop_sequences": stop, "top_k": "x"}
+    r = client.post(COUNT, json=body)
     assert r.status_code == 200, r.text
     assert r.json() == {"input_tokens": 21}
 
@@ -451,7 +452,7 @@ def test_anthropic_headers_are_accepted(client: httpx.Client) -> None:
     headers = {"x-api-key": "sk-anything", "anthropic-version": "2023-06-01"}
     r = client.post(MESSAGES, json={"messages": USER, "max_tokens": 1}, headers=headers)
     assert r.status_code == 200
-    r = client.post(COUNT, json={"messages": USER}, headers=headers)
+    r = client.post(COUNT, json={"model": "x", "messages": USER}, headers=headers)
     assert r.json() == {"input_tokens": 21}
 
 

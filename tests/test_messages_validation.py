@@ -8,7 +8,8 @@ message text is ours):
   assistant turn ("all messages must have non-empty content except for the
   optional final assistant message");
 * ``thinking: {"type": "enabled"}`` needs ``budget_tokens``, at least 1024 and
-  less than ``max_tokens`` (API reference, ``ThinkingConfigEnabled``).
+  less than ``max_tokens`` (API reference, ``ThinkingConfigEnabled``);
+* ``POST /v1/messages/count_tokens`` needs ``model`` (``MessageCountTokensParams``).
 
 The ``client`` fixture checks every response against the document.
 """
@@ -141,3 +142,18 @@ def test_a_budget_within_max_tokens_runs(sdk: anthropic.Anthropic) -> None:
     for kind in ("adaptive", "disabled"):
         r = sdk.messages.create(max_tokens=1, thinking={"type": kind}, **ask)
         assert r.usage.output_tokens == 1
+
+
+# --- count_tokens needs a model --------------------------------------------------
+
+
+def test_count_tokens_without_a_model_is_refused(client: httpx.Client) -> None:
+    refused(client.post(COUNT, json={"messages": [USER], "max_tokens": 4}), "model is required")
+
+
+def test_count_tokens_with_any_model_name_counts(client: httpx.Client) -> None:
+    counts = [
+        client.post(COUNT, json={"model": model, "messages": [USER]}).json()
+        for model in ("claude-sonnet-4-5", "m", "")
+    ]
+    assert counts == [{"input_tokens": 21}] * 3
