@@ -1,8 +1,10 @@
 """Anthropic tool results must answer the tool uses of the turn just before
-them, all of them (Anthropic's "Tool use" rules, which its API enforces with a
-400): a result for an unknown id, or a call left unanswered by the next turn,
-is a 400 in Anthropic's envelope naming the message, on ``/v1/messages`` and
-``/v1/messages/count_tokens`` alike. A conversation may end on the call."""
+them, all of them, ahead of anything else in their turn (Anthropic's "Tool use"
+and "Parallel tool use" rules, which its API enforces with a 400): a result for
+an unknown id, a call left unanswered by the next turn (results split over two
+user turns too), or a result after text, is a 400 in Anthropic's envelope
+naming the message, on ``/v1/messages`` and ``/v1/messages/count_tokens``
+alike. Text after the results is fine. A conversation may end on the call."""
 
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ def result(call_id: str) -> dict:
 
 
 ASK = {"role": "user", "content": "What time is it?"}
+TEXT = {"type": "text", "text": "Here you go."}
+IMAGE = {"type": "image", "source": {"type": "url", "url": "https://x/clock.png"}}
 CALLS = {
     "role": "assistant",
     "content": [{"type": "text", "text": "Checking."}, use("a"), use("b")],
@@ -62,11 +66,15 @@ def test_pairs_that_match_pass(messages: list[dict]) -> None:
         ),
         (
             [ASK, CALLS, {"role": "user", "content": [result("a")]}],
-            'messages.1: tool_use ids without a tool_result block in the next message: "b"',
+            'messages.1: tool_use ids without a tool_result block in the next message: "b" '
+            "(the results of all of a message's tool_use blocks go in the one user message "
+            "right after it)",
         ),
         (
             [ASK, CALLS, {"role": "user", "content": "never mind"}],
-            'messages.1: tool_use ids without a tool_result block in the next message: "a", "b"',
+            'messages.1: tool_use ids without a tool_result block in the next message: "a", '
+            '"b" (the results of all of a message\'s tool_use blocks go in the one user '
+            "message right after it)",
         ),
         # a result two turns late answers nothing: only the turn before counts
         (
@@ -80,8 +88,40 @@ def test_pairs_that_match_pass(messages: list[dict]) -> None:
             'messages.4.content.0: tool_result for tool_use_id "a", which no tool_use block '
             "of the previous (assistant) message has",
         ),
+        # the results of one turn's calls split over two user turns
+        (
+            [
+                ASK,
+                CALLS,
+                {"role": "user", "content": [result("a")]},
+                {"role": "user", "content": [result("b")]},
+            ],
+            'messages.1: tool_use ids without a tool_result block in the next message: "b" '
+            "(the results of all of a message's tool_use blocks go in the one user message "
+            "right after it)",
+        ),
+        # text before the results, or between them
+        (
+            [ASK, CALLS, {"role": "user", "content": [TEXT, result("a"), result("b")]}],
+            "messages.2.content.1: tool_result blocks must come first in their message, before "
+            'any other content (messages.2.content.0 is of type "text")',
+        ),
+        (
+            [ASK, CALLS, {"role": "user", "content": [result("a"), IMAGE, TEXT, result("b")]}],
+            "messages.2.content.3: tool_result blocks must come first in their message, before "
+            'any other content (messages.2.content.1 is of type "image")',
+        ),
     ],
-    ids=["unknown-id", "no-call-before", "one-unanswered", "none-answered", "stale"],
+    ids=[
+        "unknown-id",
+        "no-call-before",
+        "one-unanswered",
+        "none-answered",
+        "stale",
+        "split",
+        "text-first",
+        "image-between",
+    ],
 )
 def test_pairs_that_do_not_match_are_refused(messages: list[dict], message: str) -> None:
     with pytest.raises(ApiError) as err:
@@ -120,6 +160,43 @@ def test_over_http_in_anthropic_shape(client: httpx.Client, route: str) -> None:
         "error": {
             "type": "invalid_request_error",
             "message": "messages.1: tool_use ids without a tool_result block in the next "
-            'message: "b"',
+            'message: "b" (the results of all of a message\'s tool_use blocks go in the one '
+            "user message right after it)",
         },
     }
+
+
+@pytest.mark.parametrize("route", ["/v1/messages", "/v1/messages/count_tokens"])
+@pytest.mark.parametrize(
+    ("turns", "message"),
+    [
+        (
+            [
+                {"role": "user", "content": [result("a")]},
+                {"role": "user", "content": [result("b")]},
+            ],
+            'messages.1: tool_use ids without a tool_result block in the next message: "b" '
+            "(the results of all of a message's tool_use blocks go in the one user message "
+            "right after it)",
+        ),
+        (
+            [{"role": "user", "content": [TEXT, result("a"), result("b")]}],
+            "messages.2.content.1: tool_result blocks must come first in their message, before "
+            'any other content (messages.2.content.0 is of type "text")',
+        ),
+    ],
+    ids=["split", "text-first"],
+)
+def test_split_or_late_results_over_http(
+    client: httpx.Client, route: str, turns: list[dict], message: str
+) -> None:
+    body = {"model": "m", "max_tokens": 4, "messages": [ASK, CALLS, *turns]}
+    r = client.post(route, json=body)
+    assert (r.status_code, r.json()) == (
+        400,
+        {"type": "error", "error": {"type": "invalid_request_error", "message": message}},
+    )
+    # the same results in one turn, text last, are counted
+    fixed = [ASK, CALLS, {"role": "user", "content": [result("a"), result("b"), TEXT]}]
+    r = client.post("/v1/messages/count_tokens", json={"model": "m", "messages": fixed})
+    assert r.status_code == 200 and r.json()["input_tokens"] > 0

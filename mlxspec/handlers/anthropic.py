@@ -149,13 +149,18 @@ def check_thinking_budget(body: Mapping[str, Any]) -> None:
 
 
 def check_tool_pairs(messages: Sequence[Mapping[str, Any]]) -> None:
-    """Tool results answer the tool uses of the turn just before them, all of them.
+    """Tool results answer the tool uses of the turn just before them, all of them,
+    before anything else in their turn.
 
     Anthropic's Messages API refuses a ``tool_result`` whose ``tool_use_id`` is
     not a ``tool_use`` of the previous (assistant) message, and an assistant
     message whose ``tool_use`` blocks the next message does not all answer
-    ("Tool use": results come in the user turn right after the call). A
-    conversation may end on an assistant ``tool_use`` (nothing answers it yet).
+    ("Tool use": results come in the user turn right after the call), so
+    results split over two user turns are refused; it also refuses text (or
+    any block) before the results ("Parallel tool use": every ``tool_result``
+    before any text; its error reads that the message must begin with the
+    results). A conversation may end on an assistant ``tool_use`` (nothing
+    answers it yet).
 
     Args:
         messages (Sequence[Mapping]): the request's ``messages``, validated.
@@ -166,6 +171,7 @@ def check_tool_pairs(messages: Sequence[Mapping[str, Any]]) -> None:
     """
     for i, message in enumerate(messages):
         _check_unique(message, i)
+        _check_results_first(message, i)
         answered = _block_ids(message, "tool_result", "tool_use_id")
         if answered:
             previous = messages[i - 1] if i and messages[i - 1]["role"] == "assistant" else None
@@ -182,10 +188,12 @@ def check_tool_pairs(messages: Sequence[Mapping[str, Any]]) -> None:
             replies = _block_ids(messages[i + 1], "tool_result", "tool_use_id")
             missing = [u for u in _block_ids(message, "tool_use", "id") if u not in replies]
             if missing:
+                ids = ", ".join(json.dumps(u, ensure_ascii=False) for u in missing)
                 raise ApiError(
                     "invalid_request",
                     f"messages.{i}: tool_use ids without a tool_result block in the next "
-                    f"message: {', '.join(json.dumps(u, ensure_ascii=False) for u in missing)}",
+                    f"message: {ids} (the results of all of a message's tool_use blocks go "
+                    "in the one user message right after it)",
                 )
 
 
@@ -208,6 +216,24 @@ def _check_unique(message: Mapping[str, Any], i: int) -> None:
                     f"{json.dumps(block[key], ensure_ascii=False)}; each must be unique",
                 )
             seen.add(block[key])
+
+
+def _check_results_first(message: Mapping[str, Any], i: int) -> None:
+    """A message's ``tool_result`` blocks come before its other blocks."""
+    content = message["content"]
+    if isinstance(content, str):
+        return
+    first_other: int | None = None
+    for j, block in enumerate(content):
+        if block["type"] != "tool_result":
+            first_other = j if first_other is None else first_other
+        elif first_other is not None:
+            raise ApiError(
+                "invalid_request",
+                f"messages.{i}.content.{j}: tool_result blocks must come first in their "
+                f"message, before any other content (messages.{i}.content.{first_other} is "
+                f"of type {json.dumps(content[first_other]['type'], ensure_ascii=False)})",
+            )
 
 
 def _block_ids(message: Mapping[str, Any], kind: str, key: str) -> dict[str, int]:
