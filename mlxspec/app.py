@@ -30,14 +30,14 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.types import Receive, Scope, Send
 
 from .config import ServeConfig
-from .dispatch import PreparedApi, remember_body_definitions
+from .dispatch import MIDDLEWARES, prepare_app, remember_body_definitions
 from .engine import ContextBudgetError, ContextLengthError, EngineRequestError, QueueFullError
 from .errors import ApiError, error_json, error_status, surface_for_path
 from .metrics import Metrics, RequestMetricsMiddleware, RouteLabels
 from .openapi import served_spec
 from .paths import METHOD_ORDER, allowed_methods, shadowed_methods, suggest_path
 from .response_store import ResponseStore
-from .security import security_options
+from .security import key_refusal, security_options
 from .validation import RequestBodyValidator, ResponseBodyValidator, enable_openapi_31
 
 log = logging.getLogger("mlxspec.app")
@@ -143,7 +143,9 @@ def _problem_handler(
     """:func:`_problem`, with a 405's ``Allow`` taken from the document
     (:func:`~.paths.allowed_methods`) and a route-miss 404 naming the route a
     mistyped base URL meant (:func:`~.paths.suggest_path`), in that route's
-    surface's envelope (an ``anthropic`` SDK pointed at ``/v1`` parses it)."""
+    surface's envelope (an ``anthropic`` SDK pointed at ``/v1`` parses it). With
+    an API key, a route miss without the key is a 401 first (as llama.cpp's server
+    and vLLM check the key before routing)."""
 
     def handle(req: ConnexionRequest, exc: Exception) -> ConnexionResponse:
         status = getattr(exc, "status_code", None) or getattr(exc, "status", None)
@@ -151,9 +153,18 @@ def _problem_handler(
             methods = allow(req.url.path)
             if methods:
                 exc.headers = {**(getattr(exc, "headers", None) or {}), "Allow": methods}
-        elif status == 404 and (guess := suggest(req.url.path, req.method)) is not None:
-            message = f"not found: did you mean {guess}? (check the client's base URL)"
-            return _render(ApiError("not_found", message), req, surface_for_path(guess))
+        elif status == 404:
+            config = req.scope.get("state", {}).get("config")
+            if refusal := key_refusal(req, getattr(config, "api_key", None)):
+                return _render(_from_status(401, refusal), req)
+            if (guess := suggest(req.url.path, req.method)) is not None:
+                why = (
+                    "no trailing slash"
+                    if guess == req.url.path.rstrip("/")
+                    else "check the client's base URL"
+                )
+                message = f"not found: did you mean {guess}? ({why})"
+                return _render(ApiError("not_found", message), req, surface_for_path(guess))
         return _problem(req, exc)
 
     return handle
@@ -370,8 +381,8 @@ def create_app(engine: Any, config: Any = None, *, validate_responses: bool = Fa
     remember_body_definitions()
     spec = served_spec(config.logprobs_format)
     security_map = security_options(spec, config.api_key)
-    app = connexion.AsyncApp("mlxspec", security_map=security_map)
-    app._middleware_app.api_cls = PreparedApi  # handlers decorated once, not per request
+    app = connexion.AsyncApp("mlxspec", security_map=security_map, middlewares=MIDDLEWARES)
+    prepare_app(app)  # handlers decorated once, not per request; no slash redirects
     app.add_api(
         spec,
         resolver=SnakeCaseResolver(),

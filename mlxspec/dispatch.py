@@ -15,6 +15,9 @@ Connexion's middleware before the operation is called.
 every middleware layer repeats per request: an operation's request body
 definition for a content type (a ``MediaTypeDict`` built from the document and
 matched with ``fnmatch``, about 8 times per request in Connexion 3.3).
+
+:data:`MIDDLEWARES` and :func:`prepare_app` turn off Starlette's trailing-slash
+redirects in every router of the stack (see :func:`exact_paths`).
 """
 
 from __future__ import annotations
@@ -23,12 +26,16 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from connexion.apps.asynchronous import AsyncApi, AsyncOperation
+from connexion.apps.asynchronous import AsyncApi, AsyncApp, AsyncOperation
 from connexion.context import receive, scope
 from connexion.decorators import StarletteDecorator
 from connexion.jsonifier import Jsonifier
+from connexion.middleware.main import ConnexionMiddleware
+from connexion.middleware.routing import RoutingMiddleware
+from connexion.middleware.swagger_ui import SwaggerUIMiddleware
 from connexion.operations import AbstractOperation, OpenAPIOperation
 from connexion.uri_parsing import AbstractURIParser
+from starlette.routing import Mount, Router
 
 
 class _PreparedDecorator(StarletteDecorator):
@@ -101,6 +108,10 @@ class PreparedApi(AsyncApi):
     """Connexion's ``AsyncApi`` with :class:`PreparedOperation` operations; set it
     as the ``api_cls`` of an ``AsyncApp``'s routing app before ``add_api``."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        exact_paths(self.router)
+
     def make_operation(self, operation: AbstractOperation) -> AsyncOperation:
         """Connexion's hook: one :class:`PreparedOperation` per document operation."""
         return PreparedOperation.from_operation(
@@ -134,3 +145,65 @@ def remember_body_definitions() -> None:
 
     body_definition._mlxspec_remembered = True  # type: ignore[attr-defined]
     OpenAPIOperation.body_definition = body_definition  # type: ignore[method-assign]
+
+
+def exact_paths(router: Router) -> None:
+    """Stop ``router``, and the routers mounted in it, from redirecting a path
+    that differs from a route only by a trailing ``/``.
+
+    Starlette answers ``GET /stats/`` with a 307 to ``/stats`` before Connexion's
+    security runs, so a server with ``--api-key`` answered unauthenticated
+    requests. Neither the reference nor llama.cpp's server nor vLLM redirects:
+    the path is one no operation declares (404, or 401 without the key).
+
+    Args:
+        router (Router): a Starlette router, changed in place.
+    """
+    router.redirect_slashes = False
+    for route in router.routes:
+        if isinstance(route, Mount) and isinstance(route.app, Router):
+            exact_paths(route.app)
+    if isinstance(router.default, Router):
+        exact_paths(router.default)
+
+
+class _ExactSwaggerUIMiddleware(SwaggerUIMiddleware):
+    """Connexion's document route (``/openapi.json``), without slash redirects."""
+
+    def __init__(self, app: Any) -> None:
+        super().__init__(app)
+        exact_paths(self.router)
+
+    def add_api(self, *args: Any, **kwargs: Any) -> None:
+        super().add_api(*args, **kwargs)
+        exact_paths(self.router)
+
+
+class _ExactRoutingMiddleware(RoutingMiddleware):
+    """Connexion's operation router, without slash redirects."""
+
+    def __init__(self, app: Any) -> None:
+        super().__init__(app)
+        exact_paths(self.router)
+
+    def add_api(self, *args: Any, **kwargs: Any) -> None:
+        super().add_api(*args, **kwargs)
+        exact_paths(self.router)
+
+
+_EXACT = {
+    SwaggerUIMiddleware: _ExactSwaggerUIMiddleware,
+    RoutingMiddleware: _ExactRoutingMiddleware,
+}
+
+#: Connexion's default middleware stack with routers that never redirect (pass it
+#: as ``AsyncApp(middlewares=...)``).
+MIDDLEWARES = [_EXACT.get(m, m) for m in ConnexionMiddleware.default_middlewares]
+
+
+def prepare_app(app: AsyncApp) -> None:
+    """Give a new ``AsyncApp`` :class:`PreparedApi` operations and a dispatch
+    router that never redirects; call it before ``add_api``."""
+    routed = app._middleware_app  # the routing app Connexion keeps for AsyncApp
+    routed.api_cls = PreparedApi  # type: ignore[attr-defined]
+    exact_paths(routed.router)  # type: ignore[attr-defined]

@@ -89,8 +89,9 @@ def suggest_path(spec: dict[str, Any]) -> Callable[[str, str], str | None]:
     The usual slip is the client's base URL: the ``openai`` SDK wants it to end
     in ``/v1`` and the ``anthropic`` SDK wants it without, so a request arrives
     as ``/chat/completions`` or ``/v1/v1/messages``. The guess adds or removes
-    one leading ``/v1`` and keeps it when a document path takes that method
-    there (``HEAD`` with ``GET``).
+    one leading ``/v1`` (or, for a path ending in ``/``, drops the slashes: the
+    server does not redirect them) and keeps it when a document path takes that
+    method there (``HEAD`` with ``GET``).
 
     Args:
         spec (dict): the served OpenAPI document.
@@ -101,7 +102,9 @@ def suggest_path(spec: dict[str, Any]) -> Callable[[str, str], str | None]:
     routes = _path_patterns(spec)
 
     def suggest(path: str, method: str) -> str | None:
-        if path.startswith("/v1/v1/"):
+        if path.endswith("/") and path != "/":
+            guess = path.rstrip("/")
+        elif path.startswith("/v1/v1/"):
             guess = path[3:]
         elif path != "/v1" and not path.startswith("/v1/"):
             guess = "/v1" + path

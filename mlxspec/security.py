@@ -10,7 +10,9 @@ app's copy of the document (so ``/openapi.json`` states the requirement) and
 Connexion calls :class:`ApiKeyCheck` for each scheme; without one, everything
 passes. Connexion's own 401 (no credentials) and ours (a wrong key) become
 ``unauthorized`` errors in the surface's envelope through the app's error
-handlers.
+handlers. A path no operation declares gets no security middleware from
+Connexion; the app asks :func:`key_refusal` before answering it 404, so a keyed
+server tells an unauthenticated client nothing about its routes.
 """
 
 from __future__ import annotations
@@ -26,6 +28,11 @@ from connexion.security import NO_VALUE
 
 #: The message of a credential that does not match the key.
 INVALID_KEY = "invalid API key"
+#: The message of a request without a credential (Connexion's words, so every
+#: 401 reads the same).
+NO_KEY = "No authorization token provided"
+#: The header of the ``apiKeyAuth`` scheme (the Anthropic SDK's).
+API_KEY_HEADER = "x-api-key"
 
 
 class ApiKeyCheck:
@@ -81,6 +88,28 @@ def _bearer_token(request: ConnexionRequest) -> str | None:
     if scheme.lower() != "bearer":
         return None
     return token.strip() or None
+
+
+def key_refusal(request: ConnexionRequest, key: str | None) -> str | None:
+    """Why ``request`` fails the API-key check, outside Connexion's security
+    middleware (for paths no operation declares).
+
+    Same rule as the declared alternatives: a bearer token or an
+    ``x-api-key`` that matches passes, whichever is sent.
+
+    Args:
+        request (ConnexionRequest): the request.
+        key (str | None): the configured key; ``None`` accepts every request.
+
+    Returns:
+        str | None: :data:`NO_KEY` or :data:`INVALID_KEY`, or ``None`` to pass.
+    """
+    if key is None:
+        return None
+    sent = [c for c in (_bearer_token(request), _header(API_KEY_HEADER, request)) if c]
+    if any(hmac.compare_digest(c.encode(), key.encode()) for c in sent):
+        return None
+    return INVALID_KEY if sent else NO_KEY
 
 
 def security_options(spec: dict[str, Any], key: str | None) -> dict[str, Any]:

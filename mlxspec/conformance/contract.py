@@ -227,21 +227,16 @@ def _check_outside(
     body: bytes | None,
     where: str,
 ) -> None:
-    """A path no operation declares: Connexion's spec route, a trailing-slash
-    redirect to a documented path, or a 404 ``ErrorResponse``."""
+    """A path no operation declares: Connexion's spec route, or a 404 (401 on a
+    keyed server) ``ErrorResponse``; never a redirect (trailing slashes included)."""
     if path in UNDOCUMENTED_GET:
         if method != "GET":
             _check_method_not_allowed({"get"}, status, headers, body, where, "openai")
         elif status != 200 or (body is not None and parse_json(body, where).get("paths") is None):
             raise fail(where, "the OpenAPI document route must answer 200 with the document")
         return
-    if status in (307, 308):
-        target = urlsplit(headers.get("location", "")).path
-        if path.endswith("/") and target == path.rstrip("/") and _match(target):
-            return
-        raise fail(where, f"redirect to {target!r} is not the documented {path.rstrip('/')!r}")
-    if status != 404:
-        raise fail(where, "a path outside the document must answer 404")
+    if status not in (401, 404):
+        raise fail(where, "a path outside the document must answer 404 (or 401 without a key)")
     _check_error_body(status, headers, body, where, surface_for_path(path))
 
 
