@@ -26,10 +26,10 @@ from connexion.exceptions import ProblemException
 from connexion.lifecycle import ConnexionRequest, ConnexionResponse
 from connexion.resolver import Resolver
 from starlette.exceptions import HTTPException
-from starlette.middleware.cors import CORSMiddleware
 from starlette.types import Receive, Scope, Send
 
 from .config import ServeConfig
+from .cors import ApiCORSMiddleware
 from .dispatch import MIDDLEWARES, prepare_app, remember_body_definitions
 from .engine import ContextBudgetError, ContextLengthError, EngineRequestError, QueueFullError
 from .errors import ApiError, error_json, error_status, surface_for_path
@@ -408,7 +408,7 @@ def create_app(engine: Any, config: Any = None, *, validate_responses: bool = Fa
     asgi: Any = _WithEngine(app, engine, config, metrics, spec)
     asgi = RequestMetricsMiddleware(asgi, metrics, RouteLabels(spec))
     if config.allowed_origins:
-        asgi = CORSMiddleware(
+        asgi = ApiCORSMiddleware(
             asgi,
             allow_origins=list(config.allowed_origins),
             allow_methods=["GET", "POST", "DELETE", "OPTIONS"],

@@ -45,6 +45,8 @@ ERROR_TABLE: dict[str, ErrorSpec] = {
     # answers these as invalid requests with a 404).
     "response_not_found": ErrorSpec(404, "invalid_request_error", "response_not_found"),
     "method_not_allowed": ErrorSpec(405, "invalid_request_error", "method_not_allowed"),
+    # A CORS preflight from an origin (or for a method) --allowed-origins refuses.
+    "cors_refused": ErrorSpec(400, "invalid_request_error", "cors_refused"),
     # A body that stopped arriving (RFC 9110 section 15.5.9).
     "request_timeout": ErrorSpec(408, "invalid_request_error", "request_timeout"),
     "payload_too_large": ErrorSpec(413, "invalid_request_error", "payload_too_large"),

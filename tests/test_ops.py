@@ -220,6 +220,59 @@ def test_cors_preflight_with_allowed_origins(tiny_engine: Any) -> None:
     assert simple.headers["access-control-allow-origin"] == "http://ui.example"
 
 
+def refused(message: str) -> dict:
+    return {
+        "error": {
+            "message": f"CORS preflight refused: {message}",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "cors_refused",
+        }
+    }
+
+
+def test_a_refused_preflight_is_a_json_error_in_the_surface_envelope(tiny_engine: Any) -> None:
+    app = create_app(tiny_engine, ServeConfig(api_key=KEY, allowed_origins=("http://ui.example",)))
+    evil = {**PREFLIGHT, "Origin": "http://evil"}
+
+    async def go(c: httpx.AsyncClient) -> list[httpx.Response]:
+        return [
+            await c.options("/v1/chat/completions", headers=evil),
+            await c.options(
+                "/v1/models", headers={**PREFLIGHT, "Access-Control-Request-Method": "PUT"}
+            ),
+            await c.options(
+                "/v1/chat/completions", headers={**evil, "Access-Control-Request-Method": "PUT"}
+            ),
+            await c.options("/v1/messages", headers=evil),
+            await c.options("/v1/systemone", headers=evil),
+            await c.options("/v1/chat/completions", headers=PREFLIGHT),
+        ]
+
+    origin, method, both, messages, systemone, allowed = call(app, go, check=False)
+    for r in (origin, method, both, messages, systemone):
+        assert r.status_code == 400
+        assert r.headers["content-type"] == "application/json"
+        # the browser still blocks: no allowed origin, or the method is not listed
+        assert ("access-control-allow-origin" in r.headers) is (r is method)
+    assert "PUT" not in method.headers["access-control-allow-methods"]
+    assert origin.json() == refused("origin 'http://evil' is not allowed")
+    assert method.json() == refused("method 'PUT' is not allowed")
+    assert both.json() == refused("origin 'http://evil', method 'PUT' are not allowed")
+    assert messages.json() == {
+        "type": "error",
+        "error": {
+            "type": "invalid_request_error",
+            "message": "CORS preflight refused: origin 'http://evil' is not allowed",
+        },
+    }
+    # not a validation error: /v1/systemone keeps the OpenAI envelope and the 400
+    assert systemone.json() == refused("origin 'http://evil' is not allowed")
+    # an allowed preflight is still Starlette's
+    assert (allowed.status_code, allowed.text) == (200, "OK")
+    assert allowed.headers["access-control-allow-origin"] == "http://ui.example"
+
+
 def test_no_cors_headers_without_allowed_origins(tiny_app: Any) -> None:
     async def go(c: httpx.AsyncClient) -> list[httpx.Response]:
         return [
