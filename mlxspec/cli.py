@@ -8,13 +8,16 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
+from types import FrameType
 
 from .config import ServeConfig, apply_serve_env_defaults
 from .flags import parse_config
 
 EXIT_MODEL_ERROR = 2
+#: uvicorn could not start serving (uvicorn's own ``STARTUP_FAILURE``).
+EXIT_STARTUP_FAILED = 3
 #: On SIGINT/SIGTERM, how long in-flight requests may run before they are
 #: cancelled, seconds (the reference's shutdown default).
 DRAIN_TIMEOUT_S = 120
@@ -158,22 +161,25 @@ def serve(config: ServeConfig) -> int:
         f"at {url}/v1",
         flush=True,
     )
+    server = _draining_server(
+        uvicorn.Config(
+            create_app(engine, config),
+            host=config.host,
+            port=config.port,
+            log_level=config.log_level,
+            timeout_graceful_shutdown=DRAIN_TIMEOUT_S,
+        )
+    )
+    _signals_force_exit()  # uvicorn's handlers replace these while it serves
     try:
-        with _signals_end_serving():
-            uvicorn.run(
-                create_app(engine, config),
-                host=config.host,
-                port=config.port,
-                log_level=config.log_level,
-                timeout_graceful_shutdown=DRAIN_TIMEOUT_S,
-            )
+        server.run()
     finally:
         _stop_engine(engine)
-    _exit_after_shutdown()
+    _exit_after_shutdown(0 if server.started else EXIT_STARTUP_FAILED)
     return 0  # not reached
 
 
-def _exit_after_shutdown() -> None:
+def _exit_after_shutdown(status: int = 0) -> None:
     """End the process once the requests are drained, the engine thread is
     joined and the prompt cache is durable, skipping interpreter teardown: MLX's
     C++ teardown at exit can abort ("terminate called without an active
@@ -182,37 +188,47 @@ def _exit_after_shutdown() -> None:
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(status)
 
 
-class _ShutdownSignal(Exception):
-    """SIGINT or SIGTERM arrived; uvicorn has already drained the requests."""
+def _draining_server(config):  # noqa: ANN001, ANN202 - uvicorn.Config -> uvicorn.Server
+    """A uvicorn server where the first SIGINT/SIGTERM drains the requests and
+    ends ``run()`` normally, and a second one exits at once (:func:`_force_exit`).
 
-
-@contextlib.contextmanager
-def _signals_end_serving() -> Iterator[None]:
-    """Turn SIGINT/SIGTERM into a normal return.
-
-    uvicorn handles both while it serves (stop accepting, drain in-flight
-    requests), then re-raises the signal under the handlers it found; with the
-    default ones the process would die before the engine stops and the prompt
-    cache is flushed.
+    Stock uvicorn re-raises the first signal once it has drained (the default
+    handler would then kill the process before the engine stops and the prompt
+    cache is flushed), and on a second SIGINT cancels the requests in flight,
+    which printed a traceback for each, then waited on the engine. llama.cpp's
+    server also exits on a second interrupt.
     """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+    import uvicorn
 
-    def stop(_sig: int, _frame: object) -> None:
-        raise _ShutdownSignal
+    class DrainingServer(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            if self.should_exit:
+                _force_exit(sig, frame)
+            self.should_exit = True
 
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    except _ShutdownSignal:
-        pass
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    return DrainingServer(config)
+
+
+def _signals_force_exit() -> None:
+    """From now on a SIGINT/SIGTERM outside uvicorn's drain (during its start-up,
+    or while the engine stops and the prompt cache flushes) exits at once."""
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, _force_exit)
+
+
+def _force_exit(sig: int, _frame: FrameType | None) -> None:
+    """Exit now with status 128 + ``sig`` (the shell's convention) and one line
+    on stderr: requests in flight are dropped and the prompt cache is not flushed."""
+    with contextlib.suppress(Exception):  # a write the signal interrupted may hold the buffer
+        sys.stdout.flush()
+        sys.stderr.flush()
+    name = signal.Signals(sig).name
+    os.write(2, f"mlxspec: {name}: forced exit, requests in flight dropped\n".encode())
+    os._exit(128 + sig)
 
 
 def _stop_engine(engine) -> None:  # noqa: ANN001 - mlxspec.engine.Engine

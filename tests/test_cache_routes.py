@@ -3,12 +3,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -200,6 +204,73 @@ def test_sigterm_drains_the_stream_then_flushes(tiny_model_dir, tmp_path) -> Non
     assert len(tokens) == last["usage"]["prompt_tokens"] + 150
     with proc.stdout:
         assert b"prompt cache flush: durable=True entries=1" in proc.stdout.read()
+
+
+def test_a_second_sigint_during_the_drain_exits_at_once_without_tracebacks(
+    tiny_model_dir,
+) -> None:
+    """The first SIGINT drains; a second while requests are in flight (streams
+    decoding, and a body that stopped arriving, which holds the drain for
+    BODY_IDLE_TIMEOUT_S) exits with 130 and one line, no traceback."""
+    port = free_port()
+    argv = [sys.executable, "-m", "mlxspec", "serve", str(tiny_model_dir), "--port", str(port)]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    proc = subprocess.Popen(
+        [*argv, "--batch", "1"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, b"")))
+    reader.start()
+    base = f"http://127.0.0.1:{port}"
+    started, finished = threading.Event(), []
+
+    def stream() -> None:
+        body = {"prompt": PROMPT, "max_tokens": 150, "logit_bias": NO_EOS, "stream": True}
+        with contextlib.suppress(httpx.HTTPError):
+            with httpx.stream("POST", base + "/v1/completions", json=body, timeout=60) as r:
+                for _ in r.iter_lines():
+                    started.set()
+        finished.append(True)
+
+    def wait_for(text: bytes) -> None:
+        deadline = time.monotonic() + 30
+        while not any(text in line for line in lines):
+            assert time.monotonic() < deadline and proc.poll() is None, b"".join(lines)
+            time.sleep(0.05)
+
+    stalled = socket.socket()
+    try:
+        wait_healthy(base, 60)
+        stalled.connect(("127.0.0.1", port))
+        stalled.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 100\r\n\r\n{"
+        )
+        streams = [threading.Thread(target=stream) for _ in range(3)]
+        for t in streams:
+            t.start()
+        assert started.wait(30)
+        proc.send_signal(signal.SIGINT)
+        wait_for(b"Waiting for connections to close")
+        assert len(finished) < len(streams)  # streams were still decoding (batch 1)
+        proc.send_signal(signal.SIGINT)
+        sent = time.monotonic()
+        status = proc.wait(15)
+        elapsed = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        reader.join(10)
+        proc.stdout.close()
+        stalled.close()
+    for t in streams:
+        t.join(30)
+    output = b"".join(lines).decode()
+    assert status == 128 + signal.SIGINT, output
+    assert elapsed < 5, output
+    assert "Traceback" not in output and "Error" not in output, output
+    assert output.splitlines()[-1] == "mlxspec: SIGINT: forced exit, requests in flight dropped"
 
 
 def test_cache_flags() -> None:
