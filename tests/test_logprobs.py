@@ -376,3 +376,56 @@ def test_openai_format_not_requested_is_null(oclient: httpx.Client) -> None:
     r = oclient.post(COMP, json={"prompt": "hi", "max_tokens": 2, "stream": True})
     chunks = [json.loads(d) for d in sse_data(r)[:-1]]
     assert all(c["choices"][0]["logprobs"] is None for c in chunks)
+
+
+HELL = 261  # the tiny model's merged token "hell"
+ONLY_HELL = {str(EOS): -1e9, str(HELL): 100}  # the reply is "hellhellhell..."
+
+
+@pytest.mark.parametrize(
+    ("stop", "content", "kept", "generated"),
+    [
+        ("lh", "hel", 1, 2),  # the first token straddles the stop's start: it is the content's
+        ("ellh", "h", 1, 2),
+        ("hell", "", 0, 1),  # the stop is the whole first token
+        ("hellhellx", "hell" * 6, 6, 6),  # held back, then let out whole: every entry
+    ],
+)
+def test_openai_logprobs_cover_exactly_the_content_before_a_stop(
+    sdk: openai.OpenAI, client: httpx.Client, stop: str, content: str, kept: int, generated: int
+) -> None:
+    """The stop string's tokens are counted but not in OpenAI's logprobs, whole or
+    streamed, chat or completions; each stream chunk carries the entries of the
+    tokens its text came from. mlx-lm's block keeps one entry per counted token."""
+    fixed = {"model": "any", "max_tokens": 6, "temperature": 0, "logit_bias": ONLY_HELL}
+    fixed |= {"logprobs": True, "stop": [stop]}
+    finish = "length" if generated == 6 and kept == 6 else "stop"
+    chat = sdk.chat.completions.create(messages=MESSAGES, **fixed)
+    choice = chat.choices[0]
+    assert (choice.message.content, choice.finish_reason) == (content, finish)
+    assert chat.usage.completion_tokens == generated
+    assert [e.token for e in choice.logprobs.content] == ["hell"] * kept
+    chunks = list(sdk.chat.completions.create(messages=MESSAGES, stream=True, **fixed))
+    pieces = [
+        (c.choices[0].delta.content or "", c.choices[0].logprobs.content)
+        for c in chunks
+        if c.choices and c.choices[0].logprobs
+    ]
+    assert "".join(text for text, _ in pieces) == content
+    assert [e.token for _, entries in pieces for e in entries] == ["hell"] * kept
+    for text, entries in pieces:
+        assert text and "".join(e.token for e in entries).startswith(text)
+
+    legacy = sdk.completions.create(prompt="hello", **fixed).choices[0]
+    assert (legacy.text, legacy.finish_reason) == (content, finish)
+    assert legacy.logprobs.tokens == ["hell"] * kept
+    assert legacy.logprobs.text_offset == [4 * i for i in range(kept)]
+    streamed = list(sdk.completions.create(prompt="hello", stream=True, **fixed))
+    lps = [c.choices[0].logprobs for c in streamed if c.choices[0].logprobs]
+    assert "".join(c.choices[0].text for c in streamed) == content
+    assert [t for lp in lps for t in lp.tokens] == ["hell"] * kept
+    assert [o for lp in lps for o in lp.text_offset] == [4 * i for i in range(kept)]
+
+    body = {"prompt": "hello", **{k: v for k, v in fixed.items() if k != "model"}}
+    mlx = client.post(COMP, json=body).json()
+    assert [e["id"] for e in mlx["choices"][0]["logprobs"]["content"]] == [HELL] * generated

@@ -5,7 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlxspec.engine.stops import StopMatcher
+from mlxspec.engine.stops import HeldLogprobs, StopMatcher
+from mlxspec.engine.types import TokenLogprob
 
 
 def run(stops: list[str], pieces: list[str]) -> tuple[list[str], bool]:
@@ -100,3 +101,64 @@ def test_any_chunking_equals_non_streamed(text: str, stops: list[str], cuts: lis
     for piece in out:
         emitted += piece
         assert not any(s in emitted for s in stops)
+
+
+# --- HeldLogprobs: each token's entry goes out with the text it wrote ----------
+
+
+def run_held(stops: list[str], steps: list[tuple[bytes, str]]) -> list[tuple[str, list]]:
+    """Feed ``(token bytes, detokenizer segment)`` steps through a StopMatcher
+    and HeldLogprobs as a Row does; return each step's (emitted text, entries)
+    as ``(bytes, in_stop)`` pairs, the end-of-output flush last."""
+    matcher, held, out = StopMatcher(stops), HeldLogprobs(), []
+    for i, (raw, segment) in enumerate(steps):
+        text = matcher.feed(segment)
+        entry = TokenLogprob(i, -1.0, token_bytes=raw)
+        lps = held.push(entry, segment, text, stopped=matcher.stopped, end=False)
+        out.append((text, [(e.token_bytes, e.in_stop) for e in lps]))
+        if matcher.stopped:
+            return out
+    tail = matcher.flush()
+    lps = held.push(None, "", tail, stopped=matcher.stopped, end=True)
+    return [*out, (tail, [(e.token_bytes, e.in_stop) for e in lps])]
+
+
+def test_a_token_straddling_the_stop_is_the_contents_the_next_is_the_stops() -> None:
+    steps = [(b"hell", "hell"), (b"hell", "hell")]
+    assert run_held(["lh"], steps) == [("hel", [(b"hell", False)]), ("", [(b"hell", True)])]
+    assert run_held(["hell"], steps[:1]) == [("", [(b"hell", True)])]
+
+
+def test_entries_wait_with_held_back_text() -> None:
+    steps = [(b"ab", "ab"), (b"c", "c"), (b"d", "d")]
+    # "abc" could start "abcx": held, with its tokens' entries, until "d" rules it out
+    assert run_held(["abcx"], steps) == [
+        ("", []),
+        ("", []),
+        ("abcd", [(b"ab", False), (b"c", False), (b"d", False)]),
+        ("", []),
+    ]
+    # the end of output lets the held text and its entries out
+    assert run_held(["abcx"], steps[:2]) == [
+        ("", []),
+        ("", []),
+        ("abc", [(b"ab", False), (b"c", False)]),
+    ]
+
+
+def test_text_the_detokenizer_releases_late_is_shared_by_its_tokens() -> None:
+    # a lone space is held by the BPE detokenizer and released with the next token
+    steps = [(b"a", "a"), (b" ", ""), (b"\n\n", " \n\n")]
+    assert run_held(["\n\n"], steps) == [
+        ("a", [(b"a", False)]),
+        ("", []),
+        (" ", [(b" ", False), (b"\n\n", True)]),
+    ]
+    # a 2-byte character in two tokens is in the content, or in the stop, whole
+    utf8 = [(b"\xc3", ""), (b"\xa9", "\u00e9"), (b"!", "!")]
+    assert run_held(["!"], utf8)[-1] == ("", [(b"!", True)])
+    assert run_held(["!"], utf8)[1] == ("\u00e9", [(b"\xc3", False), (b"\xa9", False)])
+    assert run_held(["\u00e9"], utf8) == [("", []), ("", [(b"\xc3", True), (b"\xa9", True)])]
+    # the detokenizer's dropped leading space: the first token keeps what is left
+    assert run_held(["i"], [(b" Hi", "Hi")]) == [("H", [(b" Hi", False)])]
+    assert run_held(["H"], [(b" Hi", "Hi")]) == [("", [(b" Hi", True)])]

@@ -3,7 +3,8 @@
 A :class:`Row` turns the token stream of one request into events: it
 reports logprobs, recognises EOS, detokenizes incrementally (multi-byte
 UTF-8 held back by mlx-lm's streaming detokenizer), matches stop strings on
-text and emits :class:`~.types.Delta` / :class:`~.types.Finished`.
+text and emits :class:`~.types.Delta` / :class:`~.types.Finished`. A token's
+logprob entry is sent with the text it wrote (:class:`~.stops.HeldLogprobs`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from .stops import StopMatcher
+from .stops import HeldLogprobs, StopMatcher
 from .types import Delta, Finished, GenerationRequest, TokenLogprob, TopLogprob
 
 if TYPE_CHECKING:
@@ -159,7 +160,8 @@ class Row:
         if self.request.continuation:
             keep_leading_space(self._detok)
         self._stops = StopMatcher(self.request.stop)
-        self._want_logprobs = self.request.logprobs or self.request.top_logprobs > 0
+        want = self.request.logprobs or self.request.top_logprobs > 0
+        self._held = HeldLogprobs() if want else None
         self._grammar = grammar
         self.count = 0
         self.done = False
@@ -179,18 +181,21 @@ class Row:
             complete grammar); the ``Finished`` event has then been emitted.
         """
         self.count += 1
-        lps = ()
-        if self._want_logprobs:
+        entry = None
+        if self._held is not None:
             k = self.request.top_logprobs
-            lps = (token_logprob(self._tokenizer, token, logprobs, k, self._detok),)
+            entry = token_logprob(self._tokenizer, token, logprobs, k, self._detok)
         if token in self._eos:
-            if lps:
-                self.handle.emit(Delta("", (token,), (replace(lps[0], eos=True),)))
-            self._finish("stop", flush=True)
+            eos = replace(entry, eos=True) if entry is not None else None
+            self._finish("stop", flush=True, eos=eos)
             return True
         self._detok.add_token(token)
-        text = self._stops.feed(self._detok.last_segment)
-        if text or lps:
+        segment = self._detok.last_segment
+        text = self._stops.feed(segment)
+        lps = ()
+        if self._held is not None:
+            lps = self._held.push(entry, segment, text, stopped=self._stops.stopped, end=False)
+        if text or entry is not None:
             self.handle.emit(Delta(text, (token,), lps))
         if self._stops.stopped:
             self._finish("stop", flush=False)
@@ -208,16 +213,26 @@ class Row:
         """End the request because its token budget is spent."""
         self._finish("length", flush=True)
 
-    def _finish(self, reason: str, *, flush: bool) -> None:
+    def _finish(self, reason: str, *, flush: bool, eos: TokenLogprob | None = None) -> None:
+        """Emit the held text (``flush``) and ``Finished``; ``eos`` is the EOS
+        token's logprob entry, sent last, after those of the held text."""
         if self.done:
             return
         self.done = True
         if flush:
             self._detok.finalize()
-            tail = self._stops.feed(self._detok.last_segment) + self._stops.flush()
-            if tail:
-                self.handle.emit(Delta(tail))
-            if self._stops.stopped:
+            segment = self._detok.last_segment
+            tail = self._stops.feed(segment) + self._stops.flush()
+            stopped = self._stops.stopped
+            ids: tuple[int, ...] = ()
+            lps: tuple[TokenLogprob, ...] = ()
+            if self._held is not None:
+                lps = self._held.push(None, segment, tail, stopped=stopped, end=True)
+            if eos is not None:
+                ids, lps = (eos.id,), (*lps, eos)
+            if tail or lps:
+                self.handle.emit(Delta(tail, ids, lps))
+            if stopped:
                 reason = "stop"
         prompt = len(self.request.prompt)
         if self.before_finish is not None:

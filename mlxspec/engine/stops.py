@@ -1,14 +1,21 @@
-"""Stop-string matching on decoded text.
+"""Stop-string matching on decoded text, and the logprobs that go with it.
 
 Stops are matched on text, not token ids, so a stop string that spans token
 boundaries still fires (the reference's rule; mlx-lm's server matches token
 sequences instead). Text that could be the start of a stop string is held
 back until disambiguated, so no part of a stop string is ever emitted.
+:class:`HeldLogprobs` holds each token's logprob entry back with its text, so
+the entries sent with some text are those of the tokens that text came from.
 """
 
 from __future__ import annotations
 
+import codecs
+from collections import deque
 from collections.abc import Sequence
+from dataclasses import replace
+
+from .types import TokenLogprob
 
 
 class StopMatcher:
@@ -87,3 +94,79 @@ class StopMatcher:
                     best = n
                     break
         return best
+
+
+class HeldLogprobs:
+    """Pairs tokens' logprob entries with the emitted text their tokens wrote.
+
+    The rule: a token's entry goes out with the first emitted text that holds
+    part of the token's own text. When a stop string ends the output, a token
+    whose text lies wholly at or after the stop's start gets ``in_stop=True``
+    (counted, and in mlx-lm's block, but not the content's); one that straddles
+    the boundary, part of its text in the content, is the content's.
+
+    Positions are characters of the detokenized text. The detokenizer may hold a
+    token's text back (a partial UTF-8 character, a lone space) and release it
+    with a later token's; such a group's text is shared out from its end by
+    each token's own length (its bytes, decoded in order), the first token
+    taking what is left (a leading space the detokenizer dropped). A token
+    with no whole character of its own (part of a multi-byte one) sits with the
+    character it helps write.
+
+    Example:
+        Stop ``"lh"`` after tokens ``hell``, ``hell``: the content is ``hel``,
+        the first token's entry is the content's, the second's is ``in_stop``.
+    """
+
+    def __init__(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        #: Tokens the detokenizer has not released text for: (own length, entry).
+        self._group: list[tuple[int, TokenLogprob]] = []
+        #: Tokens with a position, waiting for their text to be emitted: (start, entry).
+        self._placed: deque[tuple[int, TokenLogprob]] = deque()
+        self._decoded = 0  # characters the detokenizer has released
+        self._emitted = 0  # characters the stop matcher has let out
+
+    def push(
+        self, entry: TokenLogprob | None, segment: str, emitted: str, *, stopped: bool, end: bool
+    ) -> tuple[TokenLogprob, ...]:
+        """Record one step and return the entries to send with ``emitted``.
+
+        Args:
+            entry (TokenLogprob | None): the step's token, ``None`` for the
+                final flush of the detokenizer.
+            segment (str): the text the detokenizer released at this step.
+            emitted (str): the text the stop matcher let out at this step.
+            stopped (bool): a stop string ended the output here.
+            end (bool): the output ends here (every entry goes out).
+
+        Returns:
+            tuple[TokenLogprob, ...]: in generation order; after a stop, or at
+            the end, every remaining entry, those past the stop marked ``in_stop``.
+        """
+        if entry is not None:
+            own = len(self._decoder.decode(entry.token_bytes))
+            self._group.append((own, entry))
+        if segment:
+            self._place(len(segment))
+        self._emitted += len(emitted)
+        out = []
+        while self._placed and self._placed[0][0] < self._emitted:
+            out.append(self._placed.popleft()[1])
+        if stopped or end:
+            rest = [e for _, e in self._placed] + [e for _, e in self._group]
+            out += [replace(e, in_stop=True) for e in rest] if stopped else rest
+            self._placed.clear()
+            self._group.clear()
+        return tuple(out)
+
+    def _place(self, released: int) -> None:
+        """Give the held group positions in the ``released`` new characters."""
+        start = end = self._decoded + released
+        placed = []
+        for own, entry in reversed(self._group):
+            start = max(self._decoded, start - own)
+            placed.append((start, entry))
+        self._placed.extend(reversed(placed))
+        self._group.clear()
+        self._decoded = end

@@ -159,6 +159,9 @@ class TokenLogprob:
             a partial UTF-8 sequence). Default: ``b""``.
         eos (bool): the token ended the generation (an EOS token, counted in
             ``completion_tokens`` but never part of the text). Default: ``False``.
+        in_stop (bool): the token's text lies wholly in the stop string that
+            ended the output (or past its start): counted, never part of the
+            text (:class:`~.stops.HeldLogprobs`). Default: ``False``.
     """
 
     id: int
@@ -166,12 +169,21 @@ class TokenLogprob:
     top: tuple[TopLogprob, ...] = ()
     token_bytes: bytes = b""
     eos: bool = False
+    in_stop: bool = False
+
+    @property
+    def in_content(self) -> bool:
+        """Whether part of the token's text is in the returned text (not EOS, not the stop's)."""
+        return not (self.eos or self.in_stop)
 
 
 @dataclass(frozen=True)
 class Delta:
-    """New output: text safe to show (UTF-8 complete, no part of a stop string)
-    and the tokens generated since the last event."""
+    """New output: text safe to show (UTF-8 complete, no part of a stop string),
+    the tokens generated since the last event, and logprob entries, each
+    token's once and in order: those of the tokens ``text`` holds part of (an
+    entry waits with its held-back text, :class:`~.stops.HeldLogprobs`), and,
+    on the last ``Delta``, those marked ``eos`` or ``in_stop``."""
 
     text: str
     token_ids: tuple[int, ...] = ()

@@ -7,8 +7,10 @@ the legacy completions lists ``{tokens, token_logprobs, top_logprobs,
 text_offset}``, on stream chunks too. Token texts there are what each token
 decodes to on its own; a token that is only part of a UTF-8 character is
 written ``bytes:\\xNN...`` as OpenAI does, with its raw values in ``bytes``;
-the stopping EOS token is left out, as OpenAI never reports it (mlx-lm's
-block keeps it: one entry per counted completion token).
+the stopping EOS token is left out, as OpenAI never reports it, and so are
+the tokens of a stop string that ended the output (``TokenLogprob.in_content``:
+a token part of whose text is in the content stays). mlx-lm's block keeps
+them all: one entry per counted completion token.
 """
 
 from __future__ import annotations
@@ -83,7 +85,7 @@ def chat_logprobs(
     if not wanted(request):
         return None
     if fmt == OPENAI:
-        return {"content": [_openai_entry(e) for e in entries if not e.eos], "refusal": None}
+        return {"content": [_openai_entry(e) for e in entries if e.in_content], "refusal": None}
     return logprobs_block(list(entries), request.top_logprobs)
 
 
@@ -92,7 +94,7 @@ def chat_chunk_logprobs(
 ) -> dict[str, Any] | None:
     """A chat stream chunk's ``logprobs``: OpenAI's shape over the chunk's
     tokens in the ``openai`` format, else ``None`` (mlx-lm streams none)."""
-    entries = [e for e in entries if not e.eos]
+    entries = [e for e in entries if e.in_content]
     if fmt != OPENAI or not wanted(request) or not entries:
         return None
     return {"content": [_openai_entry(e) for e in entries], "refusal": None}
@@ -120,12 +122,12 @@ class CompletionLogprobs:
         if not wanted(self.request):
             return None
         if self.fmt == OPENAI:
-            return self._legacy([e for e in entries if not e.eos])
+            return self._legacy([e for e in entries if e.in_content])
         return logprobs_block(list(entries), self.request.top_logprobs)
 
     def chunk(self, entries: Sequence[TokenLogprob]) -> dict[str, Any] | None:
         """A stream chunk's ``logprobs`` (``openai`` format only, else ``None``)."""
-        entries = [e for e in entries if not e.eos]
+        entries = [e for e in entries if e.in_content]
         if self.fmt != OPENAI or not wanted(self.request) or not entries:
             return None
         return self._legacy(entries)
