@@ -26,6 +26,7 @@ way in ``param`` too (the decision routes' convention).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -76,8 +77,46 @@ def _is_strict_integer(_checker: Any, instance: Any) -> bool:
     return isinstance(instance, int) and not isinstance(instance, bool)
 
 
+@functools.lru_cache(maxsize=512)
+def ecma_pattern(pattern: str) -> re.Pattern[str]:
+    r"""``pattern`` (a JSON Schema ``pattern``, an ECMA-262 regular expression)
+    compiled for Python's ``re`` with ECMA-262's ``$``: the end of the input.
+
+    JSON Schema 2020-12 (validation, section 6.3.3) gives patterns ECMA-262
+    semantics, where ``$`` without the multiline flag matches only at the end;
+    Python's ``$`` also matches before a final newline, so ``^[a-z]{1,64}$``
+    would accept ``"name\n"``. Each ``$`` outside a character class and not
+    escaped becomes ``\Z``.
+
+    Raises:
+        re.error: the pattern does not compile.
+    """
+    out, in_class, i = [], False, 0
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "\\":
+            out.append(pattern[i : i + 2])
+            i += 2
+            continue
+        if ch == "[":
+            in_class = True
+        elif ch == "]":
+            in_class = False
+        out.append("\\Z" if ch == "$" and not in_class else ch)
+        i += 1
+    return re.compile("".join(out))
+
+
+def _pattern(validator: Any, pattern: str, instance: Any, schema: dict) -> Any:
+    """The ``pattern`` keyword with ECMA-262's ``$`` (:func:`ecma_pattern`);
+    otherwise as jsonschema's own (same message)."""
+    if validator.is_type(instance, "string") and not ecma_pattern(pattern).search(instance):
+        yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
 _StrictDraft202012 = jsonschema.validators.extend(
     jsonschema.Draft202012Validator,
+    validators={"pattern": _pattern},
     type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
         "integer", _is_strict_integer
     ),

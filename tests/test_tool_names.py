@@ -12,6 +12,8 @@ response against the document.
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
@@ -19,7 +21,9 @@ USER = {"role": "user", "content": "hi"}
 OBJECT = {"type": "object"}
 OPENAI = "^[a-zA-Z0-9_-]{1,64}$"
 ANTHROPIC = "^[a-zA-Z0-9_-]{1,128}$"
-BAD = ["get weather", "get.weather", "files/read", "météo", "a" * 65]
+#: A final newline is off the pattern too: JSON Schema's ``$`` is ECMA-262's, the
+#: end of the input (Python's ``$`` also matches before a final newline).
+BAD = ["get weather", "get.weather", "files/read", "météo", "a\n", "a" * 64 + "\n", "a" * 65]
 
 
 def chat(name: str) -> dict:
@@ -36,7 +40,9 @@ def messages(name: str) -> dict:
 
 
 def shown(name: str) -> str:
-    return f'"{name}"' if len(name) <= 58 else f'"{name[:56]}...'
+    """The name as the error message quotes it (JSON string escapes; long ones cut)."""
+    quoted = json.dumps(name, ensure_ascii=False)
+    return quoted if len(name) <= 58 else quoted[:57] + "..."
 
 
 @pytest.mark.parametrize("name", BAD)
@@ -63,7 +69,7 @@ def test_openai_refuses_a_name_off_the_pattern(
     }
 
 
-@pytest.mark.parametrize("name", [*BAD[:-1], "a" * 129])
+@pytest.mark.parametrize("name", [*BAD[:-1], "a" * 128 + "\n", "a" * 129])
 @pytest.mark.parametrize("route", ["/v1/messages", "/v1/messages/count_tokens"])
 def test_anthropic_refuses_a_name_off_the_pattern(
     client: httpx.Client, route: str, name: str
