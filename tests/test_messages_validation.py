@@ -67,8 +67,21 @@ def refused(r: httpx.Response, message: str) -> None:
         ),
         ([USER, {"role": "assistant", "content": []}, USER], "messages.1.content"),
         ([USER, {"role": "assistant", "content": ""}, USER], "messages.1.content"),
+        ([{"role": "user", "content": [{"type": "text", "text": ""}]}], "messages.0.content"),
+        (
+            [USER, {"role": "assistant", "content": [{"type": "text", "text": ""}] * 2}, USER],
+            "messages.1.content",
+        ),
     ],
-    ids=["user-list", "user-string", "last-user", "assistant-list", "assistant-string"],
+    ids=[
+        "user-list",
+        "user-string",
+        "last-user",
+        "assistant-list",
+        "assistant-string",
+        "user-empty-text-block",
+        "assistant-empty-text-blocks",
+    ],
 )
 def test_an_empty_turn_is_refused(
     client: httpx.Client, route: str, messages: list[dict], where: str
@@ -76,7 +89,7 @@ def test_an_empty_turn_is_refused(
     refused(post(client, route, messages=messages), f"{where} {EMPTY}")
 
 
-@pytest.mark.parametrize("content", [[], ""])
+@pytest.mark.parametrize("content", [[], "", [{"type": "text", "text": ""}]])
 def test_an_empty_final_assistant_turn_is_an_empty_prefill(
     client: httpx.Client, content: object
 ) -> None:
@@ -98,6 +111,18 @@ def test_check_empty_turns_looks_at_every_turn_but_the_last() -> None:
 
 
 # --- thinking budget -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "thinking", [{"type": "disabled", "budget_tokens": 5}, {"type": "adaptive"}]
+)
+def test_a_budget_is_checked_only_when_thinking_is_enabled(
+    client: httpx.Client, thinking: dict
+) -> None:
+    r = post(client, MESSAGES, thinking=thinking)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["output_tokens"] == 1
+
 
 ENABLED = {"type": "enabled", "budget_tokens": 1024}
 

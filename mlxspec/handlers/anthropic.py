@@ -105,12 +105,14 @@ def to_chat_body(body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def check_empty_turns(messages: Sequence[Mapping[str, Any]]) -> None:
-    """Only the last message may have empty ``content`` (``""`` or ``[]``).
+    """Only the last message may have empty ``content`` (``""``, ``[]``, or
+    only text blocks whose ``text`` is ``""``), and only an assistant one.
 
     Anthropic's Messages API refuses an empty turn anywhere but a final
-    assistant one (an empty prefill). The document already refuses an empty
-    user turn; an empty assistant turn is only wrong where another follows it,
-    which a schema of one message cannot see.
+    assistant one (an empty prefill). The document already refuses a user turn
+    of ``""`` or ``[]``; an empty assistant turn is only wrong where another
+    follows it, which a schema of one message cannot see, and a turn of empty
+    text blocks is empty too.
 
     Args:
         messages (Sequence[Mapping]): the request's ``messages``, validated.
@@ -119,9 +121,17 @@ def check_empty_turns(messages: Sequence[Mapping[str, Any]]) -> None:
         ApiError: 400 ``invalid_request`` naming the first empty turn's
             ``messages.<i>.content``.
     """
-    for i, message in enumerate(messages[:-1]):
-        if not message["content"]:
+    last = len(messages) - 1
+    for i, message in enumerate(messages):
+        if (i < last or message["role"] == "user") and _empty(message["content"]):
             raise ApiError("invalid_request", f"messages.{i}.content {EMPTY_TURN}")
+
+
+def _empty(content: str | Sequence[Mapping[str, Any]]) -> bool:
+    """``content`` says nothing: ``""``, ``[]`` or only empty text blocks."""
+    if isinstance(content, str):
+        return not content
+    return all(block.get("type") == "text" and not block.get("text") for block in content)
 
 
 def check_thinking_budget(body: Mapping[str, Any]) -> None:
