@@ -109,6 +109,17 @@ def test_a_trailing_slash_is_a_404_naming_the_path_not_a_redirect(client: httpx.
     assert post.json()["error"]["message"] == (
         "not found: did you mean /v1/chat/completions? (no trailing slash)"
     )
+    served = client.get("/v1/models").json()["data"][0]["id"]
+    for path, meant in [
+        ("/v1/models/", "/v1/models"),
+        (f"/v1/models/{served}/", f"/v1/models/{served}"),
+    ]:
+        r = client.get(path)  # the route /v1/models/{model_id} takes these
+        assert r.status_code == 404, path
+        assert (
+            r.json()["error"]["message"] == f"not found: did you mean {meant}? (no trailing slash)"
+        )
+        assert client.get(meant).status_code == 200
     assert "/stats/" in SLASHED_GETS and "/health/" in SLASHED_GETS
     for path in SLASHED_GETS:
         assert client.get(path).status_code == 404, path

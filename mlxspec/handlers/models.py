@@ -42,9 +42,16 @@ async def retrieve_model(model_id: str) -> dict[str, Any]:
     expect a model, so this follows OpenAI (docs/deviations.md).
 
     Raises:
-        ApiError: 404 ``not_found`` for an id this server does not serve.
+        ApiError: 404 ``not_found`` for an id this server does not serve; for
+            a path with a trailing slash (``/v1/models/``, ``/v1/models/<id>/``:
+            the id is ``""`` or ends in ``/``) the message names the path
+            without it (the server matches paths exactly, as the reference).
     """
     row = _served_model()
     if model_id != row["id"]:
+        if not model_id or model_id.endswith("/"):
+            path = f"/v1/models/{model_id.rstrip('/')}".rstrip("/")
+            message = f"not found: did you mean {path}? (no trailing slash)"
+            raise ApiError("not_found", message, param="model_id")
         raise ApiError("not_found", f"model '{model_id}' not found", param="model_id")
     return row
