@@ -138,7 +138,7 @@ def test_an_empty_model_id_is_a_404(client: httpx.Client) -> None:
     r = client.get("/v1/models/")  # the document's 400 dumped jsonschema's report here
     assert r.status_code == 404
     assert r.json()["error"] == {
-        "message": "model '' not found",
+        "message": "not found: did you mean /v1/models? (no trailing slash)",
         "type": "not_found_error",
         "param": "model_id",
         "code": None,
