@@ -244,10 +244,11 @@ def _stop_engine(engine) -> None:  # noqa: ANN001 - mlxspec.engine.Engine
     level = logging.INFO if report["durable"] else logging.ERROR
     log.log(
         level,
-        "prompt cache flush: durable=%s entries=%d pending=%d failed=%d",
+        "prompt cache flush: durable=%s entries=%d pending=%d missing=%d failed=%d",
         report["durable"],
         report["entries"],
         report["pendingSnapshots"],
+        report["missingSnapshots"],
         report["failedSpills"],
     )
 
