@@ -167,34 +167,25 @@ def exact_paths(router: Router) -> None:
         exact_paths(router.default)
 
 
-class _ExactSwaggerUIMiddleware(SwaggerUIMiddleware):
-    """Connexion's document route (``/openapi.json``), without slash redirects."""
+def _exact(base: type) -> type:
+    """``base`` (a Connexion middleware owning a Starlette ``router``: the
+    document route's, the operations') with :func:`exact_paths` applied to its
+    router when made and after each ``add_api``."""
 
-    def __init__(self, app: Any) -> None:
-        super().__init__(app)
-        exact_paths(self.router)
+    class Exact(base):  # type: ignore[valid-type, misc]
+        def __init__(self, app: Any) -> None:
+            super().__init__(app)
+            exact_paths(self.router)
 
-    def add_api(self, *args: Any, **kwargs: Any) -> None:
-        super().add_api(*args, **kwargs)
-        exact_paths(self.router)
+        def add_api(self, *args: Any, **kwargs: Any) -> None:
+            super().add_api(*args, **kwargs)
+            exact_paths(self.router)
 
-
-class _ExactRoutingMiddleware(RoutingMiddleware):
-    """Connexion's operation router, without slash redirects."""
-
-    def __init__(self, app: Any) -> None:
-        super().__init__(app)
-        exact_paths(self.router)
-
-    def add_api(self, *args: Any, **kwargs: Any) -> None:
-        super().add_api(*args, **kwargs)
-        exact_paths(self.router)
+    Exact.__name__ = Exact.__qualname__ = f"_Exact{base.__name__}"
+    return Exact
 
 
-_EXACT = {
-    SwaggerUIMiddleware: _ExactSwaggerUIMiddleware,
-    RoutingMiddleware: _ExactRoutingMiddleware,
-}
+_EXACT = {base: _exact(base) for base in (SwaggerUIMiddleware, RoutingMiddleware)}
 
 #: Connexion's default middleware stack with routers that never redirect (pass it
 #: as ``AsyncApp(middlewares=...)``).
