@@ -10,6 +10,7 @@ nothing and changes no output.
 from __future__ import annotations
 
 import json
+import statistics
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -74,9 +75,14 @@ def test_health_answers_while_a_big_prompt_is_built(tiny_server, tiny_engine) ->
         worker = threading.Thread(target=big)
         worker.start()
         time.sleep(0.5)  # the body is sent and the prompt is being built
-        start = time.monotonic()
-        health = c.get("/health")
-        waited = time.monotonic() - start
+        # /health, again and again while the build runs: built on the loop, the
+        # first call would wait for the whole rest of it (one or two samples)
+        waits, codes = [], set()
+        while worker.is_alive():
+            start = time.monotonic()
+            codes.add(c.get("/health").status_code)
+            waits.append(time.monotonic() - start)
+            time.sleep(0.05)
         worker.join(120)
     response = outcome["response"]
     assert isinstance(response, httpx.Response)
@@ -88,11 +94,16 @@ def test_health_answers_while_a_big_prompt_is_built(tiny_server, tiny_engine) ->
         f"This model's maximum context length is 256 tokens, but the prompt has {tokens} "
         "tokens, leaving no room to generate."
     )
-    assert health.status_code == 200
-    # Built on the loop, /health waited for the rest of the build (~3 s of ~4 here).
+    assert codes == {200}
+    # Built on the loop, /health waited for the rest of the build (~3 s of ~4 here);
+    # beside it, a typical call takes milliseconds (the median rides out the odd
+    # slow one when other processes share this machine's two cores).
     seconds = outcome["seconds"]
     assert isinstance(seconds, float) and seconds > 1.0
-    assert waited < seconds / 4, f"/health waited {waited:.2f}s of a {seconds:.2f}s build"
+    typical = statistics.median(waits)
+    assert len(waits) >= 3 and typical < seconds / 8, (
+        f"/health answered {len(waits)} times in a {seconds:.2f}s build, median {typical:.2f}s"
+    )
 
 
 def test_big_prompts_built_while_others_stream_raise_nothing(tiny_server) -> None:
