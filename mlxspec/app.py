@@ -144,19 +144,20 @@ def _problem_handler(
     (:func:`~.paths.allowed_methods`) and a route-miss 404 naming the route a
     mistyped base URL meant (:func:`~.paths.suggest_path`), in that route's
     surface's envelope (an ``anthropic`` SDK pointed at ``/v1`` parses it). With
-    an API key, a route miss without the key is a 401 first (as llama.cpp's server
-    and vLLM check the key before routing)."""
+    an API key, a route or method miss without the key is a 401 first (as
+    llama.cpp's server and vLLM check the key before routing)."""
 
     def handle(req: ConnexionRequest, exc: Exception) -> ConnexionResponse:
         status = getattr(exc, "status_code", None) or getattr(exc, "status", None)
+        if status in (404, 405):
+            config = req.scope.get("state", {}).get("config")
+            if refusal := key_refusal(req, getattr(config, "api_key", None)):
+                return _render(_from_status(401, refusal), req)
         if status == 405:
             methods = allow(req.url.path)
             if methods:
                 exc.headers = {**(getattr(exc, "headers", None) or {}), "Allow": methods}
         elif status == 404:
-            config = req.scope.get("state", {}).get("config")
-            if refusal := key_refusal(req, getattr(config, "api_key", None)):
-                return _render(_from_status(401, refusal), req)
             if (guess := suggest(req.url.path, req.method)) is not None:
                 why = (
                     "no trailing slash"

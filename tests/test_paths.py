@@ -140,6 +140,12 @@ def test_a_keyed_server_checks_the_key_before_any_route_miss(keyed_server: LiveS
             401,
             {"type": "authentication_error", "message": "No authorization token provided"},
         )
+        # a method the route does not take: 401 without the key, 405 with it
+        for method, path in [("GET", "/v1/chat/completions"), ("POST", "/v1/models")]:
+            r = c.request(method, path)
+            assert (r.status_code, r.headers.get("allow")) == (401, None), path
+            r = c.request(method, path, headers={"x-api-key": KEY})
+            assert r.status_code == 405 and r.headers["allow"], path
         # with the key (either header), a route miss is the plain 404 again
         for auth in ({"Authorization": f"Bearer {KEY}"}, {"x-api-key": KEY}):
             missed = c.get("/stats/", headers=auth)

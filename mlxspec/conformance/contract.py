@@ -248,8 +248,13 @@ def _check_method_not_allowed(
     where: str,
     surface: str,
 ) -> None:
+    if status == 401:  # a keyed server checks the key before the method
+        _check_error_body(status, headers, body, where, surface)
+        return
     if status != 405:
-        raise fail(where, f"method not declared here (only {sorted(operations)}): expected 405")
+        raise fail(
+            where, f"method not declared here (only {sorted(operations)}): expected 405 (or 401)"
+        )
     allow = {m.strip().lower() for m in headers.get("allow", "").split(",") if m.strip()}
     expected = operations | ({"head"} if "get" in operations else set())
     if allow != expected:
