@@ -153,8 +153,13 @@ def _problem_handler(
             config = req.scope.get("state", {}).get("config")
             if refusal := key_refusal(req, getattr(config, "api_key", None)):
                 return _render(_from_status(401, refusal), req)
+        path = req.url.path
+        if status == 405 and path.endswith("/") and path != "/":
+            # a templated route took the slash as an empty last parameter
+            # (POST /v1/models/): a path no operation declares, as GET's 404 says
+            status, exc = 404, HTTPException(status_code=404)
         if status == 405:
-            methods = allow(req.url.path)
+            methods = allow(path)
             if methods:
                 exc.headers = {**(getattr(exc, "headers", None) or {}), "Allow": methods}
         elif status == 404:

@@ -120,6 +120,10 @@ def test_a_trailing_slash_is_a_404_naming_the_path_not_a_redirect(client: httpx.
             r.json()["error"]["message"] == f"not found: did you mean {meant}? (no trailing slash)"
         )
         assert client.get(meant).status_code == 200
+        # another method there is no 405 advertising that GET: the path is not one
+        post = client.post(path, json={})
+        assert (post.status_code, post.headers.get("allow")) == (404, None), path
+        assert post.json()["error"]["message"] == "not found"
     assert "/stats/" in SLASHED_GETS and "/health/" in SLASHED_GETS
     for path in SLASHED_GETS:
         assert client.get(path).status_code == 404, path
