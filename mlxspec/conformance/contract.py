@@ -145,12 +145,10 @@ def check_response(
     template, view_args = match
     operations = {m for m in load_spec()["paths"][template] if m.isalpha()}
     if method.lower() not in operations:
-        surface = surface_for_path(path)
         if path.endswith("/") and path != "/":  # a slashed path (an empty last parameter)
-            if status not in (401, 404):  # is not one the document declares
-                raise fail(where, "a path ending in '/' must answer 404 (or 401 without a key)")
-            _check_error_body(status, headers, body_bytes, where, surface)
+            _check_outside(method, path, status, headers, body_bytes, where)  # is not declared
             return
+        surface = surface_for_path(path)
         _check_method_not_allowed(operations, status, headers, body_bytes, where, surface)
         return
     request = MockRequest(
