@@ -328,13 +328,11 @@ class SsdCache:
         }
 
     def _covered(self, key: tuple) -> bool:
-        """Whether a snapshot on disk holds ``key``'s tokens, or a longer
-        prefix-sharing run of them (lock held)."""
+        """Whether a snapshot in the index (on disk: :meth:`flush` drops the
+        vanished ones first) holds ``key``'s tokens, or more tokens starting
+        with them (lock held)."""
         namespace, tokens = key
-        return any(
-            k[0] == namespace and k[1][: len(tokens)] == tokens and path.exists()
-            for k, (path, _) in self._index.items()
-        )
+        return any(k[0] == namespace and k[1][: len(tokens)] == tokens for k in self._index)
 
     def _pending_bytes(self) -> int:
         waiting = [*self._pending.values(), *self._failed.values()]
