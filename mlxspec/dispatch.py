@@ -17,7 +17,8 @@ definition for a content type (a ``MediaTypeDict`` built from the document and
 matched with ``fnmatch``, about 8 times per request in Connexion 3.3).
 
 :data:`MIDDLEWARES` and :func:`prepare_app` turn off Starlette's trailing-slash
-redirects in every router of the stack (see :func:`exact_paths`).
+redirects in every router of the stack (see :func:`exact_paths`); the stack's
+document route is :class:`~mlxspec.document_route.DocumentMiddleware`'s.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ from connexion.middleware.swagger_ui import SwaggerUIMiddleware
 from connexion.operations import AbstractOperation, OpenAPIOperation
 from connexion.uri_parsing import AbstractURIParser
 from starlette.routing import Mount, Router
+
+from .document_route import DocumentMiddleware
 
 
 class _PreparedDecorator(StarletteDecorator):
@@ -185,10 +188,13 @@ def _exact(base: type) -> type:
     return Exact
 
 
-_EXACT = {base: _exact(base) for base in (SwaggerUIMiddleware, RoutingMiddleware)}
+_EXACT = {
+    SwaggerUIMiddleware: _exact(DocumentMiddleware),
+    RoutingMiddleware: _exact(RoutingMiddleware),
+}
 
-#: Connexion's default middleware stack with routers that never redirect (pass it
-#: as ``AsyncApp(middlewares=...)``).
+#: Connexion's default middleware stack with routers that never redirect, and the
+#: document served with its ``$ref``s (pass it as ``AsyncApp(middlewares=...)``).
 MIDDLEWARES = [_EXACT.get(m, m) for m in ConnexionMiddleware.default_middlewares]
 
 
