@@ -1,7 +1,7 @@
 """What the optimised CPU BLAS and float32 CPU weights buy on MLX's CPU backend.
 
 Each configuration runs in its own subprocess (the BLAS is chosen once per
-process, before ``mlx.core`` loads; see ``mlxspec/blas.py``):
+process, before ``mlx.core`` loads; see ``mlxspec/host/blas.py``):
 
 - ``matmul``: float32 ``(M, 576) @ (576, 1536)`` products (SmolLM2-135M's MLP
   shape) at M = 1, 8, 128, in GFLOP/s, with ``MLXSPEC_BLAS=off`` (the
@@ -57,8 +57,8 @@ def model_probe(weights: str) -> dict:
     from mlx_lm.generate import generate_step
     from mlx_lm.models.cache import make_prompt_cache
 
-    from mlxspec.engine.cpu_weights import apply_cpu_weights
-    from mlxspec.engine.loader import resolve_model
+    from mlxspec.engine.model.cpu_weights import apply_cpu_weights
+    from mlxspec.engine.model.loader import resolve_model
 
     model, tok = load(str(resolve_model(None).path))
     done = apply_cpu_weights(model, "float32" if weights == "float32" else "native")

@@ -55,7 +55,7 @@ def instrument() -> None:
     """Wrap the hit path's calls with timers (this script only)."""
     from mlx_lm.generate import BatchGenerator
 
-    from mlxspec.engine.prompt_cache import PromptCache
+    from mlxspec.engine.caches.prompt_cache import PromptCache
 
     PromptCache.fetch = _timed("fetch", PromptCache.fetch)
     PromptCache.store = _timed("store", PromptCache.store)
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from mlxspec.engine import Engine
-    from mlxspec.engine.loader import resolve_model
+    from mlxspec.engine.model.loader import resolve_model
 
     path = Path(args.model) if args.model else resolve_model(None).path
     instrument()

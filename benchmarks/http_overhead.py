@@ -187,7 +187,7 @@ def count_calls(tree: str, model_dir: str, chunks: int, n: int = 50) -> int:
 
     sys.path.insert(0, tree)
     from fixtures.tool_models import ScriptedEngine
-    from mlxspec.app import create_app
+    from mlxspec.http.app import create_app
 
     assert Path(sys.modules["mlxspec"].__file__).is_relative_to(tree)
     engine = ScriptedEngine(Path(model_dir))

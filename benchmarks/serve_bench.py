@@ -312,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     from mlx_lm.utils import load_tokenizer
 
     if args.model is None:
-        from mlxspec.engine.loader import resolve_model
+        from mlxspec.engine.model.loader import resolve_model
 
         args.model = str(resolve_model(None).path)
     tokenizer = load_tokenizer(Path(args.model))

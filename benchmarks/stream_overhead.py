@@ -314,7 +314,7 @@ def run_serve(
     else:
         launch = (
             f"import sys; sys.setswitchinterval({switch!r}); "
-            "from mlxspec.cli import main; sys.exit(main(sys.argv[1:]))"
+            "from mlxspec.cli.main import main; sys.exit(main(sys.argv[1:]))"
         )
         argv = [sys.executable, "-c", launch, *serve]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
@@ -401,8 +401,8 @@ def run_layer(layer: str, model_dir: Path, args: argparse.Namespace, eos: list[i
 
     import mlx.core as mx
 
-    from mlxspec.app import create_app
     from mlxspec.engine import Engine
+    from mlxspec.http.app import create_app
 
     engine = Engine.load(model_dir, args.name)
     profile = cProfile.Profile() if args.profile else None

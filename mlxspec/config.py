@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from .engine.prompt_cache import DEFAULT_PROMPT_CACHE_BYTES
-from .engine.ssd_cache import DEFAULT_SSD_CACHE_BYTES
+from mlxspec.engine.caches.prompt_cache import DEFAULT_PROMPT_CACHE_BYTES
+from mlxspec.engine.caches.ssd_cache import DEFAULT_SSD_CACHE_BYTES
 
 
 @dataclass(frozen=True)
@@ -59,9 +59,9 @@ class ServeConfig:
             degrade path. Default: ``True``.
         cpu_weights (str): ``auto``, ``float32`` or ``native``: whether the CPU
             backend holds the weights as float32 for the optimised BLAS
-            (:mod:`mlxspec.engine.cpu_weights`). Default: ``"auto"``.
+            (:mod:`mlxspec.engine.model.cpu_weights`). Default: ``"auto"``.
         warmup (bool | None): run each prefill length a prompt-cache hit can
-            take once before serving (:mod:`mlxspec.engine.warmup`); environment
+            take once before serving (:mod:`mlxspec.engine.model.warmup`); environment
             ``MLXSPEC_WARMUP``: ``0`` off, ``1`` on, unset or ``auto`` (``None``)
             when the prompt cache buckets tails (on a GPU). Default: ``None``.
     """
@@ -109,7 +109,7 @@ and the 7.4B 199 against 106 at 1 and 552 against 491 at 8 (TTFT 0.33 against
 def apply_serve_env_defaults(environ: dict[str, str] | None = None) -> None:
     """Set :data:`SERVE_ENV_DEFAULTS` in ``environ`` (``os.environ``) where unset.
 
-    Must run before MLX reads them (the model load), as ``mlxspec.cli.main`` does.
+    Must run before MLX reads them (the model load), as ``mlxspec.cli.main.main`` does.
     """
     environ = os.environ if environ is None else environ
     for key, value in SERVE_ENV_DEFAULTS.items():

@@ -74,7 +74,7 @@ def tiny_engine(tiny_model_dir: Path) -> Iterator[object]:
 @pytest.fixture(scope="session")
 def tiny_app(tiny_engine: object) -> object:
     """The ASGI app on the tiny engine, validating responses against the document."""
-    from mlxspec.app import create_app
+    from mlxspec.http.app import create_app
 
     return create_app(tiny_engine, validate_responses=True)
 
@@ -107,8 +107,8 @@ def sdk(tiny_server: LiveServer) -> Iterator[object]:
 @pytest.fixture(scope="session")
 def openai_server(tiny_engine: object) -> Iterator[LiveServer]:
     """A live server on the tiny engine with ``--logprobs-format openai``."""
-    from mlxspec.app import create_app
     from mlxspec.config import ServeConfig
+    from mlxspec.http.app import create_app
 
     config = ServeConfig(logprobs_format="openai")
     with LiveServer(create_app(tiny_engine, config, validate_responses=True)) as server:

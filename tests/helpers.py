@@ -84,7 +84,7 @@ def scripted_tool_server(folder: Path, style: str) -> Iterator[tuple[ScriptedEng
     Yields:
         tuple[ScriptedEngine, LiveServer]: set ``engine.script`` before each request.
     """
-    from mlxspec.app import create_app  # the app stack is heavy: only tests that serve pay
+    from mlxspec.http.app import create_app  # the app stack is heavy: only tests that serve pay
 
     engine = ScriptedEngine(build_tool_model(folder, style))
     with LiveServer(create_app(engine, validate_responses=True)) as server:

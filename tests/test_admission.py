@@ -12,14 +12,14 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from mlxspec.app import create_app
-from mlxspec.cli import load_engine
+from mlxspec.cli.flags import parse_config
+from mlxspec.cli.main import load_engine
 from mlxspec.conformance.httpx_checks import checking_async_client
 from mlxspec.engine import AdmissionLimits, BudgetTooSmallError, Engine, EngineRequestError
-from mlxspec.engine.admission import Admission, ContextBudgetError, QueueFullError
-from mlxspec.engine.fit import ModelMemory
-from mlxspec.engine.loader import ModelLoadError
-from mlxspec.flags import parse_config
+from mlxspec.engine.loop.admission import Admission, ContextBudgetError, QueueFullError
+from mlxspec.engine.model.fit import ModelMemory
+from mlxspec.engine.model.loader import ModelLoadError
+from mlxspec.http.app import create_app
 
 #: Keeps the tiny random model from ending early on EOS (``<|im_end|>`` is id 2).
 NO_EOS = {"2": -100}

@@ -8,14 +8,7 @@ import time
 
 import pytest
 
-from mlxspec.engine import (
-    Delta,
-    Engine,
-    Finished,
-    GenerationRequest,
-    LogitsParams,
-    SamplingParams,
-)
+from mlxspec.engine import Delta, Engine, Finished, GenerationRequest, LogitsParams, SamplingParams
 from tests.helpers import text_and_finish
 
 NO_EOS = LogitsParams(logit_bias=((2, -1e9),))

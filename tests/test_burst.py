@@ -14,9 +14,9 @@ import httpx
 import pytest
 from conftest import LiveServer
 
-from mlxspec.app import create_app
 from mlxspec.conformance.httpx_checks import checking_async_client
 from mlxspec.engine import AdmissionLimits, Engine
+from mlxspec.http.app import create_app
 
 CLIENTS = 64
 BODY = {"prompt": "hello", "max_tokens": 4, "logit_bias": {"2": -100}, "stream": True}

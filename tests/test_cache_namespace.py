@@ -11,9 +11,9 @@ from pathlib import Path
 import mlx.core as mx
 
 from mlxspec.engine import Engine, Finished, GenerationRequest, LogitsParams
-from mlxspec.engine.loader import weights_fingerprint
-from mlxspec.engine.prompt_cache import CacheNamespace
-from mlxspec.engine.ssd_cache import read_snapshot_header
+from mlxspec.engine.caches.prompt_cache import CacheNamespace
+from mlxspec.engine.caches.ssd_cache import read_snapshot_header
+from mlxspec.engine.model.loader import weights_fingerprint
 from tests.helpers import text_and_finish
 
 #: Forbid EOS (token 2, ``<|im_end|>``) so every run generates its full budget.

@@ -22,7 +22,7 @@ from conftest import LiveServer
 from mlxspec.conformance.httpx_checks import checking_client
 from mlxspec.conformance.live import free_port, wait_healthy
 from mlxspec.engine import Engine
-from mlxspec.engine.ssd_cache import SsdCache, read_snapshot_header
+from mlxspec.engine.caches.ssd_cache import SsdCache, read_snapshot_header
 
 PROMPT = "the quick brown fox jumps over the lazy dog and then "
 NO_EOS = {"2": -100}
@@ -133,7 +133,7 @@ def test_flush_without_ssd_tier_is_durable(client) -> None:
 
 
 def test_flush_route_200_and_503(tiny_model_dir, tmp_path) -> None:
-    from mlxspec.app import create_app
+    from mlxspec.http.app import create_app
 
     ssd_dir = tmp_path / "ssd"
     engine = Engine.load(tiny_model_dir, "tiny-llama", ssd_cache=ssd_dir)
@@ -274,8 +274,8 @@ def test_a_second_sigint_during_the_drain_exits_at_once_without_tracebacks(
 
 
 def test_cache_flags() -> None:
+    from mlxspec.cli.flags import parse_config
     from mlxspec.config import ServeConfig
-    from mlxspec.flags import parse_config
 
     cfg = parse_config(
         ["serve", "--prompt-cache-bytes", "512M", "--ssd-cache", "/x", "--ssd-cache-bytes", "2G"]
@@ -292,7 +292,7 @@ def test_cache_flags() -> None:
 
 @pytest.mark.parametrize("size", ["lots", "-1", "1X"])
 def test_bad_cache_size_exits_2(size: str) -> None:
-    from mlxspec.flags import parse_config
+    from mlxspec.cli.flags import parse_config
 
     with pytest.raises(SystemExit) as err:
         parse_config(["serve", "--prompt-cache-bytes", size])
@@ -301,7 +301,7 @@ def test_bad_cache_size_exits_2(size: str) -> None:
 
 def test_unusable_ssd_cache_dir_exits_2(tmp_path, capsys) -> None:
     """Refused before the model load, with a one-line reason."""
-    from mlxspec.cli import serve
+    from mlxspec.cli.main import serve
     from mlxspec.config import ServeConfig
 
     blocker = tmp_path / "file"

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from mlxspec.cli.flags import parse_config
 from mlxspec.config import ServeConfig
-from mlxspec.flags import parse_config
 
 
 def test_defaults() -> None:
@@ -139,7 +139,7 @@ def test_serve_raises_the_open_files_limit_within_the_hard_limit() -> None:
         "resource.setrlimit = spy\n"
         "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
         "real(resource.RLIMIT_NOFILE, (min(256, hard), hard))\n"
-        "from mlxspec.machine import raise_open_files_limit\n"
+        "from mlxspec.host.machine import raise_open_files_limit\n"
         "got = raise_open_files_limit(wanted=1024)\n"
         "now = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
         "again = raise_open_files_limit(wanted=300)\n"
@@ -160,12 +160,12 @@ def test_serve_raises_the_open_files_limit_within_the_hard_limit() -> None:
 def test_a_memory_budget_beyond_the_machine_is_warned_about(caplog) -> None:
     import logging
 
-    from mlxspec import machine
-    from mlxspec.cli import _warn_if_beyond_memory
+    from mlxspec.cli.main import _warn_if_beyond_memory
+    from mlxspec.host import machine
 
     total = machine.memory()[0]
     assert total is not None  # Linux /proc/meminfo
-    with caplog.at_level(logging.WARNING, logger="mlxspec.cli"):
+    with caplog.at_level(logging.WARNING, logger="mlxspec.cli.main"):
         _warn_if_beyond_memory(None)
         _warn_if_beyond_memory(total // 4)
         assert caplog.messages == []

@@ -15,7 +15,7 @@ import pytest
 
 from mlxspec.conformance.hooks import trim_prompt
 from mlxspec.engine import PromptError, token_prompt
-from mlxspec.handlers.completions import prompt_tokens
+from mlxspec.handlers.chat.completions import prompt_tokens
 
 COMP = "/v1/completions"
 TEXT = "hello there, the tortoise"

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from mlxspec.errors import ApiError
-from mlxspec.validation import refuse_content_encoding
+from mlxspec.openapi.validation import refuse_content_encoding
 
 CHAT_BODY = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 MESSAGES_BODY = {"max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from mlxspec.engine import GenerationDefaults
-from mlxspec.engine.sampling import read_generation_config
+from mlxspec.engine.sampling.sampler import read_generation_config
 from mlxspec.errors import ApiError
 from mlxspec.handlers.common import to_generation_request
 

@@ -1,5 +1,5 @@
-"""The optimised CPU BLAS (mlxspec/blas.py) and float32 CPU weights
-(mlxspec/engine/cpu_weights.py).
+"""The optimised CPU BLAS (mlxspec/host/blas.py) and float32 CPU weights
+(mlxspec/engine/model/cpu_weights.py).
 
 The BLAS swap happens once per process before ``mlx.core`` loads, so each case
 that needs a fresh process runs a short script in a subprocess; this test
@@ -23,8 +23,8 @@ import pytest
 from mlx.utils import tree_flatten
 from mlx_lm.models.llama import Model, ModelArgs
 
-from mlxspec import blas
-from mlxspec.engine.cpu_weights import apply_cpu_weights, float32_bytes
+from mlxspec.engine.model.cpu_weights import apply_cpu_weights, float32_bytes
+from mlxspec.host import blas
 
 ROOT = Path(__file__).resolve().parent.parent
 LINUX_X86 = sys.platform.startswith("linux") and platform.machine() == "x86_64"
@@ -35,7 +35,7 @@ PROBE = textwrap.dedent(
     import mlxspec
     import mlx.core as mx
     import numpy as np
-    from mlxspec import blas
+    from mlxspec.host import blas
 
     def mkl_libs():
         return sorted({line.split()[-1].rsplit("/", 1)[-1]

@@ -21,7 +21,7 @@ import pytest
 from mlxspec.engine import PromptError, scoring
 from mlxspec.engine.scoring import answer_ending, loglikelihood_steps, softmax
 from mlxspec.errors import ApiError
-from mlxspec.handlers.decision_wire import (
+from mlxspec.handlers.decisions.wire import (
     answer_texts,
     confidence,
     parse_openai,
@@ -286,7 +286,7 @@ def test_run_exclusive_result_error_and_cancel(tiny_engine) -> None:
 
 
 def test_scoring_pauses_after_each_prefill_chunk(tiny_engine) -> None:
-    from mlxspec.engine.lanes import default_prefill_step
+    from mlxspec.engine.loop.lanes import default_prefill_step
 
     step = default_prefill_step()
     # Three prefill chunks and the last token, ids inside the tiny vocabulary.

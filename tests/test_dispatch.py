@@ -1,4 +1,4 @@
-"""Prepared dispatch (:mod:`mlxspec.dispatch`): handlers are decorated once per
+"""Prepared dispatch (:mod:`mlxspec.http.dispatch`): handlers are decorated once per
 operation, and every request still gets its own path, query and body arguments."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 import connexion
 import httpx
 
-from mlxspec.dispatch import PreparedApi, PreparedOperation
-from mlxspec.validation import enable_openapi_31
+from mlxspec.http.dispatch import PreparedApi, PreparedOperation
+from mlxspec.openapi.validation import enable_openapi_31
 
 SPEC: dict[str, Any] = {
     "openapi": "3.1.0",
@@ -106,7 +106,7 @@ def test_body_definitions_are_remembered_for_declared_content_types_only() -> No
     from connexion.operations import OpenAPIOperation
     from connexion.resolver import Resolver
 
-    from mlxspec.dispatch import remember_body_definitions
+    from mlxspec.http.dispatch import remember_body_definitions
 
     remember_body_definitions()
     remember_body_definitions()  # idempotent: one wrapper, not two

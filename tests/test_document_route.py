@@ -1,4 +1,4 @@
-"""``GET /openapi.json`` (:mod:`mlxspec.document_route`): the document as the app
+"""``GET /openapi.json`` (:mod:`mlxspec.http.document_route`): the document as the app
 validates with, its component ``$ref``s kept, standing alone and valid OpenAPI 3.1."""
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ import pytest
 from fixtures.tiny_embedding import build_tiny_qwen3_embedding
 from mlxspec.conformance.httpx_checks import checking_client
 from mlxspec.engine.embedding import is_embedding_model, query_text
-from mlxspec.handlers.embeddings import encode_base64
+from mlxspec.handlers.embeddings.embeddings import encode_base64
 from tests.conftest import LiveServer
 from tests.helpers import openai_sdk
 
@@ -34,8 +34,8 @@ def embedding_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def embedding_server(embedding_dir: Path) -> Iterator[LiveServer]:
-    from mlxspec.app import create_app
     from mlxspec.engine import Engine
+    from mlxspec.http.app import create_app
 
     engine = Engine.load(embedding_dir, "tiny-qwen3-embedding")
     engine.start()

@@ -160,7 +160,7 @@ class CountingModel:
 def test_cancel_during_prefill_abandons_the_request(tiny_engine) -> None:
     """A serial request cancelled before its first step runs no forward pass."""
     from mlxspec.engine import Engine, RequestHandle
-    from mlxspec.engine.solo import run_alone
+    from mlxspec.engine.loop.solo import run_alone
 
     counting = CountingModel(tiny_engine.model)
     engine = Engine(
@@ -185,7 +185,7 @@ def test_a_vanishing_temperature_samples_greedily(temperature: float) -> None:
     random tokens); under 1e-5 the sampler is argmax, as for 0."""
     import mlx.core as mx
 
-    from mlxspec.engine.sampling import build_sampler
+    from mlxspec.engine.sampling.sampler import build_sampler
     from mlxspec.engine.types import SamplingParams
 
     logits = mx.array([[0.0, 3.0, 1.0, 2.9] + [0.0] * 252])  # argmax: token 1
@@ -197,7 +197,7 @@ def test_a_vanishing_temperature_samples_greedily(temperature: float) -> None:
 def test_prefill_chunks_are_128_tokens_on_the_cpu_and_512_on_a_gpu(tiny_engine, monkeypatch):
     import mlx.core as mx
 
-    from mlxspec.engine import lanes
+    from mlxspec.engine.loop import lanes
 
     assert tiny_engine.lane_parts.prefill_step == 128  # this CPU
     assert lanes.default_prefill_step() == lanes.CPU_PREFILL_STEP == 128

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from mlxspec.engine import SamplingParams
-from mlxspec.engine.sampling import MAX_TEMPERATURE, build_sampler
+from mlxspec.engine.sampling.sampler import MAX_TEMPERATURE, build_sampler
 
 CHAT = "/v1/chat/completions"
 COMP = "/v1/completions"

@@ -23,16 +23,16 @@ import pytest
 from conftest import LiveServer
 
 from fixtures.tool_models import ScriptedEngine, build_tool_model
-from mlxspec.app import create_app
 from mlxspec.conformance.httpx_checks import checking_client
-from mlxspec.handlers.tool_options import TurnOptions
-from mlxspec.handlers.turn_parser import (
+from mlxspec.handlers.turns.parser import (
     TextDelta,
     ToolCallArguments,
     ToolCallCut,
     ToolCallStart,
     TurnParser,
 )
+from mlxspec.handlers.turns.tool_options import TurnOptions
+from mlxspec.http.app import create_app
 from mlxspec.parsers import ParserChoice
 from tests.helpers import scripted_tool_server
 

@@ -213,7 +213,7 @@ def test_engine_survives_a_request_the_batch_rejects(tiny_engine) -> None:
 
 
 def test_longer_stop_starting_earlier_wins_when_streamed() -> None:
-    from mlxspec.engine.stops import StopMatcher
+    from mlxspec.engine.loop.stops import StopMatcher
 
     m = StopMatcher(["b", "aba"])
     assert (m.feed("ab"), m.feed("a"), m.stopped) == ("", "", True)

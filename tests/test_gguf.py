@@ -1,4 +1,4 @@
-"""Tests for mlxspec.engine.gguf: GGUF -> MLX model folder conversion."""
+"""Tests for mlxspec.engine.model.gguf: GGUF -> MLX model folder conversion."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
-from mlxspec.engine.gguf import MARKER_FILE, GGUFError, convert_gguf  # noqa: E402
-from mlxspec.engine.loader import find_embedded_gguf  # noqa: E402
+from mlxspec.engine.model.gguf import MARKER_FILE, GGUFError, convert_gguf  # noqa: E402
+from mlxspec.engine.model.loader import find_embedded_gguf  # noqa: E402
 
 ROUND_TRIP_TEXTS = [
     "Héllo wörld 12345 😀",

@@ -1,4 +1,4 @@
-"""Tests for mlxspec.engine.gguf_cache: GGUF conversions keyed by file content."""
+"""Tests for mlxspec.engine.model.gguf_cache: GGUF conversions keyed by file content."""
 
 from __future__ import annotations
 
@@ -15,15 +15,15 @@ import mlx.core as mx  # noqa: E402
 import pytest  # noqa: E402
 from test_gguf import save_float_gguf, tiny_metadata, tiny_weights  # noqa: E402
 
-from mlxspec.engine.gguf import CONVERTER_VERSION, MARKER_FILE, GGUFError  # noqa: E402
-from mlxspec.engine.gguf_cache import (  # noqa: E402
+from mlxspec.engine.model.gguf import CONVERTER_VERSION, MARKER_FILE, GGUFError  # noqa: E402
+from mlxspec.engine.model.gguf_cache import (
     content_digest,
     conversion_folder,
     convert_once,
     prune_older_conversions,
     remember_digest,
 )
-from mlxspec.engine.loader import gguf_cache_folder  # noqa: E402
+from mlxspec.engine.model.loader import gguf_cache_folder  # noqa: E402
 
 
 def tiny_gguf(path: Path, seed: int = 0) -> Path:

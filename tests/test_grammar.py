@@ -1,4 +1,4 @@
-"""Grammar-constrained decoding in the engine (mlxspec.engine.grammar): the
+"""Grammar-constrained decoding in the engine (mlxspec.engine.sampling.grammar): the
 compile cache, the logits mask, and enforcement on both lanes of the tiny
 random-weight model, whose unconstrained output is meaningless text."""
 
@@ -23,14 +23,14 @@ from mlxspec.engine import (
     LogitsParams,
     SamplingParams,
 )
-from mlxspec.engine.grammar import (
+from mlxspec.engine.loop.rows import LOGPROB_FLOOR
+from mlxspec.engine.sampling.grammar import (
     GRAMMAR_DISABLED,
     GrammarCache,
     GrammarError,
     choice_ebnf,
 )
-from mlxspec.engine.grammar_sandbox import CompileSandbox
-from mlxspec.engine.rows import LOGPROB_FLOOR
+from mlxspec.engine.sampling.grammar_sandbox import CompileSandbox
 
 #: Bounded JSON (enums, small integers, booleans, a $ref) so a random model
 #: must finish it within a few dozen tokens.

@@ -18,14 +18,14 @@ from typing import Any
 import httpx
 import pytest
 
-from mlxspec.app import create_app
+from mlxspec.cli.flags import parse_config
 from mlxspec.conformance.httpx_checks import checking_async_client
 from mlxspec.conformance.live import serve
 from mlxspec.engine import AdmissionLimits, BudgetTooSmallError, Engine, GenerationRequest
-from mlxspec.engine.admission import Admission, KvGate, QueueFullError
-from mlxspec.engine.fit import ModelMemory
+from mlxspec.engine.loop.admission import Admission, KvGate, QueueFullError
+from mlxspec.engine.model.fit import ModelMemory
 from mlxspec.engine.types import Delta, Finished, LogitsParams
-from mlxspec.flags import parse_config
+from mlxspec.http.app import create_app
 
 MEMORY = ModelMemory(weights_bytes=1000, kv_bytes_per_token=10, kv_dtype="float16", layers=2)
 MAX_TOKENS = 6

@@ -88,8 +88,8 @@ def fresh_server(tiny_model_dir: Path) -> Iterator[httpx.Client]:
     """A live server on a new engine (its own tokenizer), checking responses."""
     from conftest import LiveServer
 
-    from mlxspec.app import create_app
     from mlxspec.engine import Engine
+    from mlxspec.http.app import create_app
 
     engine = Engine.load(tiny_model_dir, "tiny-llama", max_batch=1, warmup=False)
     engine.start()

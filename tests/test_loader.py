@@ -1,4 +1,4 @@
-"""Tests for mlxspec.engine.loader: what `mlxspec serve [MODEL]` serves."""
+"""Tests for mlxspec.engine.model.loader: what `mlxspec serve [MODEL]` serves."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import mlx.core as mx  # noqa: E402
 import pytest  # noqa: E402
 
-from mlxspec.engine.gguf import CONVERTER_VERSION  # noqa: E402
-from mlxspec.engine.loader import (  # noqa: E402
+from mlxspec.engine.model.gguf import CONVERTER_VERSION  # noqa: E402
+from mlxspec.engine.model.loader import (
     EMBEDDED_DEFAULT,
     EmbeddedModel,
     ModelLoadError,

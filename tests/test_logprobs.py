@@ -19,7 +19,7 @@ import pytest
 
 from mlxspec.engine import TokenLogprob, TopLogprob
 from mlxspec.engine.types import GenerationRequest
-from mlxspec.handlers.logprobs import CompletionLogprobs, token_text
+from mlxspec.handlers.chat.logprobs import CompletionLogprobs, token_text
 from tests.helpers import assert_invalid_request, openai_sdk
 
 CHAT = "/v1/chat/completions"
@@ -77,7 +77,7 @@ def test_completion_top_logprobs_map_text_to_logprob() -> None:
 
 
 def test_format_flag_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    from mlxspec.flags import parse_config
+    from mlxspec.cli.flags import parse_config
 
     monkeypatch.delenv("MLXSPEC_LOGPROBS_FORMAT", raising=False)
     assert parse_config(["serve"]).logprobs_format == "mlx"
@@ -111,7 +111,7 @@ class FakeVocab:
 def test_piece_bytes_per_tokenizer_family() -> None:
     from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, SPMStreamingDetokenizer
 
-    from mlxspec.engine.rows import piece_bytes
+    from mlxspec.engine.loop.rows import piece_bytes
 
     spm = FakeVocab(["\u2581Hello", "<0xE4>", "world", "<s>"])
     detok = SPMStreamingDetokenizer(spm)

@@ -21,9 +21,9 @@ import httpx
 import httpx2
 import pytest
 
-from mlxspec.app import create_app
 from mlxspec.config import ServeConfig
 from mlxspec.conformance.httpx_checks import checking_async_client
+from mlxspec.http.app import create_app
 from tests.helpers import anthropic_sdk
 
 MESSAGES = "/v1/messages"

@@ -1,4 +1,4 @@
-"""Anthropic framing in :mod:`mlxspec.sse`: named events at the byte level, and
+"""Anthropic framing in :mod:`mlxspec.http.sse`: named events at the byte level, and
 a hypothesis property that any payloads come back unchanged, with their event
 names, from the ``anthropic`` SDK's own SSE decoder under any split of the bytes."""
 
@@ -13,9 +13,9 @@ from anthropic._streaming import SSEDecoder
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mlxspec import sse
 from mlxspec.conformance.anthropic_contract import split_named_events
 from mlxspec.errors import ApiError
+from mlxspec.http import sse
 
 PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 # Characters that break line-based parsers if written raw.

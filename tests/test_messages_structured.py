@@ -17,7 +17,7 @@ import jsonschema
 import pytest
 from pydantic import BaseModel
 
-from mlxspec.handlers.anthropic import to_chat_body
+from mlxspec.handlers.messages.anthropic import to_chat_body
 from tests.helpers import TINY_SCHEMA, anthropic_sdk
 
 MESSAGES = "/v1/messages"

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from mlxspec.errors import ApiError
-from mlxspec.handlers.anthropic import check_tool_pairs
+from mlxspec.handlers.messages.anthropic import check_tool_pairs
 
 
 def use(call_id: str) -> dict:

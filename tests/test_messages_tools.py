@@ -21,8 +21,8 @@ import pytest
 from conftest import LiveServer
 
 from fixtures.tool_models import ScriptedEngine
-from mlxspec import sse
 from mlxspec.conformance.httpx_checks import checking_client
+from mlxspec.http import sse
 from tests.helpers import anthropic_sdk, scripted_tool_server
 
 WEATHER = {

@@ -1,5 +1,5 @@
 """Pure tests of the Anthropic surface: the request translation
-(:func:`mlxspec.handlers.anthropic.to_chat_body`), the reply rendering and the
+(:func:`mlxspec.handlers.messages.anthropic.to_chat_body`), the reply rendering and the
 stream's block grammar on scripted chat events (no model)."""
 
 from __future__ import annotations
@@ -11,15 +11,15 @@ from typing import Any
 import pytest
 
 from mlxspec.engine import Finished
-from mlxspec.handlers.anthropic import to_chat_body
-from mlxspec.handlers.messages import (
+from mlxspec.handlers.messages.anthropic import to_chat_body
+from mlxspec.handlers.messages.messages import (
     BlockWriter,
     anthropic_usage,
     message_body,
     stop_fields,
     tool_use_id,
 )
-from mlxspec.handlers.turn_parser import (
+from mlxspec.handlers.turns.parser import (
     ChatTurn,
     ReasoningDelta,
     TextDelta,

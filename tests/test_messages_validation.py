@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from mlxspec.errors import ApiError
-from mlxspec.handlers.anthropic import check_empty_turns
+from mlxspec.handlers.messages.anthropic import check_empty_turns
 from tests.helpers import anthropic_sdk
 
 MESSAGES = "/v1/messages"

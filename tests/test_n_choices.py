@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from mlxspec.engine import Finished, GenerationRequest, SamplingParams
-from mlxspec.handlers.choices import choice_request, choices_usage
+from mlxspec.handlers.chat.choices import choice_request, choices_usage
 from tests.helpers import assert_invalid_request
 
 CHAT = "/v1/chat/completions"
@@ -193,7 +193,7 @@ def test_disconnect_cancels_every_choice(tiny_server, tiny_engine, client, strea
 def test_merge_interleaves_and_stops_every_stream_on_an_error() -> None:
     import asyncio
 
-    from mlxspec.handlers.choices import merge
+    from mlxspec.handlers.chat.choices import merge
 
     stopped: list[int] = []
 

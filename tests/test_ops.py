@@ -13,11 +13,11 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from mlxspec.app import create_app
+from mlxspec.cli.flags import parse_bytes, parse_config
 from mlxspec.config import ServeConfig
 from mlxspec.conformance.asgi import chat_post_scope
 from mlxspec.conformance.httpx_checks import checking_async_client
-from mlxspec.flags import parse_bytes, parse_config
+from mlxspec.http.app import create_app
 from mlxspec.openapi import load_spec
 
 KEY = "sk-local-0123456789"
@@ -427,7 +427,7 @@ def test_stats_solo_steps_count_a_lone_requests_decode_steps(tiny_app: Any) -> N
 
 
 def test_step_times_snapshot_is_per_step_means_in_milliseconds() -> None:
-    from mlxspec.engine.batching import StepTimes
+    from mlxspec.engine.loop.batching import StepTimes
 
     assert StepTimes().snapshot() == {
         "steps": 0,
@@ -448,7 +448,7 @@ def tiny_weight_bytes(engine: Any) -> int:
 
 
 def test_stats_shows_reports_of_present_components(tiny_engine: Any) -> None:
-    # every app has a Responses store (mlxspec/response_store.py); a fresh one is empty
+    # every app has a Responses store (mlxspec/handlers/responses/store.py); a fresh one is empty
     app = create_app(tiny_engine, validate_responses=True)
     body = call(app, lambda c: c.get("/stats")).json()
     assert body["response_store"] == {
@@ -491,7 +491,7 @@ def test_fit_on_a_gpu_uses_the_gpus_bandwidth_measured_on_the_engine_thread(
 ) -> None:
     import threading
 
-    from mlxspec import machine
+    from mlxspec.host import machine
 
     threads = []
 
@@ -518,7 +518,7 @@ def test_fit_on_a_gpu_uses_the_gpus_bandwidth_measured_on_the_engine_thread(
 
 
 def test_the_device_bandwidth_probe_measures_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    from mlxspec import machine
+    from mlxspec.host import machine
 
     monkeypatch.setattr(machine, "DEVICE_PROBE_BYTES", 16 * 2**20)  # small on this CPU
     machine.device_bandwidth_gbs.cache_clear()
@@ -540,7 +540,7 @@ def test_document_declares_the_operations_routes() -> None:
 
 
 def test_route_labels_follow_the_document() -> None:
-    from mlxspec.metrics import RouteLabels
+    from mlxspec.http.metrics import RouteLabels
 
     label = RouteLabels(load_spec())
     assert label("/v1/models/HuggingFaceTB/SmolLM2-135M-Instruct") == "/v1/models/{model_id}"
@@ -554,7 +554,7 @@ def test_generation_watch_splits_a_multi_token_gap() -> None:
     import time
 
     from mlxspec.engine import Delta, Finished
-    from mlxspec.metrics import GenerationWatch, Metrics
+    from mlxspec.http.metrics import GenerationWatch, Metrics
 
     metrics = Metrics(engine=None)
     watch = GenerationWatch(metrics, start=time.monotonic() - 2.0)
@@ -582,7 +582,7 @@ def test_generation_watch_splits_ttft_at_the_start() -> None:
     from types import SimpleNamespace
 
     from mlxspec.engine import Delta
-    from mlxspec.metrics import GenerationWatch, Metrics
+    from mlxspec.http.metrics import GenerationWatch, Metrics
 
     metrics = Metrics(engine=None)
     now = time.monotonic()
@@ -601,7 +601,7 @@ def test_generation_watch_splits_ttft_at_the_start() -> None:
 
 
 def test_machine_reads_proc_files(tmp_path: Path) -> None:
-    from mlxspec import machine
+    from mlxspec.host import machine
 
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("processor\t: 0\nBogoMIPS\t: 50.00\nModel\t\t: Raspberry Pi 5 Model B\n")
@@ -682,9 +682,9 @@ def test_a_declared_length_over_the_cap_is_413_before_any_byte_is_read(tiny_engi
 
 
 def test_a_body_that_stops_arriving_is_408_and_closes(tiny_engine: Any, monkeypatch) -> None:
-    import mlxspec.app
+    import mlxspec.http.app
 
-    monkeypatch.setattr(mlxspec.app, "BODY_IDLE_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(mlxspec.http.app, "BODY_IDLE_TIMEOUT_S", 0.2)
     app = create_app(tiny_engine)
     parts = [{"type": "http.request", "body": b'{"messages": [', "more_body": True}]
 
@@ -709,9 +709,9 @@ def test_a_body_that_stops_arriving_is_408_and_closes(tiny_engine: Any, monkeypa
 
 
 def test_a_body_trickling_under_the_minimum_rate_is_408(tiny_engine: Any, monkeypatch) -> None:
-    import mlxspec.app
+    import mlxspec.http.app
 
-    monkeypatch.setattr(mlxspec.app, "BODY_IDLE_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(mlxspec.http.app, "BODY_IDLE_TIMEOUT_S", 0.3)
     app = create_app(tiny_engine)
     got: list[float] = []
 

@@ -1,4 +1,4 @@
-"""The document's paths as the router answers them (``mlxspec.paths``): a 404 for
+"""The document's paths as the router answers them (``mlxspec.http.paths``): a 404 for
 a mistyped base URL names the route the client meant, in that route's error
 envelope; concrete paths shadowed by a template are known; paths match exactly
 (no trailing-slash redirect), and a keyed server checks the key before a 404."""
@@ -15,11 +15,11 @@ import openai
 import pytest
 from conftest import LiveServer
 
-from mlxspec.app import create_app
 from mlxspec.config import ServeConfig
 from mlxspec.conformance.httpx_checks import checking_client
+from mlxspec.http.app import create_app
+from mlxspec.http.paths import shadowed_methods, suggest_path
 from mlxspec.openapi import served_spec
-from mlxspec.paths import shadowed_methods, suggest_path
 
 SPEC = served_spec()
 

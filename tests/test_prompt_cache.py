@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from mlxspec.engine import Engine, Finished, GenerationRequest, LogitsParams
-from mlxspec.engine.kv import bucket_tail
-from mlxspec.engine.prompt_cache import CacheNamespace, PromptCache
-from mlxspec.engine.sampling import with_history
-from mlxspec.engine.ssd_cache import SsdCache, read_snapshot_header
+from mlxspec.engine.caches.kv import bucket_tail
+from mlxspec.engine.caches.prompt_cache import CacheNamespace, PromptCache
+from mlxspec.engine.caches.ssd_cache import SsdCache, read_snapshot_header
+from mlxspec.engine.sampling.sampler import with_history
 from tests.helpers import text_and_finish
 
 #: Forbid EOS (token 2, ``<|im_end|>``) so every run generates its full budget.

@@ -4,12 +4,12 @@ framing. (The stop matcher's property lives in ``tests/test_stops.py``.)
 Detokenizer: for any text (multi-byte UTF-8, emoji) tokenized by the tiny
 model's byte-level BPE, and for any token sequence at all, feeding the tokens
 one by one to mlx-lm's streaming detokenizer, and through the engine's
-:class:`~mlxspec.engine.rows.Row`, yields segments that join to
+:class:`~mlxspec.engine.loop.rows.Row`, yields segments that join to
 ``tokenizer.decode(tokens)`` (less the one leading space mlx-lm drops) and
 never show U+FFFD that the decoded text lacks. Two mlx-lm behaviours found
 here are pinned by their own tests below.
 
-SSE: any JSON payload written by :mod:`mlxspec.sse` comes back unchanged from
+SSE: any JSON payload written by :mod:`mlxspec.http.sse` comes back unchanged from
 a parser that follows the WHATWG rules (HTML Living Standard, "Server-sent
 events", section 9.2.6), from httpx's ``iter_lines`` (which splits on every
 ``str.splitlines`` boundary, U+2028 included) and from the openai SDK's
@@ -30,11 +30,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from openai._streaming import SSEDecoder
 
-from mlxspec import sse
 from mlxspec.conformance.contract import split_event_stream
 from mlxspec.engine import GenerationRequest
-from mlxspec.engine.rows import Row
+from mlxspec.engine.loop.rows import Row
 from mlxspec.errors import ApiError, openai_error_body
+from mlxspec.http import sse
 
 REPLACEMENT = "\ufffd"
 PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

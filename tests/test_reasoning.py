@@ -12,15 +12,15 @@ from hypothesis import strategies as st
 from mlxspec.conformance.httpx_checks import checking_client
 from mlxspec.engine import TokenLogprob
 from mlxspec.engine.prompt import normalize_messages
-from mlxspec.handlers.tool_options import template_kwargs
-from mlxspec.handlers.turn_parser import (
+from mlxspec.handlers.turns.parser import (
     ReasoningDelta,
     TextDelta,
     ToolCallArguments,
     ToolCallStart,
     TurnParser,
 )
-from mlxspec.handlers.turns import TurnOptions
+from mlxspec.handlers.turns.tool_options import template_kwargs
+from mlxspec.handlers.turns.turns import TurnOptions
 from mlxspec.parsers import Content, ParserChoice, Reasoning, reasoning_parser_class
 from tests.helpers import scripted_tool_server
 

@@ -124,7 +124,7 @@ def test_a_405_allows_every_method_of_the_resource(
 
 
 def test_allowed_methods_follow_the_document() -> None:
-    from mlxspec.paths import allowed_methods
+    from mlxspec.http.paths import allowed_methods
 
     spec = {"paths": {"/a/{id}": {"get": {}, "delete": {}}, "/a/{id}/b": {"post": {}}}}
     allow = allowed_methods(spec)
@@ -146,7 +146,7 @@ def test_an_empty_model_id_is_a_404(client: httpx.Client) -> None:
 
 
 def test_a_parameter_error_keeps_only_the_first_line_of_jsonschemas_report() -> None:
-    from mlxspec.app import _from_status
+    from mlxspec.http.app import _from_status
 
     detail = "'' should be non-empty\n\nFailed validating 'minLength' in schema:\n    {}"
     assert _from_status(400, detail).message == "'' should be non-empty"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mlxspec.response_store import Conversation, ResponseStore, StoredResponse
+from mlxspec.handlers.responses.store import Conversation, ResponseStore, StoredResponse
 
 
 class Clock:

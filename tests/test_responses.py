@@ -17,7 +17,7 @@ import pytest
 
 from mlxspec.conformance.contract import split_named_event_stream
 from mlxspec.engine import Constraint
-from mlxspec.handlers.structured import instruction
+from mlxspec.handlers.turns.structured import instruction
 
 NO_EOS = {"2": -1e9}  # the tiny model's EOS id
 ONLY_EOS = {"2": 1e9}

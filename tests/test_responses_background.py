@@ -17,9 +17,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from mlxspec.app import create_app
 from mlxspec.conformance.httpx_checks import checking_async_client, checking_client
 from mlxspec.engine import Engine
+from mlxspec.http.app import create_app
 from tests.conftest import LiveServer
 from tests.helpers import openai_sdk
 

@@ -13,15 +13,11 @@ from typing import Any
 import httpx
 import pytest
 
-from mlxspec import sse
-from mlxspec.app import create_app
-from mlxspec.conformance.contract import (
-    ContractViolation,
-    check_response,
-    split_named_event_stream,
-)
+from mlxspec.conformance.contract import ContractViolation, check_response, split_named_event_stream
 from mlxspec.engine import Delta, Failed, Finished, GenerationDefaults, GenerationRequest, ModelInfo
 from mlxspec.errors import ApiError
+from mlxspec.http import sse
+from mlxspec.http.app import create_app
 
 
 class FakeHandle:

@@ -11,9 +11,10 @@ from hypothesis import strategies as st
 
 from mlxspec.engine import Finished
 from mlxspec.errors import ApiError
-from mlxspec.handlers.responses_input import to_chat_body
-from mlxspec.handlers.responses_output import ResponseBuilder, turn_as_events
-from mlxspec.handlers.turn_parser import (
+from mlxspec.handlers.responses.input import to_chat_body
+from mlxspec.handlers.responses.output import ResponseBuilder, turn_as_events
+from mlxspec.handlers.responses.store import Conversation
+from mlxspec.handlers.turns.parser import (
     ChatTurn,
     ReasoningDelta,
     TextDelta,
@@ -22,7 +23,6 @@ from mlxspec.handlers.turn_parser import (
     ToolCallStart,
     TurnEnd,
 )
-from mlxspec.response_store import Conversation
 
 WEATHER = {
     "type": "object",

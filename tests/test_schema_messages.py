@@ -1,7 +1,7 @@
 """Generic 400 messages on the real routes speak JSON, not Python.
 
 Fields without an ``x-mlxspec-error`` get their text from
-``mlxspec.schema_errors``: a boolean is ``a boolean`` (not ``True``), values are
+``mlxspec.openapi.schema_errors``: a boolean is ``a boolean`` (not ``True``), values are
 shown as JSON, a tagged union names what its tag's branch lacks. Each surface
 keeps its own error envelope. The ``client`` fixture checks every response
 against the document.

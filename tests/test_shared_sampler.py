@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from mlxspec.engine.sampling import build_sampler
+from mlxspec.engine.sampling.sampler import build_sampler
 from mlxspec.engine.types import SamplingParams
 
 

@@ -20,9 +20,9 @@ from mlxspec.engine import (
     RequestHandle,
     SamplingParams,
 )
-from mlxspec.engine.batching import BatchLane
-from mlxspec.engine.prompt_cache import PromptCache
-from mlxspec.engine.solo import SoloRun
+from mlxspec.engine.caches.prompt_cache import PromptCache
+from mlxspec.engine.loop.batching import BatchLane
+from mlxspec.engine.loop.solo import SoloRun
 
 NO_EOS = LogitsParams(logit_bias=((2, -1e9),))
 #: Strong enough to change the tiny model's greedy output after 8 tokens.

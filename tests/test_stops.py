@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlxspec.engine.stops import HeldLogprobs, StopMatcher
+from mlxspec.engine.loop.stops import HeldLogprobs, StopMatcher
 from mlxspec.engine.types import TokenLogprob
 
 

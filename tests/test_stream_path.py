@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlxspec import sse
 from mlxspec.engine import Delta, Finished, GenerationRequest, RequestHandle
-from mlxspec.handlers.chat import _chunker
-from mlxspec.handlers.completions import _chunker as _text_chunker
+from mlxspec.handlers.chat.chat import _chunker
+from mlxspec.handlers.chat.completions import _chunker as _text_chunker
+from mlxspec.http import sse
 
 HEAD = {"id": "chatcmpl-1", "created": 7, "model": "m", "system_fingerprint": "fp"}
 

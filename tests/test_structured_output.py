@@ -20,12 +20,12 @@ import httpx
 import jsonschema
 import pytest
 
+from mlxspec.cli.flags import parse_config
 from mlxspec.conformance.httpx_checks import checking_client
 from mlxspec.conformance.live import serve
 from mlxspec.engine import Constraint
-from mlxspec.flags import parse_config
 from mlxspec.handlers.common import to_constraint
-from mlxspec.handlers.structured import degraded_body, instruction, warning_header
+from mlxspec.handlers.turns.structured import degraded_body, instruction, warning_header
 from tests.helpers import TINY_SCHEMA
 
 CHAT = "/v1/chat/completions"

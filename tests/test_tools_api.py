@@ -20,9 +20,9 @@ import pytest
 from conftest import LiveServer
 
 from fixtures.tool_models import ScriptedEngine, build_tool_model
-from mlxspec import sse
-from mlxspec.app import create_app
 from mlxspec.conformance.httpx_checks import checking_client
+from mlxspec.http import sse
+from mlxspec.http.app import create_app
 from tests.helpers import openai_sdk, scripted_tool_server
 
 WEATHER = {
@@ -372,7 +372,7 @@ NAMED_CLOCK = {"type": "function", "function": {"name": "get_time"}}
 )
 def test_forcing_makes_a_random_model_call(tmp_path: Path, tool_choice: Any, style: str) -> None:
     """End to end on a tiny random model: the forced grammar (enforced by
-    ``mlxspec.engine.grammar``) makes it write exactly one well-formed call."""
+    ``mlxspec.engine.sampling.grammar``) makes it write exactly one well-formed call."""
     from mlxspec.engine import Engine
 
     engine = Engine.load(build_tool_model(tmp_path / "m", style), "tiny-tools")
@@ -403,7 +403,7 @@ def test_forcing_makes_a_random_model_call(tmp_path: Path, tool_choice: Any, sty
 
 def test_unenforceable_tool_choice_is_400() -> None:
     from mlxspec.errors import ApiError
-    from mlxspec.handlers.tool_options import TurnOptions, forcing_constraint
+    from mlxspec.handlers.turns.tool_options import TurnOptions, forcing_constraint
     from mlxspec.parsers import ParserChoice
 
     options = TurnOptions(tools=(WEATHER,), tool_choice="required")

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from mlxspec.engine import SamplingParams
-from mlxspec.engine.sampling import build_sampler
+from mlxspec.engine.sampling.sampler import build_sampler
 from mlxspec.openapi import load_spec
 
 COMP, CHAT = "/v1/completions", "/v1/chat/completions"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from mlxspec.errors import ApiError, openai_error_body
-from mlxspec.schema_errors import best_error
-from mlxspec.validation import (
+from mlxspec.openapi.schema_errors import best_error
+from mlxspec.openapi.validation import (
     enable_openapi_31,
     error_for,
     format_path,

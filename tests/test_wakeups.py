@@ -1,5 +1,5 @@
 """Engine-to-event-loop wake-ups: one per batched decode step for every row
-of a loop (:func:`mlxspec.engine.handles.coalesced_wakeups`), not one per row."""
+of a loop (:func:`mlxspec.engine.loop.handles.coalesced_wakeups`), not one per row."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from mlxspec.engine import Delta, Finished, GenerationRequest, LogitsParams, RequestHandle
-from mlxspec.engine.handles import coalesced_wakeups, flush_wakeups
+from mlxspec.engine.loop.handles import coalesced_wakeups, flush_wakeups
 
 
 class CountingLoop(asyncio.SelectorEventLoop):

@@ -1,4 +1,4 @@
-"""Start-up warm-up (:mod:`mlxspec.engine.warmup`): which prefill lengths it runs,
+"""Start-up warm-up (:mod:`mlxspec.engine.model.warmup`): which prefill lengths it runs,
 that requests arriving meanwhile wait and complete, that outputs are the same
 with and without it, and how ``MLXSPEC_WARMUP`` switches it."""
 
@@ -16,21 +16,14 @@ from typing import Any
 import httpx
 import pytest
 
-from mlxspec.app import create_app
+from mlxspec.cli.flags import parse_config
 from mlxspec.conformance.httpx_checks import checking_async_client, checking_client
 from mlxspec.conformance.live import serve
-from mlxspec.engine import (
-    Delta,
-    Engine,
-    Finished,
-    GenerationRequest,
-    LogitsParams,
-    RequestHandle,
-)
-from mlxspec.engine.kv import bucket_tail, tail_buckets
-from mlxspec.engine.prompt_cache import PromptCache
-from mlxspec.engine.warmup import warmup_lengths
-from mlxspec.flags import parse_config
+from mlxspec.engine import Delta, Engine, Finished, GenerationRequest, LogitsParams, RequestHandle
+from mlxspec.engine.caches.kv import bucket_tail, tail_buckets
+from mlxspec.engine.caches.prompt_cache import PromptCache
+from mlxspec.engine.model.warmup import warmup_lengths
+from mlxspec.http.app import create_app
 
 NO_EOS = LogitsParams(logit_bias=((2, -1e9),))
 #: The tiny model's window is 256 tokens: buckets of 256 and up (and the 512-token

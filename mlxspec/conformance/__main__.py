@@ -80,7 +80,7 @@ def _positive_int(text: str) -> int:
 def _fuzz(args: argparse.Namespace) -> int:
     from contextlib import nullcontext
 
-    from .fuzz import DEFAULT_PHASES, FuzzOptions, run_fuzz, served_default_model
+    from mlxspec.conformance.fuzz import DEFAULT_PHASES, FuzzOptions, run_fuzz, served_default_model
 
     phases = DEFAULT_PHASES + (("coverage",) if args.coverage else ())
     limit = args.time_limit or (3600.0 if args.coverage else 900.0)
@@ -116,7 +116,7 @@ def _fuzz(args: argparse.Namespace) -> int:
 
 def _parity(argv: Sequence[str]) -> int:
     try:
-        from .parity import main as parity_main
+        from mlxspec.conformance.parity import main as parity_main
     except ModuleNotFoundError as exc:
         if exc.name != f"{__package__}.parity":
             raise

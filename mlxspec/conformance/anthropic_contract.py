@@ -17,10 +17,9 @@ from typing import Any
 
 from jsonschema_path import SchemaPath
 
+from mlxspec.conformance.schema_checks import fail, validate
+from mlxspec.conformance.stream_contract import frame_kind, split_named_event_stream
 from mlxspec.errors import anthropic_error_type
-
-from .schema_checks import fail, validate
-from .stream_contract import frame_kind, split_named_event_stream
 
 __all__ = ["check_error_type", "check_event_stream", "check_stream_order", "split_named_events"]
 

@@ -30,11 +30,8 @@ from jsonschema_path import SchemaPath
 from openapi_core.testing import MockRequest, MockResponse
 from openapi_core.validation.response.validators import V31ResponseHeadersValidator
 
-from mlxspec.errors import surface_for_path
-from mlxspec.openapi import load_spec
-
-from . import anthropic_contract
-from .schema_checks import (
+from mlxspec.conformance import anthropic_contract
+from mlxspec.conformance.schema_checks import (
     ERROR_ROWS,
     ContractViolation,
     api,
@@ -44,7 +41,13 @@ from .schema_checks import (
     schema,
     validate,
 )
-from .stream_contract import check_event_stream, split_event_stream, split_named_event_stream
+from mlxspec.conformance.stream_contract import (
+    check_event_stream,
+    split_event_stream,
+    split_named_event_stream,
+)
+from mlxspec.errors import surface_for_path
+from mlxspec.openapi import load_spec
 
 __all__ = [
     "ContractViolation",

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .live import serve
+from mlxspec.conformance.live import serve
 
 #: schemathesis checks every run applies (schemathesis 4.32 names).
 CHECKS = (

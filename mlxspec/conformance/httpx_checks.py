@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from .contract import check_response
+from mlxspec.conformance.contract import check_response
 
 __all__ = ["async_check_hook", "check_hook", "checking_async_client", "checking_client"]
 

@@ -29,8 +29,8 @@ from pathlib import Path
 
 import httpx
 
-from .live import serve
-from .observe import (
+from mlxspec.conformance.live import serve
+from mlxspec.conformance.observe import (
     FIELDS,
     TOLERANCE,
     Observed,
@@ -382,7 +382,7 @@ def _run(args: argparse.Namespace, cases: list[Case]) -> tuple[list[Outcome], st
     if args.live:
         model, about = args.model, f"`{args.model}`"
         if model is None:
-            from mlxspec.engine.loader import resolve_model
+            from mlxspec.engine.model.loader import resolve_model
 
             resolved = resolve_model(None)
             model = resolved.path

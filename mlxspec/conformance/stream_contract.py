@@ -18,7 +18,7 @@ from typing import Any
 
 from jsonschema_path import SchemaPath
 
-from .schema_checks import ERROR_ROWS, fail, schema_errors, validate
+from mlxspec.conformance.schema_checks import ERROR_ROWS, fail, schema_errors, validate
 
 __all__ = [
     "check_event_stream",

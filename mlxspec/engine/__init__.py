@@ -6,14 +6,19 @@ resolution (:mod:`.loader`), and the non-generative forward paths: decision
 scoring (:func:`score_answers`) and embeddings (:func:`embed_texts`).
 """
 
-from .admission import AdmissionLimits, BudgetTooSmallError, ContextBudgetError, QueueFullError
-from .embedding import Embeddings, embed_texts
-from .generator import Engine, RequestHandle
-from .prompt import off_loop, token_prompt
-from .sampling import GenerationDefaults
-from .scoring import ScoredAnswers, score_answers
-from .ssd_cache import FLUSH_TIMEOUT_S
-from .types import (
+from mlxspec.engine.caches.ssd_cache import FLUSH_TIMEOUT_S
+from mlxspec.engine.embedding import Embeddings, embed_texts
+from mlxspec.engine.engine import Engine, RequestHandle
+from mlxspec.engine.loop.admission import (
+    AdmissionLimits,
+    BudgetTooSmallError,
+    ContextBudgetError,
+    QueueFullError,
+)
+from mlxspec.engine.prompt import off_loop, token_prompt
+from mlxspec.engine.sampling.sampler import GenerationDefaults
+from mlxspec.engine.scoring import ScoredAnswers, score_answers
+from mlxspec.engine.types import (
     Cancelled,
     Constraint,
     ContextLengthError,

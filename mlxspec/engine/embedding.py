@@ -23,8 +23,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from .prompt import off_loop, token_prompt
-from .types import ContextLengthError, PromptError
+from mlxspec.engine.prompt import off_loop, token_prompt
+from mlxspec.engine.types import ContextLengthError, PromptError
 
 #: Texts embedded per engine-thread job; generation steps interleave between jobs.
 CHUNK = 16

@@ -22,7 +22,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from .types import PromptError
+from mlxspec.engine.types import PromptError
 
 T = TypeVar("T")
 

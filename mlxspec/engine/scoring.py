@@ -39,9 +39,9 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from .lanes import default_prefill_step
-from .prompt import off_loop
-from .types import ContextLengthError, PromptError
+from mlxspec.engine.loop.lanes import default_prefill_step
+from mlxspec.engine.prompt import off_loop
+from mlxspec.engine.types import ContextLengthError, PromptError
 
 #: Most cached + new tokens in one candidate batch (batch * (prompt + answer)).
 BATCH_TOKENS = 16384

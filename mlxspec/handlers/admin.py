@@ -8,8 +8,7 @@ import asyncio
 from typing import Any
 
 from mlxspec.engine import FLUSH_TIMEOUT_S
-
-from .common import JSON, current_engine, request_headers, session_key
+from mlxspec.handlers.common import JSON, current_engine, request_headers, session_key
 
 
 async def close_cache_session(body: dict[str, Any] | None = None) -> Any:

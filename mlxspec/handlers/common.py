@@ -35,7 +35,7 @@ from mlxspec.engine import (
     TokenLogprob,
 )
 from mlxspec.errors import ApiError
-from mlxspec.metrics import GenerationWatch, Metrics
+from mlxspec.http.metrics import GenerationWatch, Metrics
 
 SYSTEM_FINGERPRINT = f"mlxspec-{__version__}"
 T = TypeVar("T")

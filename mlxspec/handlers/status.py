@@ -19,11 +19,11 @@ from typing import Any
 from connexion.context import scope
 from starlette.responses import Response
 
-from mlxspec import __version__, machine
-from mlxspec.engine.fit import ModelMemory
-from mlxspec.metrics import CONTENT_TYPE
-
-from .common import current_engine
+from mlxspec import __version__
+from mlxspec.engine.model.fit import ModelMemory
+from mlxspec.handlers.common import current_engine
+from mlxspec.host import machine
+from mlxspec.http.metrics import CONTENT_TYPE
 
 #: Context at which ``/fit`` reports the typical decode rate (the reference's 8192).
 TYPICAL_CONTEXT = 8192

@@ -7,9 +7,8 @@ from typing import Any
 from starlette.responses import Response
 
 from mlxspec import __version__
+from mlxspec.handlers.common import current_engine
 from mlxspec.openapi import load_spec
-
-from .common import current_engine
 
 
 def _endpoints() -> list[str]:

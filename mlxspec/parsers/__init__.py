@@ -13,7 +13,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
-from .base import (
+from mlxspec.parsers.base import (
     CallArguments,
     CallBegin,
     CallEnd,

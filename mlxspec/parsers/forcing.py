@@ -14,8 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mlxspec.engine.types import Constraint
-
-from . import tool_parser_class
+from mlxspec.parsers import tool_parser_class
 
 log = logging.getLogger("mlxspec.parsers")
 

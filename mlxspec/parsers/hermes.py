@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from .base import ToolParser
-from .json_calls import JsonCallsBlock
+from mlxspec.parsers.base import ToolParser
+from mlxspec.parsers.json_calls import JsonCallsBlock
 
 
 class HermesToolParser(ToolParser):

@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .args import (
+from mlxspec.parsers.args import (
     ArgumentsWriter,
     decode_arguments,
     decode_value,
@@ -23,7 +23,7 @@ from .args import (
     repair_json,
     tool_properties,
 )
-from .base import CallArguments, CallBegin, CallEnd, ParserDelta
+from mlxspec.parsers.base import CallArguments, CallBegin, CallEnd, ParserDelta
 
 _WS = " \t\r\n"
 NAME_KEYS = ("name",)

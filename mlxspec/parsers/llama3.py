@@ -7,8 +7,8 @@ the call runs to the end of the output and only counts when it opens it.
 
 from __future__ import annotations
 
-from .base import ToolParser
-from .json_calls import JsonCallsBlock
+from mlxspec.parsers.base import ToolParser
+from mlxspec.parsers.json_calls import JsonCallsBlock
 
 
 class Llama3JsonToolParser(ToolParser):

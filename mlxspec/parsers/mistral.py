@@ -13,9 +13,9 @@ from typing import Any
 
 from mlx_lm.tool_parsers import mistral
 
-from .base import ParserDelta, ToolParser
-from .json_calls import JsonCallsBlock
-from .whole import WholeBlock
+from mlxspec.parsers.base import ParserDelta, ToolParser
+from mlxspec.parsers.json_calls import JsonCallsBlock
+from mlxspec.parsers.whole import WholeBlock
 
 
 class MistralBlock:

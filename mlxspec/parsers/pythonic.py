@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from mlx_lm.tool_parsers import pythonic
 
-from .base import ToolParser
-from .whole import WholeBlock
+from mlxspec.parsers.base import ToolParser
+from mlxspec.parsers.whole import WholeBlock
 
 
 class PythonicToolParser(ToolParser):

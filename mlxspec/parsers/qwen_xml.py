@@ -11,8 +11,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .args import ArgumentsWriter, decode_value, is_string_param, tool_properties
-from .base import CallArguments, CallBegin, CallEnd, ParserDelta, ToolParser, held_prefix
+from mlxspec.parsers.args import ArgumentsWriter, decode_value, is_string_param, tool_properties
+from mlxspec.parsers.base import (
+    CallArguments,
+    CallBegin,
+    CallEnd,
+    ParserDelta,
+    ToolParser,
+    held_prefix,
+)
 
 FUNCTION, PARAMETER = "<function=", "<parameter="
 END_PARAMETER, END_FUNCTION = "</parameter>", "</function>"

@@ -6,7 +6,7 @@ pairs mlx-lm's ``TokenizerWrapper`` recognises (``_infer_thinking``).
 
 from __future__ import annotations
 
-from .base import ReasoningParser
+from mlxspec.parsers.base import ReasoningParser
 
 
 class ThinkParser(ReasoningParser):

@@ -12,8 +12,8 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .args import ArgumentsWriter, decode_arguments, tool_properties
-from .base import CallArguments, CallBegin, CallEnd, ParserDelta, ToolParser
+from mlxspec.parsers.args import ArgumentsWriter, decode_arguments, tool_properties
+from mlxspec.parsers.base import CallArguments, CallBegin, CallEnd, ParserDelta, ToolParser
 
 log = logging.getLogger("mlxspec.parsers")
 

@@ -1,0 +1,237 @@
+"""The ``mlxspec serve`` flags: the argument parser, its value types, and
+:func:`parse_config`, which turns a command line (and the ``MLXSPEC_*``
+environment variables it reads) into a :class:`~.config.ServeConfig`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from collections.abc import Sequence
+
+from mlxspec.config import ServeConfig
+
+LOGPROBS_FORMATS = ("mlx", "openai")
+#: ``MLXSPEC_WARMUP`` values and what they set :attr:`ServeConfig.warmup` to.
+WARMUP_MODES = {"0": False, "1": True, "auto": None, "": None}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mlxspec", description="OpenAI-compatible LLM server on MLX"
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="serve a model over HTTP")
+    serve.add_argument(
+        "model",
+        nargs="?",
+        default=None,
+        help="MLX model folder, Hugging Face repo id (local cache only) or .gguf file; "
+        "default: the embedded SmolLM2-135M-Instruct",
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    serve.add_argument("--port", type=_port, default=8080, help="TCP port (default 8080)")
+    serve.add_argument(
+        "--max-tokens",
+        type=_positive_int,
+        default=None,
+        help="default completion cap when a request sets none (default: until EOS)",
+    )
+    serve.add_argument("--temperature", type=float, default=None, help="default temperature")
+    serve.add_argument("--top-p", type=float, default=None, help="default top_p")
+    serve.add_argument("--top-k", type=int, default=None, help="default top_k")
+    serve.add_argument(
+        "--batch",
+        type=_positive_int,
+        default=8,
+        help="most requests decoding at once (continuous batching); 1 = serial (default 8)",
+    )
+    _admission_flags(serve)
+    _operations_flags(serve)
+    serve.add_argument(
+        "--logprobs-format",
+        choices=LOGPROBS_FORMATS,
+        default=None,
+        help="logprobs shape: 'mlx' (mlx_lm.server's block, the default) or 'openai' "
+        "(OpenAI's token/bytes shape, also in stream chunks); env MLXSPEC_LOGPROBS_FORMAT",
+    )
+    serve.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"]
+    )
+    _add_cache_flags(serve)
+    return parser
+
+
+def _admission_flags(serve: argparse.ArgumentParser) -> None:
+    serve.add_argument(
+        "--max-queue",
+        type=_non_negative_int,
+        default=64,
+        help="most requests waiting for a decode slot; the next gets 429 queue_full (default 64)",
+    )
+    serve.add_argument(
+        "--max-context",
+        type=_positive_int,
+        default=None,
+        help="cap on prompt + completion tokens per request (default: the model's window)",
+    )
+    serve.add_argument(
+        "--memory-budget",
+        type=parse_bytes,
+        default=None,
+        help="memory the model may use, weights + KV cache, e.g. 8GiB or 500M "
+        "(binary units; default: no budget)",
+    )
+    serve.add_argument(
+        "--kv-budget",
+        type=parse_bytes,
+        default=None,
+        help="KV cache the running requests may project together (prompt + max_tokens "
+        "each), e.g. 2GiB; requests beyond it wait for a slot (default: no budget)",
+    )
+
+
+def _operations_flags(serve: argparse.ArgumentParser) -> None:
+    serve.add_argument(
+        "--api-key",
+        default=os.environ.get("MLXSPEC_API_KEY") or None,
+        help="require 'Authorization: Bearer KEY' or 'x-api-key: KEY' on every route but "
+        "/health and /openapi.json (default: $MLXSPEC_API_KEY, else open)",
+    )
+    serve.add_argument(
+        "--allowed-origins",
+        action="append",
+        type=_origins,
+        default=[],
+        help="comma-separated CORS origins, or '*' (repeatable; default: CORS off)",
+    )
+    serve.add_argument(
+        "--max-body-bytes",
+        type=parse_bytes,
+        default=ServeConfig().max_body_bytes,
+        help="largest request body; larger ones get 413 unread (default 16M)",
+    )
+
+
+def _add_cache_flags(serve: argparse.ArgumentParser) -> None:
+    """Prompt cache flags (sizes as :func:`parse_bytes` reads them; 0 turns a cache off)."""
+    defaults = ServeConfig()
+    serve.add_argument(
+        "--prompt-cache-bytes",
+        type=_byte_size,
+        default=defaults.prompt_cache_bytes,
+        help="RAM budget for reusing prompt-prefix KV caches across requests; 0 disables "
+        "(default 1G)",
+    )
+    serve.add_argument(
+        "--cpu-weights",
+        choices=("auto", "float32", "native"),
+        default=defaults.cpu_weights,
+        help="on the CPU, hold the weights as float32 so MLX multiplies them with the "
+        "optimised BLAS (MKL); auto: when that BLAS is loaded and float32 weights fit in "
+        "a quarter of RAM; native: as the checkpoint stores them (default auto)",
+    )
+    serve.add_argument(
+        "--ssd-cache",
+        metavar="DIR",
+        default=None,
+        help="keep durable prompt-cache snapshots in DIR, restored after a restart",
+    )
+    serve.add_argument(
+        "--ssd-cache-bytes",
+        type=_byte_size,
+        default=defaults.ssd_cache_bytes,
+        help="disk budget of --ssd-cache; the oldest snapshots go first (default 16G)",
+    )
+
+
+def _byte_size(text: str) -> int:
+    """A cache budget: :func:`parse_bytes`, or ``0`` (off)."""
+    return 0 if text.strip() == "0" else parse_bytes(text)
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError("must be a TCP port, 0-65535")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be >= 1")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be >= 0")
+    return value
+
+
+_SIZE = re.compile(r"(?i)\s*(\d+(?:\.\d+)?)\s*(?:([kmgt])(?:i?b)?|b)?\s*")
+_UNITS = {None: 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+
+
+def parse_bytes(text: str) -> int:
+    """A byte size: a number of bytes, or with a binary unit (``8G``, ``8GB``,
+    ``8GiB`` are all 8 x 2**30; ``512m``, ``1.5 GiB``).
+
+    Raises:
+        argparse.ArgumentTypeError: not a size, or zero.
+    """
+    match = _SIZE.fullmatch(text)
+    if match is None:
+        raise argparse.ArgumentTypeError("must be a size such as 8GiB, 512M or 1073741824")
+    number, unit = match.groups()
+    value = int(float(number) * _UNITS[unit.lower() if unit else None])
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1 byte")
+    return value
+
+
+def _origins(text: str) -> list[str]:
+    return [origin.strip() for origin in text.split(",") if origin.strip()]
+
+
+def parse_config(argv: Sequence[str] | None = None) -> ServeConfig:
+    """Parse ``serve`` arguments into a :class:`ServeConfig` (argparse exits 2 on bad flags).
+
+    ``--logprobs-format`` falls back to ``MLXSPEC_LOGPROBS_FORMAT``, then ``mlx``;
+    ``MLXSPEC_WARMUP`` is one of :data:`WARMUP_MODES`.
+    """
+    parser = _parser()
+    args = parser.parse_args(argv)
+    logprobs_format = args.logprobs_format or os.environ.get("MLXSPEC_LOGPROBS_FORMAT") or "mlx"
+    if logprobs_format not in LOGPROBS_FORMATS:
+        parser.error(f"MLXSPEC_LOGPROBS_FORMAT must be one of {', '.join(LOGPROBS_FORMATS)}")
+    warmup = os.environ.get("MLXSPEC_WARMUP", "auto").strip().lower()
+    if warmup not in WARMUP_MODES:
+        parser.error("MLXSPEC_WARMUP must be 0, 1 or auto")
+    return ServeConfig(
+        model=args.model,
+        host=args.host,
+        port=args.port,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        log_level=args.log_level,
+        batch=args.batch,
+        max_queue=args.max_queue,
+        max_context=args.max_context,
+        memory_budget=args.memory_budget,
+        kv_budget=args.kv_budget,
+        api_key=args.api_key or None,  # an empty key would lock every client out
+        allowed_origins=tuple(o for group in args.allowed_origins for o in group),
+        max_body_bytes=args.max_body_bytes,
+        prompt_cache_bytes=args.prompt_cache_bytes,
+        ssd_cache=args.ssd_cache,
+        ssd_cache_bytes=args.ssd_cache_bytes,
+        logprobs_format=logprobs_format,
+        grammar=os.environ.get("MLXSPEC_GRAMMAR", "1") != "0",
+        cpu_weights=args.cpu_weights,
+        warmup=WARMUP_MODES[warmup],
+    )

@@ -1,0 +1,264 @@
+"""The ``mlxspec`` command line: ``mlxspec serve [MODEL] [flags]``."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+
+from mlxspec.cli.flags import parse_config
+from mlxspec.config import ServeConfig, apply_serve_env_defaults
+
+EXIT_MODEL_ERROR = 2
+#: uvicorn could not start serving (uvicorn's own ``STARTUP_FAILURE``).
+EXIT_STARTUP_FAILED = 3
+#: On SIGINT/SIGTERM, how long in-flight requests may run before they are
+#: cancelled, seconds (the reference's shutdown default).
+DRAIN_TIMEOUT_S = 120
+
+log = logging.getLogger("mlxspec.cli.main")
+
+
+def load_engine(config: ServeConfig):  # noqa: ANN201 - returns mlxspec.engine.Engine
+    """Resolve and load the configured model and start its engine thread.
+
+    Raises:
+        ModelLoadError: the model is missing, unreadable or unsupported, or the
+            admission limits leave no room for a request.
+    """
+    from mlxspec.engine import AdmissionLimits, BudgetTooSmallError, Engine, GenerationDefaults
+    from mlxspec.engine.model.loader import ModelLoadError, resolve_model
+
+    resolved = resolve_model(config.model)
+    _warn_if_beyond_memory(config.memory_budget)
+    overrides = GenerationDefaults(
+        temperature=config.temperature,
+        top_p=config.top_p,
+        top_k=config.top_k,
+        max_tokens=config.max_tokens,
+    )
+    try:
+        engine = Engine.load(
+            resolved.path,
+            resolved.model_id,
+            source=resolved.source,
+            overrides=overrides,
+            max_batch=config.batch,
+            limits=AdmissionLimits(
+                config.max_queue, config.max_context, config.memory_budget, config.kv_budget
+            ),
+            prompt_cache_bytes=config.prompt_cache_bytes,
+            ssd_cache=Path(config.ssd_cache) if config.ssd_cache else None,
+            ssd_cache_bytes=config.ssd_cache_bytes,
+            grammar=config.grammar,
+            cpu_weights=config.cpu_weights,
+            warmup=config.warmup,
+        )
+    except BudgetTooSmallError as exc:
+        raise ModelLoadError(str(exc)) from exc
+    except Exception as exc:  # mlx-lm raises many types for unreadable folders
+        raise ModelLoadError(f"cannot load model from {resolved.path}: {exc}") from exc
+    engine.start()
+    return engine
+
+
+def _warn_if_beyond_memory(budget: int | None) -> None:
+    """Log a warning when ``--memory-budget`` exceeds the memory of this machine
+    (its RAM, or its GPU's memory when MLX runs on one): such a budget bounds
+    nothing, which is likely not what the operator meant."""
+    from mlxspec.host import machine
+
+    if budget is None:
+        return
+    device = machine.gpu()
+    total = device.memory_bytes if device is not None else machine.memory()[0]
+    if total is not None and budget > total:
+        log.warning(
+            "--memory-budget %s bytes is more than this machine's %s (%s bytes): it limits nothing",
+            budget,
+            "GPU memory" if device is not None else "memory",
+            total,
+        )
+
+
+def _bind_problem(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be listened on, checked before the slow model load
+    (a later race with another process still fails in uvicorn); ``None`` if it can."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        with socket.socket(infos[0][0], socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(infos[0][4])
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
+
+
+def _ssd_cache_problem(directory: str | None) -> str | None:
+    """Why ``--ssd-cache`` cannot be used (checked before the model load), or ``None``."""
+    import os
+
+    if directory is None:
+        return None
+    try:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return "not writable"
+    return None
+
+
+def serve(config: ServeConfig) -> int:
+    """Load the model, then run uvicorn until interrupted. Returns an exit code."""
+    from mlxspec.host import machine
+
+    machine.raise_open_files_limit()  # first: before anything imports mlx-lm (see there)
+    import uvicorn
+
+    from mlxspec.engine.model.loader import ModelLoadError
+    from mlxspec.http.app import create_app
+
+    logging.basicConfig(
+        level=config.log_level.upper(), format="%(levelname)s %(name)s: %(message)s"
+    )
+    if (problem := _bind_problem(config.host, config.port)) is not None:
+        print(
+            f"mlxspec: error: cannot listen on {config.host}:{config.port}: {problem}",
+            file=sys.stderr,
+        )
+        return EXIT_MODEL_ERROR
+    if (problem := _ssd_cache_problem(config.ssd_cache)) is not None:
+        print(
+            f"mlxspec: error: cannot use --ssd-cache {config.ssd_cache}: {problem}", file=sys.stderr
+        )
+        return EXIT_MODEL_ERROR
+    try:
+        engine = load_engine(config)
+    except ModelLoadError as exc:
+        print(f"mlxspec: error: {exc}", file=sys.stderr)
+        return EXIT_MODEL_ERROR
+    if (weights := engine.cpu_weights) is not None and weights.reason != "not on the CPU":
+        kind = "float32" if weights.float32 else "as stored"
+        print(
+            f"mlxspec: CPU weights {kind}, {weights.nbytes >> 20} MiB ({weights.reason})",
+            flush=True,
+        )
+    url = f"http://{config.host}:{config.port}"
+    auth = ", API key required" if config.api_key else ""
+    cap = engine.admission.enforced_context
+    capped = f", capped at {cap} by the operator's limits" if cap is not None else ""
+    print(
+        f"mlxspec: serving {engine.info.id} (context {engine.info.context_window}{capped}{auth}) "
+        f"at {url}/v1",
+        flush=True,
+    )
+    server = _draining_server(
+        uvicorn.Config(
+            create_app(engine, config),
+            host=config.host,
+            port=config.port,
+            log_level=config.log_level,
+            timeout_graceful_shutdown=DRAIN_TIMEOUT_S,
+        )
+    )
+    _signals_force_exit()  # uvicorn's handlers replace these while it serves
+    try:
+        server.run()
+    finally:
+        _stop_engine(engine)
+    _exit_after_shutdown(0 if server.started else EXIT_STARTUP_FAILED)
+    return 0  # not reached
+
+
+def _exit_after_shutdown(status: int = 0) -> None:
+    """End the process once the requests are drained, the engine thread is
+    joined and the prompt cache is durable, skipping interpreter teardown: MLX's
+    C++ teardown at exit can abort ("terminate called without an active
+    exception", SIGABRT) while a helper thread it knows is still alive, which
+    would turn a clean shutdown into exit status -6."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
+def _draining_server(config):  # noqa: ANN001, ANN202 - uvicorn.Config -> uvicorn.Server
+    """A uvicorn server where the first SIGINT/SIGTERM drains the requests and
+    ends ``run()`` normally, and a second one exits at once (:func:`_force_exit`).
+
+    Stock uvicorn re-raises the first signal once it has drained (the default
+    handler would then kill the process before the engine stops and the prompt
+    cache is flushed), and on a second SIGINT cancels the requests in flight,
+    which printed a traceback for each, then waited on the engine. llama.cpp's
+    server also exits on a second interrupt.
+    """
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            if self.should_exit:
+                _force_exit(sig, frame)
+            self.should_exit = True
+
+    return DrainingServer(config)
+
+
+def _signals_force_exit() -> None:
+    """From now on a SIGINT/SIGTERM outside uvicorn's drain (during its start-up,
+    or while the engine stops and the prompt cache flushes) exits at once."""
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, _force_exit)
+
+
+def _force_exit(sig: int, _frame: FrameType | None) -> None:
+    """Exit now with status 128 + ``sig`` (the shell's convention) and one line
+    on stderr: requests in flight are dropped and the prompt cache is not flushed."""
+    with contextlib.suppress(Exception):  # a write the signal interrupted may hold the buffer
+        sys.stdout.flush()
+        sys.stderr.flush()
+    name = signal.Signals(sig).name
+    os.write(2, f"mlxspec: {name}: forced exit, requests in flight dropped\n".encode())
+    os._exit(128 + sig)
+
+
+def _stop_engine(engine) -> None:  # noqa: ANN001 - mlxspec.engine.Engine
+    """After uvicorn has drained the requests: stop the engine thread, then make
+    every pending SSD prompt-cache snapshot durable (reference: shutdown flushes
+    after active requests drain)."""
+    from mlxspec.engine import FLUSH_TIMEOUT_S
+
+    engine.close()
+    if engine.prompt_cache.ssd is None:
+        return
+    report = engine.prompt_cache.flush(FLUSH_TIMEOUT_S)
+    level = logging.INFO if report["durable"] else logging.ERROR
+    log.log(
+        level,
+        "prompt cache flush: durable=%s entries=%d pending=%d missing=%d failed=%d",
+        report["durable"],
+        report["entries"],
+        report["pendingSnapshots"],
+        report["missingSnapshots"],
+        report["failedSpills"],
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console-script entry point."""
+    config = parse_config(argv)
+    apply_serve_env_defaults()
+    return serve(config)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

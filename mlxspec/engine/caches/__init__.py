@@ -1,0 +1,2 @@
+"""KV caches kept between requests: the RAM prompt cache, its SSD tier,
+and the KV helpers both use."""

@@ -1,0 +1,377 @@
+"""The engine: one thread owns MLX; handlers talk to it through an asyncio bridge.
+
+Requests queue to a single engine thread (as mlx-lm's ``ResponseGenerator``
+does). With ``max_batch > 1`` they join a continuous batch
+(:class:`~.batching.BatchLane`, on mlx-lm's ``BatchGenerator``) between decode
+steps; with ``max_batch == 1`` they run alone to their end on mlx-lm's
+``generate_step`` (the serial lane). A seeded request samples from a random
+stream of its own (:class:`~.sampling.SeededSampler`), so it batches like any
+other (the reference; mlx_lm.server runs seeded requests alone); only a seeded
+one using XTC, whose coin comes from MLX's global stream, runs serially.
+In the batched lane a lone request also decodes on ``generate_step``, a token
+per loop turn, and moves into the batch when another arrives (:mod:`.solo`):
+one row of a ``BatchGenerator`` is slower than ``generate_step``. Either way a
+:class:`~.rows.Row` detokenizes, matches stop strings and emits :mod:`types`
+events back to the request's event loop. Cancelling a handle stops it at the
+next decode step. The engine thread's loop lives in :mod:`.scheduler`.
+Both lanes start a request from the best prefix in :attr:`Engine.prompt_cache`
+and keep its KV cache there when it ends (:mod:`.prompt_cache`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import dataclasses
+import functools
+import queue
+import threading
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from mlxspec.engine.caches.prompt_cache import (
+    DEFAULT_PROMPT_CACHE_BYTES,
+    CacheNamespace,
+    PromptCache,
+)
+from mlxspec.engine.caches.ssd_cache import DEFAULT_SSD_CACHE_BYTES
+from mlxspec.engine.loop.admission import Admission, AdmissionLimits
+from mlxspec.engine.loop.handles import ExclusiveJob, RequestHandle
+from mlxspec.engine.loop.lanes import LaneParts, StepTimes, default_prefill_step
+from mlxspec.engine.loop.scheduler import Scheduler
+from mlxspec.engine.model.cpu_weights import CpuWeights, apply_cpu_weights
+from mlxspec.engine.model.fit import ModelMemory, model_memory
+from mlxspec.engine.model.loader import read_model_info
+from mlxspec.engine.model.warmup import warm_up_engine
+from mlxspec.engine.prompt import encode_text, normalize_messages, quiet_length_warning, render_chat
+from mlxspec.engine.sampling.grammar import GrammarCache
+from mlxspec.engine.sampling.sampler import GenerationDefaults, read_generation_config
+from mlxspec.engine.types import Constraint, GenerationRequest, ModelInfo
+
+T = TypeVar("T")
+
+
+#: Started engines, joined at interpreter exit: an engine thread still inside
+#: MLX while C++ static destructors run can abort the process (exit 134).
+_LIVE_ENGINES: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_live_engines() -> None:
+    for engine in list(_LIVE_ENGINES):
+        engine.close()
+
+
+class Engine:
+    """A loaded model plus the thread that runs its generations.
+
+    Args:
+        model: an ``mlx_lm`` model (``nn.Module``).
+        tokenizer: an ``mlx_lm`` ``TokenizerWrapper``.
+        info (ModelInfo): id, context window, start time.
+        defaults (GenerationDefaults): sampling defaults for omitted fields.
+        max_batch (int): most requests decoding at once; ``1`` is serial.
+            Default: ``8``.
+        limits (AdmissionLimits | None): wait-queue depth and operator context
+            caps (:mod:`.admission`). Default: ``None`` (64 waiting, no caps).
+        prompt_cache (PromptCache | None): kept KV caches for prefix reuse.
+            Default: ``None`` (a RAM-only cache of the default budget).
+        grammar (bool): enforce constraints (structured output); ``False``
+            (``MLXSPEC_GRAMMAR=0``) reports every one as not enforced. Default: ``True``.
+        prefill_step (int | None): prompt tokens per prefill chunk. Default:
+            ``None`` (:func:`~.lanes.default_prefill_step`).
+        warmup (bool | None): run each prefill length a prompt-cache hit can
+            take once on the engine thread before the first request
+            (:mod:`.warmup`); ``None`` warms when the prompt cache is on and
+            buckets tails (on a GPU). Default: ``None``.
+
+    Raises:
+        BudgetTooSmallError: ``limits`` leave no room for any request.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        info: ModelInfo,
+        defaults: GenerationDefaults,
+        max_batch: int = 8,
+        limits: AdmissionLimits | None = None,
+        prompt_cache: PromptCache | None = None,
+        grammar: bool = True,
+        prefill_step: int | None = None,
+        warmup: bool | None = None,
+    ) -> None:
+        self.model = model
+        self.max_batch = max_batch
+        self.tokenizer = tokenizer
+        # Admission refuses over-long prompts; transformers' "indexing errors" line misleads.
+        quiet_length_warning(tokenizer)
+        self.info = info
+        self.defaults = defaults
+        self._jobs: queue.Queue[RequestHandle | ExclusiveJob | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._eos = frozenset(tokenizer.eos_token_ids)
+        # as mlx_lm.server's XTC special tokens
+        self._xtc_special = (*tokenizer.encode("\n"), *sorted(self._eos))
+        self._prefill_step = default_prefill_step() if prefill_step is None else prefill_step
+        self.grammars = GrammarCache(tokenizer, info.vocab_size, set(self._eos), enabled=grammar)
+        #: Requests by outcome, updated on the engine thread (read for /stats and tests).
+        self.counters = {"completed": 0, "cancelled": 0, "failed": 0}
+        #: Requests accepted by :meth:`submit` (each ends in one of ``counters``).
+        self.submitted = 0
+        #: Lone requests moved into the batch mid-request (:mod:`.solo`).
+        self.handoffs = 0
+        #: Batched-lane step times since start (``GET /stats`` ``batch.steps``).
+        self.step_times = StepTimes()
+        #: Decode steps of requests running alone (``batch.solo_steps``).
+        self.solo_times = StepTimes()
+        #: Whether :meth:`load` made the weights float32 for the CPU BLAS.
+        self.cpu_weights: CpuWeights | None = None
+        limits = limits or AdmissionLimits()
+        budgets = (limits.memory_budget, limits.kv_budget)
+        memory = self.memory if budgets != (None, None) else None
+        self.admission = Admission(limits, max_batch, info.context_window, memory)
+        #: Requests in line for a decode slot under a byte budget (engine thread).
+        self.kv_gate = self.admission.kv_gate
+        #: Prefix KV reuse across requests (``stats()`` feeds ``GET /stats``).
+        self.prompt_cache = prompt_cache if prompt_cache is not None else PromptCache()
+        #: Everything that changes KV numbers: the model and its weights (no adapters
+        #: or KV quantisation yet).
+        self.cache_namespace = CacheNamespace(info.id, weights=info.weights)
+        #: Whether :meth:`start` warms the prefill lengths before serving.
+        self.warmup = (
+            self.prompt_cache.enabled and self.prompt_cache.bucket_tails
+            if warmup is None
+            else warmup
+        )
+
+    @property
+    def lane_parts(self) -> LaneParts:
+        """What the lanes run requests with, from the engine's current prompt cache."""
+        return LaneParts(
+            self.model,
+            self.tokenizer,
+            self._eos,
+            self._xtc_special,
+            self._prefill_step,
+            self.prompt_cache,
+            self.cache_namespace,
+            self.grammars,
+        )
+
+    @functools.cached_property
+    def memory(self) -> ModelMemory:
+        """The model's weight bytes and per-token KV cache bytes (:mod:`.fit`)."""
+        return model_memory(self.model)
+
+    @classmethod
+    def load(
+        cls,
+        path: Path,
+        model_id: str,
+        *,
+        source: str = "local",
+        overrides: GenerationDefaults | None = None,
+        max_batch: int = 8,
+        limits: AdmissionLimits | None = None,
+        prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES,
+        ssd_cache: Path | None = None,
+        ssd_cache_bytes: int = DEFAULT_SSD_CACHE_BYTES,
+        grammar: bool = True,
+        cpu_weights: str = "auto",
+        warmup: bool | None = None,
+    ) -> Engine:
+        """Load an MLX model folder with ``mlx_lm.load``.
+
+        Args:
+            path (Path): folder with config.json, safetensors and tokenizer files.
+            model_id (str): the id responses echo.
+            source (str): where the folder came from. Default: ``"local"``.
+            overrides (GenerationDefaults | None): server CLI sampling flags,
+                which win over ``generation_config.json``. Default: ``None``.
+            max_batch (int): concurrency cap; ``1`` is serial. Default: ``8``.
+            limits (AdmissionLimits | None): admission limits. Default: ``None``.
+            prompt_cache_bytes (int): prompt cache RAM budget; ``0`` disables
+                it. Default: :data:`~.prompt_cache.DEFAULT_PROMPT_CACHE_BYTES`.
+            ssd_cache (Path | None): directory of the SSD tier. Default: ``None``.
+            ssd_cache_bytes (int): disk budget of the SSD tier.
+                Default: :data:`~.ssd_cache.DEFAULT_SSD_CACHE_BYTES`.
+            grammar (bool): enforce constraints. Default: ``True``.
+            cpu_weights (str): float32 weights on the CPU
+                (:func:`~.cpu_weights.apply_cpu_weights`). Default: ``"auto"``.
+            warmup (bool | None): warm the prefill lengths at start (see
+                :class:`Engine`). Default: ``None`` (when tails are bucketed).
+
+        Returns:
+            Engine: not yet started; call :meth:`start` (``engine.cpu_weights``
+            says whether the weights were converted).
+
+        Raises:
+            ValueError: ``cpu_weights`` is not a known mode.
+        """
+        from mlx_lm import load
+
+        model, tokenizer = load(str(path))
+        converted = apply_cpu_weights(model, cpu_weights)
+        info = read_model_info(Path(path), model_id, model, tokenizer, source)
+        if converted.float32:  # float32 activations give other KV numbers
+            info = dataclasses.replace(info, weights=f"{info.weights}+float32")
+        defaults = read_generation_config(Path(path)).merged(
+            **(overrides or GenerationDefaults()).__dict__
+        )
+        cache = PromptCache.tiered(prompt_cache_bytes, ssd_cache, ssd_cache_bytes)
+        engine = cls(
+            model,
+            tokenizer,
+            info,
+            defaults,
+            max_batch=max_batch,
+            limits=limits,
+            prompt_cache=cache,
+            grammar=grammar,
+            warmup=warmup,
+        )
+        engine.cpu_weights = converted
+        return engine
+
+    def start(self) -> None:
+        """Start the engine thread (idempotent); with :attr:`warmup` it warms
+        the prefill lengths first while submitted requests wait in its queue."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="mlxspec-engine", daemon=True)
+            self._thread.start()
+            _LIVE_ENGINES.add(self)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the engine thread after the current request."""
+        if self._thread is not None:
+            self._jobs.put(None)
+            self._thread.join(timeout)
+            self._thread = None
+        _LIVE_ENGINES.discard(self)
+
+    # Prompt building (runs on the caller's thread; no MLX work).
+    def chat_prompt(
+        self, messages: list, tools: list | None = None, template_kwargs: dict | None = None
+    ) -> list[int]:
+        """Template and tokenize chat messages. Raises ``PromptError``."""
+        normalized = normalize_messages(messages, self.info.id)
+        return render_chat(self.tokenizer, normalized, tools=tools, template_kwargs=template_kwargs)
+
+    def text_prompt(self, prompt: str) -> list[int]:
+        """Tokenize a raw completion prompt (no template)."""
+        return encode_text(self.tokenizer, prompt)
+
+    def check_fits(self, prompt_tokens: int, param: str = "messages") -> None:
+        """Raise ``ContextLengthError`` unless the prompt leaves room for one token.
+
+        Args:
+            prompt_tokens (int): prompt length in tokens.
+            param (str): the request field named in the error. Default: ``"messages"``.
+        """
+        self.admission.check_window(prompt_tokens, param)
+
+    def grammar_problem(self, constraint: Constraint) -> str | None:
+        """Compile ``constraint`` into the grammar cache ahead of :meth:`submit`.
+
+        Thread-safe; a first compile can take a while, so call it off the event loop.
+
+        Returns:
+            str | None: ``None`` if the constraint will be enforced, else why not
+            (the handler's degrade path puts it in the ``Warning`` header).
+        """
+        return self.grammars.problem(constraint)
+
+    @property
+    def running_kv_tokens(self) -> int:
+        """Tokens of KV cache the running requests project together (``batch.kv_bytes``)."""
+        return self.admission.running_tokens
+
+    @property
+    def in_flight(self) -> int:
+        """Requests submitted and not yet ended (running or waiting)."""
+        ended = self.counters["completed"] + self.counters["cancelled"] + self.counters["failed"]
+        return self.submitted - ended + self.admission.held  # decisions, embeddings
+
+    def submit(
+        self,
+        request: GenerationRequest,
+        prompt_param: str = "messages",
+        *,
+        group: int = 1,
+        admitted: bool = False,
+    ) -> RequestHandle:
+        """Queue ``request``; iterate the returned handle for its events.
+
+        Must be called from a running asyncio event loop.
+
+        Args:
+            request (GenerationRequest): the job.
+            prompt_param (str): the request field holding the prompt, named in
+                errors. Default: ``"messages"``.
+            group (int): ``request`` heads this many requests admitted all or
+                none (a body's ``n`` choices); the others follow in the same
+                event-loop turn with ``admitted=True``. Default: ``1``.
+            admitted (bool): a later member of a group its head admitted; the
+                queue checks are skipped. Default: ``False``.
+
+        Raises:
+            ContextLengthError: the prompt does not fit the context window.
+            ContextBudgetError: it leaves no room under the operator's cap.
+            EngineRequestError: ``group`` is more than the server ever holds (``n``).
+            QueueFullError: the wait queue has no room for ``group`` more requests.
+        """
+        self.check_fits(len(request.prompt), prompt_param)
+        projected = len(request.prompt) + self.budget(request)
+        if not admitted:
+            self.admission.admit(
+                len(request.prompt), self.in_flight, prompt_param, projected, count=group
+            )
+        handle = RequestHandle(request, asyncio.get_running_loop())
+        self.submitted += 1
+        self.admission.incoming.append(projected)  # taken in the same order as _jobs
+        self._jobs.put(handle)
+        return handle
+
+    async def run_exclusive(self, fn: Callable[[], T]) -> T:
+        """Run ``fn()`` on the engine thread between decode steps; await its result.
+
+        For MLX work outside generation (decision scoring, embeddings): the one
+        thread that owns MLX runs it, in queue order with the other exclusive
+        jobs. A plain ``fn`` runs whole while the batch waits; one that returns
+        a generator is stepped, a step per engine-loop turn beside the running
+        requests' decode steps, and its return value is the result
+        (:class:`~.handles.ExclusiveJob`). Cancelling the awaiting task before
+        ``fn`` starts skips it; a stepped job is closed at its next step; a
+        plain one runs to the end and its result is dropped.
+
+        Args:
+            fn (Callable[[], T]): the work; no arguments.
+
+        Returns:
+            T: what ``fn`` returned (for a generator, its return value).
+
+        Raises:
+            Exception: whatever ``fn`` raised, re-raised in the caller.
+        """
+        job = ExclusiveJob(fn)
+        self._jobs.put(job)
+        try:
+            return await asyncio.wrap_future(job.future)
+        except asyncio.CancelledError:
+            job.left.set()
+            raise
+
+    # Engine thread.
+    def _run(self) -> None:
+        if self.warmup:
+            warm_up_engine(self.model, self.info.context_window, self._prefill_step, self.max_batch)
+        Scheduler(self, self._jobs).run()
+
+    def budget(self, req: GenerationRequest) -> int:
+        """Tokens ``req`` may generate: its ``max_tokens`` capped by the room left
+        in the context window or under the operator's cap (:meth:`Admission.room`)."""
+        return self.admission.room(len(req.prompt), req.max_tokens)

@@ -1,0 +1,155 @@
+"""What the engine's lanes share: the model's parts, the prefill chunk size and the
+hand-over of a running request.
+
+:class:`LaneParts` is what both lanes need to start a request (model,
+tokenizer, stop tokens, prompt cache, grammar compiler). :class:`Handoff` is a
+request ready to continue decoding in the batch (:meth:`~.batching.BatchLane.adopt`):
+either a new request (its prompt tail after a prompt-cache hit) or a
+:class:`~.solo.SoloRun` moved over mid-generation with its KV cache, logits
+processors and :class:`~.rows.Row`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from mlxspec.engine.caches.kv import cache_length
+from mlxspec.engine.caches.prompt_cache import CacheNamespace, PromptCache
+from mlxspec.engine.loop.rows import Row
+from mlxspec.engine.sampling.grammar import GrammarCache
+
+log = logging.getLogger("mlxspec.engine")
+
+#: Prompt tokens per prefill chunk on a GPU. Cancellation is noticed between
+#: chunks, so a smaller chunk frees the engine sooner when a client leaves mid-prefill.
+PREFILL_STEP = 512
+#: Prompt tokens per prefill chunk on the CPU. A CPU prefills at the same rate in
+#: chunks of 128 as of 512 (embedded SmolLM2 with MKL on 2 cores: 2000 tokens in
+#: 23.3 s against 25.0 s), while a batched chunk of 8 prompts x 512 tokens took
+#: ~30 s, the time a client that left mid-prefill kept its slot and the queue waited.
+CPU_PREFILL_STEP = 128
+
+
+def default_prefill_step() -> int:
+    """:data:`PREFILL_STEP` when MLX runs on a GPU, else :data:`CPU_PREFILL_STEP`."""
+    import mlx.core as mx
+
+    return PREFILL_STEP if mx.default_device().type == mx.gpu else CPU_PREFILL_STEP
+
+
+@dataclass
+class StepTimes:
+    """Where a lane's steps spend their time, since start (engine thread
+    writes, ``GET /stats`` reads).
+
+    A batched step is one ``BatchGenerator.next()`` call (a prefill chunk and/or
+    one decode step of every running row); a lone request's decode step is one
+    ``next()`` of its ``generate_step`` (:mod:`.solo`). Either is followed by
+    routing its tokens to the requests (detokenizing, stop strings, logprobs,
+    events: :class:`~.rows.Row`). Measured with ``time.perf_counter``, so a
+    profiler that cannot see inside MLX still shows whether the model or our
+    per-token work takes the time.
+
+    Attributes:
+        steps (int): steps run.
+        rows (int): tokens routed (one per row that got a token in a step).
+        generate_s (float): seconds in the model step (``next()``).
+        route_s (float): seconds routing tokens and ending rows.
+    """
+
+    steps: int = 0
+    rows: int = 0
+    generate_s: float = 0.0
+    route_s: float = 0.0
+
+    def snapshot(self) -> dict[str, float | int]:
+        """``steps``, ``mean_rows`` per step, ``generate_ms_mean`` and
+        ``route_ms_mean`` per step (milliseconds; 0 before the first step)."""
+        n = max(self.steps, 1)
+        return {
+            "steps": self.steps,
+            "mean_rows": self.rows / n,
+            "generate_ms_mean": 1000 * self.generate_s / n,
+            "route_ms_mean": 1000 * self.route_s / n,
+        }
+
+    def add(self, rows: int, generate_s: float, route_s: float) -> None:
+        """Count one step that handed out ``rows`` tokens.
+
+        Args:
+            rows (int): tokens routed in the step.
+            generate_s (float): seconds in the model step.
+            route_s (float): seconds routing its tokens.
+        """
+        self.steps += 1
+        self.rows += rows
+        self.generate_s += generate_s
+        self.route_s += route_s
+
+
+@dataclass(frozen=True)
+class LaneParts:
+    """The engine's pieces a lane needs to run requests (engine thread only).
+
+    Args:
+        model: the mlx-lm model.
+        tokenizer: its ``TokenizerWrapper``.
+        eos (frozenset[int]): end-of-sequence ids (also the batch's stop tokens).
+        xtc_special (tuple[int, ...]): tokens XTC never removes.
+        prefill_step (int): prompt tokens per prefill chunk; cancellation and
+            arrivals are seen between chunks.
+        prompt_cache (PromptCache): kept KV caches for prefix reuse.
+        namespace (CacheNamespace): the engine's cache namespace.
+        grammars (GrammarCache | None): compiles constraints into per-request
+            processors; ``None`` ignores constraints.
+    """
+
+    model: Any
+    tokenizer: Any
+    eos: frozenset[int]
+    xtc_special: tuple[int, ...]
+    prefill_step: int
+    prompt_cache: PromptCache
+    namespace: CacheNamespace
+    grammars: GrammarCache | None = None
+
+    def keep(self, tokens: Sequence[int], cache: list[Any], session: str | None) -> None:
+        """Keep ``cache`` in the prompt cache if it holds a prefix of ``tokens``
+        (and stores exactly that prefix); never raises, since the cache is an
+        optimisation and must not fail a request."""
+        held = cache_length(cache)
+        if held is None or held > len(tokens):
+            return
+        try:
+            self.prompt_cache.store(self.namespace, tuple(tokens[:held]), cache, session)
+        except Exception:
+            log.exception("prompt cache store failed")
+
+
+@dataclass
+class Handoff:
+    """A request ready to decode in the batch (``BatchGenerator.insert``'s per-row options).
+
+    Args:
+        row (Row): the request's output bookkeeping (keeps counting across a move).
+        feed (list[int]): tokens still to feed the model, at least one; the last
+            one's logits give the next sampled token.
+        held (list[int]): every token before ``feed`` (what ``cache`` holds), for
+            the logits processors' context.
+        cache (list | None): per-layer KV cache holding ``held``; ``None`` when
+            ``held`` is empty.
+        max_tokens (int): tokens the batch may still generate, at least one.
+        sampler (Callable): mlx-lm sampler.
+        processors (list[Callable]): mlx-lm logits processors, grammar last.
+    """
+
+    row: Row
+    feed: list[int]
+    held: list[int]
+    cache: list[Any] | None
+    max_tokens: int
+    sampler: Callable
+    processors: list[Callable]

@@ -1,0 +1,2 @@
+"""The model: loading (folders, the Hugging Face cache, GGUF), CPU weight
+layout, memory fit and start-up warm-up."""

@@ -1,0 +1,1 @@
+"""Decision scoring: ``/v1/decisions`` and ``/v1/systemone``."""

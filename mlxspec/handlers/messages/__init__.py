@@ -1,0 +1,1 @@
+"""``/v1/messages`` (Anthropic Messages) and its token count."""

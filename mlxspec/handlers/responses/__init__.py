@@ -1,0 +1,2 @@
+"""``/v1/responses`` (OpenAI Responses): input items, output items,
+and the store of responses."""

@@ -1,0 +1,1 @@
+"""Probes of the host machine: CPU, RAM, bandwidth, and the CPU BLAS."""

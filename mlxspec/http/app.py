@@ -1,0 +1,433 @@
+"""The ASGI application: the OpenAPI document, Connexion, and the error table.
+
+:func:`create_app` builds a Connexion ``AsyncApp`` from the package's OpenAPI
+3.1 document. Connexion validates each request against the document and
+dispatches by ``operationId`` (``createChatCompletion`` ->
+``mlxspec.handlers.chat.chat.create_chat_completion``) to the handlers, which find
+the engine in the ASGI scope. Every error, from validation, routing, handlers
+or the engine, is rendered through :mod:`mlxspec.errors`.
+
+Around Connexion, outermost first: CORS (only with allowed origins), request
+metrics (:mod:`mlxspec.http.metrics`), and :class:`_WithEngine`. API keys are
+checked by Connexion's security middleware (:mod:`mlxspec.http.security`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Callable
+from typing import Any
+
+import connexion
+from connexion.datastructures import MediaTypeDict
+from connexion.exceptions import ProblemException
+from connexion.lifecycle import ConnexionRequest, ConnexionResponse
+from connexion.resolver import Resolver
+from starlette.exceptions import HTTPException
+from starlette.types import Receive, Scope, Send
+
+from mlxspec.config import ServeConfig
+from mlxspec.engine import (
+    ContextBudgetError,
+    ContextLengthError,
+    EngineRequestError,
+    QueueFullError,
+)
+from mlxspec.errors import ApiError, error_json, error_status, surface_for_path
+from mlxspec.handlers.responses.store import ResponseStore
+from mlxspec.http.cors import ApiCORSMiddleware
+from mlxspec.http.dispatch import MIDDLEWARES, prepare_app, remember_body_definitions
+from mlxspec.http.metrics import Metrics, RequestMetricsMiddleware, RouteLabels
+from mlxspec.http.paths import METHOD_ORDER, allowed_methods, shadowed_methods, suggest_path
+from mlxspec.http.security import key_refusal, security_options
+from mlxspec.openapi import served_spec
+from mlxspec.openapi.validation import (
+    RequestBodyValidator,
+    ResponseBodyValidator,
+    enable_openapi_31,
+)
+
+log = logging.getLogger("mlxspec.http.app")
+
+#: HTTP status -> error kind, for errors raised by Connexion or Starlette.
+_STATUS_KINDS = {
+    400: "invalid_request",
+    401: "unauthorized",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+}
+
+
+#: Connexion's 415 detail for a body that is not JSON; group 1 is the media type.
+_CONNEXION_415 = re.compile(r"Invalid Content-type \((.*)\), expected ")
+
+
+class SnakeCaseResolver(Resolver):
+    """Resolve OpenAI-style ``operationId``s to snake_case functions of the
+    operation's ``x-openapi-router-controller`` module."""
+
+    def resolve_operation_id(self, operation: Any) -> str:
+        """``createChatCompletion`` -> ``<controller>.create_chat_completion``."""
+        import inflection
+
+        return f"{operation.router_controller}.{inflection.underscore(operation.operation_id)}"
+
+
+def _render(
+    err: ApiError, req: ConnexionRequest | None = None, surface: str | None = None
+) -> ConnexionResponse:
+    """``err`` as an HTTP response in the envelope of ``surface`` (default: the
+    request's)."""
+    if surface is None:
+        surface = surface_for_path(req.url.path) if req is not None else "openai"
+    return ConnexionResponse(
+        status_code=error_status(err, surface),
+        mimetype="application/json",
+        headers=err.headers,
+        body=error_json(err, surface),
+    )
+
+
+def _from_status(status: int, detail: Any, headers: Any = None) -> ApiError:
+    kind = _STATUS_KINDS.get(status)
+    if kind is None:
+        return ApiError(
+            "server_error" if status >= 500 else "invalid_request",
+            "internal server error" if status >= 500 else str(detail),
+        )
+    messages = {"not_found": "not found", "method_not_allowed": "method not allowed"}
+    message = messages.get(kind) or str(detail or kind.replace("_", " "))
+    if kind == "unsupported_media_type" and (media := _CONNEXION_415.match(message)):
+        # Connexion's text ends in a Python list repr; say it in the API's words
+        message = f"Content-Type '{media[1]}' is not supported: send application/json"
+    # Connexion's parameter validation passes jsonschema's whole report (the failing
+    # schema and instance after a blank line): the first line is the message.
+    message = message.split("\n\nFailed validating", 1)[0]
+    allow = (headers or {}).get("Allow") if kind == "method_not_allowed" else None
+    if kind == "unauthorized":  # RFC 6750 section 3: name the scheme to use
+        return ApiError(kind, message, headers={"WWW-Authenticate": "Bearer"})
+    return ApiError(kind, message, headers={"Allow": allow} if allow else None)
+
+
+def _api_error(req: ConnexionRequest, exc: Exception) -> ConnexionResponse:
+    assert isinstance(exc, ApiError)
+    return _render(exc, req)
+
+
+def _engine_error(req: ConnexionRequest, exc: Exception) -> ConnexionResponse:
+    assert isinstance(exc, EngineRequestError)
+    kind = "invalid_request"
+    if isinstance(exc, ContextLengthError):
+        kind = "context_length_exceeded"
+    elif isinstance(exc, ContextBudgetError):
+        kind = "context_over_budget"
+    return _render(ApiError(kind, exc.message, param=exc.param), req)
+
+
+#: Seconds a refused client should wait (RFC 9110 section 10.2.3): about one
+#: decode step of a full batch frees a slot.
+RETRY_AFTER_S = 1
+
+
+def _queue_full(req: ConnexionRequest, exc: Exception) -> ConnexionResponse:
+    assert isinstance(exc, QueueFullError)
+    retry = {"Retry-After": str(RETRY_AFTER_S)}
+    return _render(ApiError("queue_full", exc.message, headers=retry), req)
+
+
+def _problem(req: ConnexionRequest, exc: Exception) -> ConnexionResponse:
+    assert isinstance(exc, (ProblemException, HTTPException))
+    status = getattr(exc, "status", None) or getattr(exc, "status_code", 500)
+    detail = getattr(exc, "detail", None) or getattr(exc, "title", None)
+    return _render(_from_status(int(status), detail, getattr(exc, "headers", None)), req)
+
+
+def _problem_handler(
+    allow: Callable[[str], str | None], suggest: Callable[[str, str], str | None]
+) -> Callable[[ConnexionRequest, Exception], ConnexionResponse]:
+    """:func:`_problem`, with a 405's ``Allow`` taken from the document
+    (:func:`~.paths.allowed_methods`) and a route-miss 404 naming the route a
+    mistyped base URL meant (:func:`~.paths.suggest_path`), in that route's
+    surface's envelope (an ``anthropic`` SDK pointed at ``/v1`` parses it). With
+    an API key, a route or method miss without the key is a 401 first (as
+    llama.cpp's server and vLLM check the key before routing)."""
+
+    def handle(req: ConnexionRequest, exc: Exception) -> ConnexionResponse:
+        status = getattr(exc, "status_code", None) or getattr(exc, "status", None)
+        if status in (404, 405):
+            config = req.scope.get("state", {}).get("config")
+            if refusal := key_refusal(req, getattr(config, "api_key", None)):
+                return _render(_from_status(401, refusal), req)
+        path = req.url.path
+        if status == 405 and path.endswith("/") and path != "/":
+            # a templated route took the slash as an empty last parameter
+            # (POST /v1/models/): a path no operation declares, as GET's 404 says
+            status, exc = 404, HTTPException(status_code=404)
+        if status == 405:
+            methods = allow(path)
+            if methods:
+                exc.headers = {**(getattr(exc, "headers", None) or {}), "Allow": methods}
+        elif status == 404:
+            if (guess := suggest(req.url.path, req.method)) is not None:
+                why = (
+                    "no trailing slash"
+                    if guess == req.url.path.rstrip("/")
+                    else "check the client's base URL"
+                )
+                message = f"not found: did you mean {guess}? ({why})"
+                return _render(ApiError("not_found", message), req, surface_for_path(guess))
+        return _problem(req, exc)
+
+    return handle
+
+
+def _unexpected(req: ConnexionRequest, exc: Exception) -> ConnexionResponse:
+    log.error("unhandled error", exc_info=exc)
+    return _render(ApiError.internal(), req)
+
+
+class _WithEngine:
+    """ASGI wrapper: puts the engine, config, metrics and Responses store (one
+    per app) into ``scope["state"]``, reads each POST body whole (up to
+    ``--max-body-bytes``) and normalises its headers (:func:`_post_headers`: a
+    body sent without ``Content-Type`` is JSON, the only type the API takes, as
+    curl users often omit the header and mlx_lm.server ignores it), and ignores
+    ``Content-Type`` on GET/HEAD, which carry no body (Connexion would otherwise
+    try to parse a form)."""
+
+    def __init__(
+        self, app: Any, engine: Any, config: Any, metrics: Metrics, spec: dict[str, Any]
+    ) -> None:
+        self.app, self.engine, self.config, self.metrics = app, engine, config, metrics
+        self.response_store = ResponseStore()
+        # Concrete paths a templated route also matches (see literal_methods).
+        self.literal = shadowed_methods(spec)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            state = scope.setdefault("state", {})
+            state["engine"], state["config"] = self.engine, self.config
+            state["metrics"] = self.metrics
+            state["response_store"] = self.response_store
+            headers = scope.get("headers", [])
+            method = scope.get("method")
+            methods = self.literal.get(scope.get("path", ""))
+            if methods is not None and method not in methods and method != "OPTIONS":
+                allow = ", ".join(m for m in METHOD_ORDER if m in methods)
+                err = ApiError("method_not_allowed", "method not allowed", headers={"Allow": allow})
+                await _send_error(scope, send, err)
+                return
+            if method in ("GET", "HEAD"):
+                kept = [(k, v) for k, v in headers if k != b"content-type"]
+                scope = {**scope, "headers": kept}
+            if method == "POST":
+                limit = getattr(self.config, "max_body_bytes", None)
+                try:
+                    body = await _read_capped(receive, limit, _declared_length(headers))
+                except _BodyTooLarge:
+                    await _too_large(scope, send, limit)
+                    return
+                except TimeoutError:
+                    gone = ApiError(
+                        "request_timeout",
+                        f"the request body arrived too slowly: it may pause for at most "
+                        f"{BODY_IDLE_TIMEOUT_S:g} s and must average {BODY_MIN_RATE} bytes/s "
+                        "after that",
+                    )
+                    await _send_error(scope, send, gone, close=True)
+                    return
+                scope = {**scope, "headers": _post_headers(headers, len(body))}
+                receive = _replay(body, receive)
+        await self.app(scope, receive, send)
+
+
+def _post_headers(headers: list[tuple[bytes, bytes]], length: int) -> list[tuple[bytes, bytes]]:
+    """A POST's headers as Connexion needs them once the body has been read.
+
+    - ``Content-Type`` is normalised: media types are case-insensitive and
+      whitespace around ``;`` is allowed (RFC 9110 section 8.3.1), but
+      Connexion's validator map matches ``*/*json`` case-sensitively and skips
+      validation for ``application/JSON`` (the handler then got raw bytes: a
+      500), and it refuses ``application/json ; charset=utf-8``. Absent, it is
+      ``application/json``, the only type the API takes.
+    - ``Content-Length`` is the body's length and ``Transfer-Encoding`` is
+      dropped: the body is whole now, and Connexion takes a request without a
+      length for one without a body (a chunked upload was "request body is
+      required").
+
+    Args:
+        headers (list[tuple[bytes, bytes]]): the ASGI scope's raw headers.
+        length (int): bytes of the body read.
+
+    Returns:
+        list[tuple[bytes, bytes]]: the headers to pass on.
+    """
+    out, media = [], b"application/json"
+    seen_type = False
+    for key, value in headers:
+        if key == b"content-type" and not seen_type:
+            seen_type = True
+            kind, _, params = value.partition(b";")
+            parts = [kind.strip().lower()] + [p.strip() for p in params.split(b";") if p.strip()]
+            media = b"; ".join(parts)
+        elif key not in (b"content-type", b"content-length", b"transfer-encoding"):
+            out.append((key, value))
+    return [*out, (b"content-type", media), (b"content-length", str(length).encode())]
+
+
+#: Seconds a request body may stop arriving before the request is answered 408
+#: and the connection closed (nginx's ``client_body_timeout`` is 60 s). Without
+#: it a client that sent part of a body held its connection, and a shutdown
+#: waited out the whole drain time (120 s) for it.
+BODY_IDLE_TIMEOUT_S = 30.0
+#: Bytes per second a body must average once :data:`BODY_IDLE_TIMEOUT_S` has
+#: passed (as Apache's ``mod_reqtimeout`` ``MinRate``), so a client trickling a
+#: byte every few seconds cannot hold a connection past the idle timeout either.
+BODY_MIN_RATE = 1000
+
+
+class _BodyTooLarge(Exception):
+    """The body is, or declares to be, over ``--max-body-bytes``."""
+
+
+def _declared_length(headers: list[tuple[bytes, bytes]]) -> int | None:
+    """The ``Content-Length`` a request declares (``None`` when absent or unreadable:
+    the server has already refused a malformed one, or the body is chunked)."""
+    for key, value in headers:
+        if key == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+async def _read_capped(receive: Receive, limit: int | None, declared: int | None = None) -> bytes:
+    """The whole request body, read here, before Connexion parses and validates
+    it on the event loop, so an oversized body costs no parsing.
+
+    Args:
+        receive (Receive): the ASGI channel.
+        limit (int | None): most bytes accepted; ``None`` for no cap.
+        declared (int | None): the body's ``Content-Length``, when given: one
+            over ``limit`` is refused before any byte is read.
+
+    Raises:
+        _BodyTooLarge: the body is, or declares to be, over ``limit`` bytes.
+        TimeoutError: no part of it arrived for :data:`BODY_IDLE_TIMEOUT_S`
+            seconds, or, past those, it averaged under :data:`BODY_MIN_RATE` bytes/s.
+    """
+    if limit is not None and declared is not None and declared > limit:
+        raise _BodyTooLarge
+    chunks, size = [], 0
+    clock = asyncio.get_running_loop().time
+    started = clock()
+    while True:
+        deadline = started + BODY_IDLE_TIMEOUT_S + size / BODY_MIN_RATE
+        wait = min(BODY_IDLE_TIMEOUT_S, deadline - clock())
+        if wait <= 0:
+            raise TimeoutError
+        message = await asyncio.wait_for(receive(), wait)
+        if message["type"] != "http.request":
+            break  # the client left; the app sees an empty body, then the disconnect
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if limit is not None and size > limit:
+            raise _BodyTooLarge
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that yields ``body`` once, then the real channel (disconnects)."""
+    sent = False
+
+    async def replay() -> Any:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+async def _too_large(scope: Scope, send: Send, limit: int | None) -> None:
+    err = ApiError("payload_too_large", f"request body exceeds {limit} bytes")
+    await _send_error(scope, send, err, close=True)
+
+
+async def _send_error(scope: Scope, send: Send, err: ApiError, close: bool = False) -> None:
+    """Answer ``err`` in the envelope of the path's surface, before Connexion
+    sees the request (``close``: ask the client to close the connection)."""
+    surface = surface_for_path(scope.get("path", ""))
+    payload = error_json(err, surface).encode()
+    headers = [(b"content-type", b"application/json")]
+    headers += [(b"connection", b"close")] if close else []
+    headers += [(k.lower().encode(), v.encode()) for k, v in (err.headers or {}).items()]
+    headers.append((b"content-length", str(len(payload)).encode()))
+    status = error_status(err, surface)
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": payload})
+
+
+def create_app(engine: Any, config: Any = None, *, validate_responses: bool = False) -> Any:
+    """Build the ASGI app serving the OpenAPI document's routes.
+
+    Args:
+        engine: an :class:`mlxspec.engine.Engine` (or a fake with the same
+            methods), already started.
+        config (ServeConfig | None): the server's settings; its ``api_key``
+            and ``allowed_origins`` apply here. Default: ``None`` (defaults).
+        validate_responses (bool): validate JSON responses against the document
+            (a non-conforming response becomes a 500). Default: ``False``.
+
+    Returns:
+        An ASGI application for uvicorn.
+    """
+    config = config or ServeConfig()
+    enable_openapi_31()
+    remember_body_definitions()
+    spec = served_spec(config.logprobs_format)
+    security_map = security_options(spec, config.api_key)
+    app = connexion.AsyncApp("mlxspec", security_map=security_map, middlewares=MIDDLEWARES)
+    prepare_app(app)  # handlers decorated once, not per request; no slash redirects
+    app.add_api(
+        spec,
+        resolver=SnakeCaseResolver(),
+        validator_map={
+            "body": MediaTypeDict({"*/*json": RequestBodyValidator}),
+            "response": MediaTypeDict({"*/*json": ResponseBodyValidator}),
+        },
+        validate_responses=validate_responses,
+        swagger_ui_options=connexion.options.SwaggerUIOptions(
+            spec_path="/openapi.json", swagger_ui=False
+        ),
+    )
+    app.add_error_handler(ApiError, _api_error)
+    app.add_error_handler(EngineRequestError, _engine_error)
+    app.add_error_handler(QueueFullError, _queue_full)
+    problem = _problem_handler(allowed_methods(spec), suggest_path(spec))
+    app.add_error_handler(404, problem)
+    app.add_error_handler(405, problem)
+    app.add_error_handler(ProblemException, problem)
+    app.add_error_handler(HTTPException, problem)
+    app.add_error_handler(Exception, _unexpected)
+    metrics = Metrics(engine)
+    asgi: Any = _WithEngine(app, engine, config, metrics, spec)
+    asgi = RequestMetricsMiddleware(asgi, metrics, RouteLabels(spec))
+    if config.allowed_origins:
+        asgi = ApiCORSMiddleware(
+            asgi,
+            allow_origins=list(config.allowed_origins),
+            allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
+            allow_headers=["*"],
+            expose_headers=["Retry-After"],
+        )
+    return asgi
