@@ -257,13 +257,14 @@ def test_a_damaged_snapshot_is_deleted_and_written_again(tiny_engine, tmp_path) 
     start = tiny_engine.text_prompt("the quick brown fox")
     assert prompt[: len(start)] == start
     damaged = max(ssd.directory.iterdir(), key=lambda p: len(read_snapshot_header(p)[1]))
-    damaged.write_bytes(damaged.read_bytes()[: damaged.stat().st_size // 2])
 
-    restarted = SsdCache(ssd.directory)  # a restart: the header still reads
+    restarted = SsdCache(ssd.directory)  # a restart...
     assert restarted.stats()["entries"] == 2
+    damaged.write_bytes(damaged.read_bytes()[: damaged.stat().st_size // 2])  # ...then damage
     found = restarted.restore(ns, prompt, better_than=0)  # the damaged one is skipped...
     assert found is not None and found[0] == tuple(start)  # ...for the next best
     assert not damaged.exists() and restarted.stats()["entries"] == 1
+    assert restarted.stats()["corrupt"] == 1
     assert restarted.restore(ns, prompt, better_than=len(start)) is None
 
     again = PromptCache(1 << 30, restarted)

@@ -1,12 +1,20 @@
 """SSD tier of the prompt cache: durable KV snapshots in a directory.
 
 Each snapshot is one safetensors file written by mlx-lm's
-``save_prompt_cache``, with the namespace and token ids in its metadata. A
-write goes to a hidden temporary file, is fsync'ed, renamed over the final
-name and the directory fsync'ed, so a crash leaves either the whole old state
-or the whole new one (the reference's temp-file/fsync/rename boundary). At
-start the index is rebuilt from the files' headers alone (the safetensors
-header is a length-prefixed JSON object), without loading any tensors.
+``save_prompt_cache``, with the namespace, token ids and a digest of the KV
+cache in its metadata (:mod:`.ssd_snapshot`). A write goes to a hidden
+temporary file named with the writer's pid, is fsync'ed, renamed over the
+final name and the directory fsync'ed, so a crash leaves either the whole old
+state or the whole new one (the reference's temp-file/fsync/rename boundary).
+
+At start the index is rebuilt from the files' headers alone, without loading
+any tensors. A snapshot whose header is unreadable or does not match the
+file's size is deleted (one warning each, counted in ``corrupt``), as is one
+without a digest (written by an older mlxspec: nothing shows it is intact); a
+temporary file is deleted only when its writer's pid is not a live process on
+this host, so another server's write in a shared directory is left alone.
+Other files in the directory are never touched. A restore checks the digest
+over the tensors it read before the cache is used; a mismatch is a miss.
 
 Writes happen behind the engine on a writer thread, from a bounded queue of
 pending snapshots; :meth:`SsdCache.flush` waits for the queue to drain (the
@@ -15,17 +23,32 @@ pending snapshots; :meth:`SsdCache.flush` waits for the queue to drain (the
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
-import struct
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+from mlxspec.engine.caches.ssd_snapshot import (
+    DIGEST_KEY,
+    SUFFIX,
+    SnapshotError,
+    is_snapshot_name,
+    kv_digest,
+    load_checked,
+    parse_header,
+    read_snapshot_header,
+    snapshot_name,
+    temp_name,
+    temp_writer_pid,
+    writer_alive,
+)
+
+__all__ = ["DEFAULT_SSD_CACHE_BYTES", "FLUSH_TIMEOUT_S", "SsdCache", "read_snapshot_header"]
 
 log = logging.getLogger("mlxspec.engine.caches.ssd_cache")
 
@@ -38,33 +61,6 @@ FLUSH_TIMEOUT_S = 120.0
 
 #: Most snapshots waiting for the writer; the oldest is dropped beyond this.
 MAX_PENDING = 64
-
-_SUFFIX = ".safetensors"
-
-
-def _name(namespace: tuple, tokens: tuple[int, ...]) -> str:
-    digest = hashlib.sha256(json.dumps([list(namespace), list(tokens)]).encode()).hexdigest()
-    return digest[:32]
-
-
-def read_snapshot_header(path: Path) -> tuple[tuple, tuple[int, ...]] | None:
-    """The ``(namespace, tokens)`` a snapshot file holds, from its safetensors
-    header only; ``None`` for a file that is not one of ours.
-
-    Args:
-        path (Path): a ``.safetensors`` file.
-    """
-    try:
-        with path.open("rb") as f:
-            (size,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(size))
-        meta = header.get("__metadata__", {})
-        # save_prompt_cache flattens [metadata, classes, scalars]: ours is under "0."
-        namespace = tuple(json.loads(meta["0.mlxspec_namespace"]))
-        tokens = tuple(int(t) for t in json.loads(meta["0.mlxspec_tokens"]))
-    except (OSError, ValueError, KeyError, TypeError, struct.error):
-        return None
-    return namespace, tokens
 
 
 class SsdCache:
@@ -91,24 +87,53 @@ class SsdCache:
         self._cond = threading.Condition()
         self._writing = False
         self._counts = dict.fromkeys(
-            ("restores", "spills", "dropped_spills", "failed_spills", "restore_ms_last"), 0
+            (
+                "restores",
+                "spills",
+                "dropped_spills",
+                "failed_spills",
+                "corrupt",
+                "restore_ms_last",
+            ),
+            0,
         )
         self._rebuild_index()
         self._writer = threading.Thread(target=self._write_loop, name="mlxspec-ssd", daemon=True)
         self._writer.start()
 
     def _rebuild_index(self) -> None:
-        files = sorted(
-            (p for p in self.directory.iterdir() if p.name.endswith(_SUFFIX)),
-            key=lambda p: p.stat().st_mtime,
-        )
-        for path in files:
-            if path.name.startswith("."):  # a temporary file left by a crash
-                path.unlink(missing_ok=True)
+        """Index the trusted snapshots in the directory, oldest first, and
+        delete the damaged, digest-less and abandoned temporary files."""
+        found: list[tuple[float, Path, tuple, int]] = []
+        legacy = 0
+        for path in self.directory.iterdir():
+            if (pid := temp_writer_pid(path.name)) is not None:
+                if not writer_alive(pid):  # left by a crash
+                    _remove(path)
                 continue
-            found = read_snapshot_header(path)
-            if found is not None:
-                self._index[found] = (path, path.stat().st_size)
+            if not is_snapshot_name(path.name):
+                continue  # not ours: never touched
+            try:
+                stat = path.stat()
+                header = parse_header(path)
+            except FileNotFoundError:
+                continue  # deleted meanwhile (another server's disk budget)
+            except SnapshotError as exc:
+                log.warning("SSD snapshot %s is unreadable (%s); deleting it", path, exc)
+                self._counts["corrupt"] += 1
+                _remove(path)
+                continue
+            if header.digest is None:
+                legacy += 1
+                _remove(path)
+                continue
+            found.append((stat.st_mtime, path, (header.namespace, header.tokens), stat.st_size))
+        if legacy:
+            log.warning(
+                "deleted %d SSD snapshots without a KV digest (written by an older mlxspec)", legacy
+            )
+        for _, path, key, size in sorted(found, key=lambda f: f[0]):
+            self._index[key] = (path, size)
 
     # Engine thread.
     def enqueue(self, namespace: tuple, tokens: tuple[int, ...], cache: list[Any]) -> None:
@@ -148,16 +173,18 @@ class SsdCache:
             prompt (Sequence[int]): the prompt token ids.
             better_than (int): tokens the RAM tier already covers.
 
-        A snapshot that cannot be read (a damaged or truncated file) is dropped
-        from the index and deleted, so the next request that keeps these tokens
-        writes it afresh, and the next best snapshot is tried.
+        The tensors are read and checked against the snapshot's digest
+        (:func:`~.ssd_snapshot.kv_digest`) before the cache is returned. A
+        snapshot that cannot be read or does not match (a damaged, truncated
+        or digest-less file) is a miss: it is dropped from the index, deleted
+        and counted in ``corrupt``, so the next request that keeps these
+        tokens writes it afresh from its own prefill, and the next best
+        snapshot is tried.
 
         Returns:
             tuple | None: ``(tokens, cache)``, or ``None`` when no readable
             snapshot beats ``better_than``.
         """
-        from mlx_lm.models.cache import load_prompt_cache
-
         from mlxspec.engine.caches.kv import common_prefix
 
         with self._cond:
@@ -171,9 +198,10 @@ class SsdCache:
                 return None
             started = time.perf_counter()
             try:
-                cache = load_prompt_cache(str(path))
-            except Exception:  # a damaged file is a miss, not a failed request
-                log.warning("cannot read SSD snapshot %s; deleting it", path, exc_info=True)
+                cache = load_checked(path, *key)
+            except Exception as exc:  # a damaged file is a miss, not a failed request
+                log.warning("SSD snapshot %s is damaged (%s); deleting it", path, _reason(exc))
+                log.debug("SSD snapshot %s", path, exc_info=True)
                 self._forget(key, path)
                 continue
             with self._cond:
@@ -183,11 +211,12 @@ class SsdCache:
         return None
 
     def _forget(self, key: tuple, path: Path) -> None:
-        """Drop an unreadable snapshot from the index and the disk."""
+        """Drop a damaged snapshot from the index and the disk."""
         with self._cond:
             if self._index.get(key, (None,))[0] == path:
                 del self._index[key]
-        path.unlink(missing_ok=True)
+            self._counts["corrupt"] += 1
+        _remove(path)
 
     # Writer thread.
     def _write_loop(self) -> None:
@@ -220,13 +249,14 @@ class SsdCache:
         """Write one snapshot atomically; returns its path and size."""
         from mlx_lm.models.cache import save_prompt_cache
 
-        name = _name(*key)
+        name = snapshot_name(*key)
         self.directory.mkdir(parents=True, exist_ok=True)  # deleted while serving
-        final = self.directory / (name + _SUFFIX)
-        temp = self.directory / f".{name}.{os.getpid()}.tmp{_SUFFIX}"
+        final = self.directory / (name + SUFFIX)
+        temp = self.directory / temp_name(name, os.getpid())
         metadata = {
             "mlxspec_namespace": json.dumps(list(key[0])),
             "mlxspec_tokens": json.dumps(list(key[1])),
+            DIGEST_KEY: kv_digest(key[0], key[1], cache),
         }
         try:
             save_prompt_cache(str(temp), cache, metadata)
@@ -342,7 +372,15 @@ class SsdCache:
         return max((len(k[1]) for k in self._index), default=0)
 
     def stats(self) -> dict[str, Any]:
-        """Counters for ``GET /stats``' ``ssd_cache`` section."""
+        """Counters for ``GET /stats``' ``ssd_cache`` section.
+
+        Returns:
+            dict: the directory, ``entries`` and ``bytes`` on disk, the budget,
+            pending writes, and the counters ``restores``, ``spills``,
+            ``dropped_spills``, ``failed_spills``, ``corrupt`` (snapshots
+            deleted as damaged: at start-up or by a failed digest check) and
+            ``restore_ms_last`` (the last restore, its digest check included).
+        """
         with self._cond:
             return {
                 "dir": str(self.directory),
@@ -354,3 +392,17 @@ class SsdCache:
                 "longest_durable_prefix_tokens": self._longest(),
                 **self._counts,
             }
+
+
+def _reason(exc: BaseException) -> str:
+    """One line for a warning: the error's message, or its type when it has none."""
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def _remove(path: Path) -> None:
+    """Delete ``path`` if it is still there; a failure only logs."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as exc:
+        log.warning("cannot delete %s: %s", path, exc.strerror or exc)
