@@ -12,7 +12,14 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["METHOD_ORDER", "allowed_methods", "literal_methods", "shadowed_methods", "suggest_path"]
+__all__ = [
+    "METHOD_ORDER",
+    "allowed_methods",
+    "bodiless_post",
+    "literal_methods",
+    "shadowed_methods",
+    "suggest_path",
+]
 
 #: The order methods are listed in an ``Allow`` header.
 METHOD_ORDER = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
@@ -80,6 +87,35 @@ def _methods(item: dict[str, Any]) -> set[str]:
     """A path item's methods, ``HEAD`` with ``GET`` (Starlette answers it)."""
     methods = {m.upper() for m in item if m.upper() in METHOD_ORDER}
     return methods | {"HEAD"} if "GET" in methods else methods
+
+
+def bodiless_post(spec: dict[str, Any]) -> Callable[[str], bool]:
+    """A function telling whether a ``POST`` to a path reaches an operation that
+    declares no ``requestBody`` (``/admin/cache/flush``, ``.../cancel``).
+
+    Connexion reads no body there, so it refuses no ``Content-Type`` either;
+    the app does (:mod:`mlxspec.guard`). A concrete path wins over a template.
+
+    Args:
+        spec (dict): the served OpenAPI document.
+
+    Returns:
+        Callable[[str], bool]: ``True`` for such a path, ``False`` otherwise.
+    """
+    posts = [
+        (t, rx, "requestBody" in spec["paths"][t]["post"])
+        for t, rx, m in _path_patterns(spec)
+        if "POST" in m
+    ]
+    literal = {t: not has_body for t, _, has_body in posts if "{" not in t}
+    templated = [rx for t, rx, has_body in posts if "{" in t and not has_body]
+
+    def bodiless(path: str) -> bool:
+        if path in literal:
+            return literal[path]
+        return any(rx.match(path) for rx in templated)
+
+    return bodiless
 
 
 def suggest_path(spec: dict[str, Any]) -> Callable[[str, str], str | None]:
