@@ -18,10 +18,13 @@ matched with ``fnmatch``, about 8 times per request in Connexion 3.3).
 
 :data:`MIDDLEWARES` and :func:`prepare_app` turn off Starlette's trailing-slash
 redirects in every router of the stack (see :func:`exact_paths`).
+
+:func:`remember_spec_yaml` makes ``GET /openapi.yaml`` dump the document once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -32,9 +35,11 @@ from connexion.decorators import StarletteDecorator
 from connexion.jsonifier import Jsonifier
 from connexion.middleware.main import ConnexionMiddleware
 from connexion.middleware.routing import RoutingMiddleware
-from connexion.middleware.swagger_ui import SwaggerUIMiddleware
+from connexion.middleware.swagger_ui import SwaggerUIAPI, SwaggerUIMiddleware
 from connexion.operations import AbstractOperation, OpenAPIOperation
 from connexion.uri_parsing import AbstractURIParser
+from connexion.utils import yamldumper
+from starlette.responses import Response
 from starlette.routing import Mount, Router
 
 
@@ -145,6 +150,30 @@ def remember_body_definitions() -> None:
 
     body_definition._mlxspec_remembered = True  # type: ignore[attr-defined]
     OpenAPIOperation.body_definition = body_definition  # type: ignore[method-assign]
+
+
+def remember_spec_yaml() -> None:
+    """Make Connexion's ``GET /openapi.yaml`` dump the document to YAML once per
+    base path, in a worker thread, instead of on the event loop per request
+    (idempotent; all Connexion apps of the process).
+
+    Connexion 3.3 runs PyYAML's pure-Python dumper on every request: about a
+    second for this document, during which the server answered nothing else.
+    The route is public (like ``/openapi.json``), so anyone could stall it.
+    """
+    if getattr(SwaggerUIAPI._get_openapi_yaml, "_mlxspec_remembered", False):
+        return
+
+    async def get_openapi_yaml(self: SwaggerUIAPI, request: Any) -> Response:
+        base_path = self._base_path_for_prefix(request)
+        dumped = self.__dict__.setdefault("_mlxspec_yaml", {})
+        if base_path not in dumped:
+            spec = self.specification.with_base_path(base_path).spec
+            dumped[base_path] = await asyncio.to_thread(yamldumper, spec)
+        return Response(dumped[base_path], media_type="text/yaml")
+
+    get_openapi_yaml._mlxspec_remembered = True  # type: ignore[attr-defined]
+    SwaggerUIAPI._get_openapi_yaml = get_openapi_yaml  # type: ignore[method-assign]
 
 
 def exact_paths(router: Router) -> None:
