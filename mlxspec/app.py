@@ -31,7 +31,7 @@ from starlette.types import Receive, Scope, Send
 
 from .config import ServeConfig
 from .cors import ApiCORSMiddleware
-from .dispatch import MIDDLEWARES, prepare_app, remember_body_definitions, remember_spec_yaml
+from .dispatch import MIDDLEWARES, prepare_app, remember_body_definitions, remember_spec_routes
 from .engine import ContextBudgetError, ContextLengthError, EngineRequestError, QueueFullError
 from .errors import ApiError, error_json, error_status, send_error, surface_for_path
 from .guard import RequestGuard
@@ -397,7 +397,7 @@ def create_app(engine: Any, config: Any = None, *, validate_responses: bool = Fa
     config = config or ServeConfig()
     enable_openapi_31()
     remember_body_definitions()
-    remember_spec_yaml()
+    remember_spec_routes()
     spec = served_spec(config.logprobs_format)
     security_map = security_options(spec, config.api_key)
     app = connexion.AsyncApp("mlxspec", security_map=security_map, middlewares=MIDDLEWARES)

@@ -19,7 +19,7 @@ matched with ``fnmatch``, about 8 times per request in Connexion 3.3).
 :data:`MIDDLEWARES` and :func:`prepare_app` turn off Starlette's trailing-slash
 redirects in every router of the stack (see :func:`exact_paths`).
 
-:func:`remember_spec_yaml` makes ``GET /openapi.yaml`` dump the document once.
+:func:`remember_spec_routes` makes the document routes build their answer once.
 """
 
 from __future__ import annotations
@@ -152,28 +152,37 @@ def remember_body_definitions() -> None:
     OpenAPIOperation.body_definition = body_definition  # type: ignore[method-assign]
 
 
-def remember_spec_yaml() -> None:
-    """Make Connexion's ``GET /openapi.yaml`` dump the document to YAML once per
-    base path, in a worker thread, instead of on the event loop per request
-    (idempotent; all Connexion apps of the process).
+def remember_spec_routes() -> None:
+    """Make Connexion's ``GET /openapi.json`` and ``GET /openapi.yaml`` build
+    their answer once per base path, in a worker thread, instead of on the event
+    loop per request (idempotent; all Connexion apps of the process).
 
-    Connexion 3.3 runs PyYAML's pure-Python dumper on every request: about a
-    second for this document, during which the server answered nothing else.
-    The route is public (like ``/openapi.json``), so anyone could stall it.
+    Connexion 3.3 copies and validates the whole document again for every
+    request (``Specification.with_base_path``), and the YAML route then runs
+    PyYAML's pure-Python dumper: about 1 s and 2 s of the event loop on an idle
+    2-core machine, during which the server answered nothing else. Both routes
+    are public, so anyone could stall the server with them.
     """
-    if getattr(SwaggerUIAPI._get_openapi_yaml, "_mlxspec_remembered", False):
+    if getattr(SwaggerUIAPI, "_mlxspec_remembered", False):
         return
 
-    async def get_openapi_yaml(self: SwaggerUIAPI, request: Any) -> Response:
-        base_path = self._base_path_for_prefix(request)
-        dumped = self.__dict__.setdefault("_mlxspec_yaml", {})
-        if base_path not in dumped:
-            spec = self.specification.with_base_path(base_path).spec
-            dumped[base_path] = await asyncio.to_thread(yamldumper, spec)
-        return Response(dumped[base_path], media_type="text/yaml")
+    def route(dump: Callable[[Any], str], media_type: str) -> Callable:
+        async def get(self: SwaggerUIAPI, request: Any) -> Response:
+            base_path = self._base_path_for_prefix(request)
+            specs = self.__dict__.setdefault("_mlxspec_specs", {})
+            built = self.__dict__.setdefault("_mlxspec_documents", {})
+            if (media_type, base_path) not in built:
+                if base_path not in specs:
+                    with_base = self.specification.with_base_path
+                    specs[base_path] = (await asyncio.to_thread(with_base, base_path)).spec
+                built[media_type, base_path] = await asyncio.to_thread(dump, specs[base_path])
+            return Response(built[media_type, base_path], media_type=media_type)
 
-    get_openapi_yaml._mlxspec_remembered = True  # type: ignore[attr-defined]
-    SwaggerUIAPI._get_openapi_yaml = get_openapi_yaml  # type: ignore[method-assign]
+        return get
+
+    SwaggerUIAPI._get_openapi_json = route(Jsonifier().dumps, "application/json")  # type: ignore[method-assign]
+    SwaggerUIAPI._get_openapi_yaml = route(yamldumper, "text/yaml")  # type: ignore[method-assign]
+    SwaggerUIAPI._mlxspec_remembered = True  # type: ignore[attr-defined]
 
 
 def exact_paths(router: Router) -> None:
