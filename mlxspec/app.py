@@ -37,7 +37,7 @@ from .errors import ApiError, error_json, error_status, send_error, surface_for_
 from .guard import RequestGuard
 from .metrics import Metrics, RequestMetricsMiddleware, RouteLabels
 from .openapi import served_spec
-from .paths import METHOD_ORDER, allowed_methods, bodiless_post, shadowed_methods, suggest_path
+from .paths import METHOD_ORDER, allowed_methods, post_takes_body, shadowed_methods, suggest_path
 from .response_store import ResponseStore
 from .security import key_refusal, security_options
 from .validation import RequestBodyValidator, ResponseBodyValidator, enable_openapi_31
@@ -202,7 +202,7 @@ class _WithEngine:
         self.response_store = ResponseStore()
         # Concrete paths a templated route also matches (see literal_methods).
         self.literal = shadowed_methods(spec)
-        self.bodiless = bodiless_post(spec)
+        self.takes_body = post_takes_body(spec)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -248,12 +248,16 @@ class _WithEngine:
     def _type_refusal(self, path: str, headers: list[tuple[bytes, bytes]]) -> str | None:
         """Why a POST body with these (normalised) headers is refused 415, or
         ``None``: it has no ``Content-Type``, or is not JSON on a route that takes
-        no body. Connexion refuses other types on the routes that declare a body."""
+        no body. Connexion refuses other types on the routes that declare a body;
+        a path without a POST operation is left to routing (404, 405)."""
+        takes_body = self.takes_body(path)
+        if takes_body is None:
+            return None
         media = next((v for k, v in headers if k == b"content-type"), b"")
         if not media:  # absent or empty (Connexion would read the body as JSON)
             return NO_TYPE
         kind = media.partition(b";")[0].decode("latin-1")
-        if self.bodiless(path) and kind != "application/json":
+        if not takes_body and kind != "application/json":
             return f"{path} takes no request body: send none, or send application/json"
         return None
 

@@ -15,7 +15,7 @@ from typing import Any
 __all__ = [
     "METHOD_ORDER",
     "allowed_methods",
-    "bodiless_post",
+    "post_takes_body",
     "literal_methods",
     "shadowed_methods",
     "suggest_path",
@@ -89,33 +89,35 @@ def _methods(item: dict[str, Any]) -> set[str]:
     return methods | {"HEAD"} if "GET" in methods else methods
 
 
-def bodiless_post(spec: dict[str, Any]) -> Callable[[str], bool]:
+def post_takes_body(spec: dict[str, Any]) -> Callable[[str], bool | None]:
     """A function telling whether a ``POST`` to a path reaches an operation that
-    declares no ``requestBody`` (``/admin/cache/flush``, ``.../cancel``).
+    declares a ``requestBody`` (``True``), one that declares none
+    (``/admin/cache/flush``, ``.../cancel``: ``False``), or no operation (``None``).
 
-    Connexion reads no body there, so it refuses no ``Content-Type`` either;
-    the app does (:mod:`mlxspec.guard`). A concrete path wins over a template.
+    Connexion reads no body on the second kind, so it refuses no ``Content-Type``
+    there either; the app does. A concrete path wins over a template.
 
     Args:
         spec (dict): the served OpenAPI document.
 
     Returns:
-        Callable[[str], bool]: ``True`` for such a path, ``False`` otherwise.
+        Callable[[str], bool | None]: the answer for a request path.
     """
+    paths = spec.get("paths", {})
     posts = [
-        (t, rx, "requestBody" in spec["paths"][t]["post"])
-        for t, rx, m in _path_patterns(spec)
-        if "POST" in m
+        (t, rx, "requestBody" in paths[t]["post"])
+        for t, rx, methods in _path_patterns(spec)
+        if "POST" in methods
     ]
-    literal = {t: not has_body for t, _, has_body in posts if "{" not in t}
-    templated = [rx for t, rx, has_body in posts if "{" in t and not has_body]
+    literal = {t: body for t, _, body in posts if "{" not in t}
+    templated = [(rx, body) for t, rx, body in posts if "{" in t]
 
-    def bodiless(path: str) -> bool:
+    def takes_body(path: str) -> bool | None:
         if path in literal:
             return literal[path]
-        return any(rx.match(path) for rx in templated)
+        return next((body for rx, body in templated if rx.match(path)), None)
 
-    return bodiless
+    return takes_body
 
 
 def suggest_path(spec: dict[str, Any]) -> Callable[[str, str], str | None]:
