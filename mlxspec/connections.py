@@ -201,10 +201,9 @@ class EdgeProtocol(HttpToolsProtocol):
         body = error_json(err, surface).encode()
         status = error_status(err, surface)
         lines = [STATUS_LINE[status]]
-        for name, value in self.server_state.default_headers:
+        extra = [(k.lower().encode(), v.encode()) for k, v in err.headers.items()]
+        for name, value in self.server_state.default_headers + extra:
             lines += [name, b": ", value, b"\r\n"]
-        for name, value in err.headers.items():
-            lines += [name.encode(), b": ", value.encode(), b"\r\n"]
         lines += [
             b"content-type: application/json\r\n",
             b"content-length: %d\r\n" % len(body),
