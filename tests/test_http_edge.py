@@ -25,6 +25,7 @@ from mlxspec.app import NO_TYPE, create_app
 from mlxspec.config import ServeConfig
 from mlxspec.conformance.contract import UNDOCUMENTED_GET, ContractViolation, check_response
 from mlxspec.conformance.httpx_checks import checking_client
+from mlxspec.connections import ConnectionLimits, EdgeProtocol, uvicorn_config
 from mlxspec.flags import parse_config
 from mlxspec.guard import allowed_host_names, binds_loopback, host_name
 
@@ -429,3 +430,31 @@ def test_the_contract_checker_knows_the_edge_answers() -> None:
         check_response("GET", "/v2/x", None, 403, json_type, not_edge)
     with pytest.raises(ContractViolation, match="with the document"):
         check_response("GET", "/openapi.yaml", None, 200, {"content-type": "text/yaml"}, b"[1")
+
+
+# ------------------------------------------------------------ flags
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--header-timeout", "0"),
+        ("--header-timeout", "nan"),
+        ("--keep-alive-timeout", "-1"),
+        ("--max-connections", "-1"),
+        ("--max-header-bytes", "0"),
+    ],
+)
+def test_bad_limit_flags_exit_2(flag: str, value: str, capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exited:
+        parse_config(["serve", flag, value])
+    assert exited.value.code == 2
+    assert flag in capsys.readouterr().err
+
+
+def test_the_limits_reach_uvicorn() -> None:
+    config = parse_config(["serve", "--max-connections", "0", "--max-header-bytes", "16K"])
+    built = uvicorn_config(object(), config)
+    assert built.timeout_keep_alive == 30.0 and built.limit_concurrency is None
+    assert built.http.limits == ConnectionLimits(30.0, 16 * 1024, None)  # 0: no cap
+    assert issubclass(built.http, EdgeProtocol)
