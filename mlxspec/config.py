@@ -45,7 +45,19 @@ class ServeConfig:
         max_body_bytes (int): largest request body; a larger one is answered
             413 before anything parses it. Default: 16 MiB.
         allowed_origins (tuple[str, ...]): CORS origins (``"*"`` for any);
-            empty turns CORS off. Default: ``()``.
+            empty turns CORS off; they may also call ``/admin/*``. Default: ``()``.
+        allowed_hosts (tuple[str, ...]): ``Host`` names answered besides
+            ``localhost``, ``127.0.0.1``, ``[::1]`` and ``host`` (``"*"`` for
+            any); checked when ``host`` is a loopback address, or when any are
+            given (:mod:`mlxspec.http.guard`). Default: ``()``.
+        header_timeout (float): seconds a request line and headers may take
+            to arrive (:mod:`mlxspec.http.connections`). Default: ``30.0``.
+        keep_alive_timeout (float): seconds an idle kept-alive connection
+            stays open. Default: ``30.0``.
+        max_header_bytes (int): most bytes of request target and headers; more
+            is a 431. Default: 64 KiB.
+        max_connections (int): most connections open at once; the next gets a
+            503; ``0`` for no cap. Default: ``1000``.
         prompt_cache_bytes (int): RAM budget of the prompt cache (prefix KV
             reuse); ``0`` disables it. Default: 1 GiB.
         ssd_cache (str | None): directory of the prompt cache's SSD tier;
@@ -83,6 +95,12 @@ class ServeConfig:
     api_key: str | None = field(default=None, repr=False)
     allowed_origins: tuple[str, ...] = ()
     max_body_bytes: int = 16 * 2**20
+    # HTTP edge: Host/Origin checks and connection limits.
+    allowed_hosts: tuple[str, ...] = ()
+    header_timeout: float = 30.0
+    keep_alive_timeout: float = 30.0
+    max_header_bytes: int = 64 * 2**10
+    max_connections: int = 1000
     # Prompt cache.
     prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES
     ssd_cache: str | None = None

@@ -33,15 +33,23 @@ from mlxspec.conformance.live import free_port, serve, wait_healthy  # noqa: E40
 class LiveServer:
     """uvicorn serving an ASGI app on a real socket, in a background thread
     (httpx's ASGI transport buffers whole responses, so SSE timing and
-    disconnect tests need this)."""
+    disconnect tests need this), with the connection handling and limits of
+    ``mlxspec serve`` (``config``'s, default :class:`ServeConfig`'s)."""
 
-    def __init__(self, app: object) -> None:
+    def __init__(self, app: object, config: object = None) -> None:
+        import dataclasses
+
         import uvicorn
+
+        from mlxspec.config import ServeConfig
+        from mlxspec.http.connections import uvicorn_config
 
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
-        self.server = uvicorn.Server(config)
+        config = dataclasses.replace(
+            config or ServeConfig(), host="127.0.0.1", port=self.port, log_level="warning"
+        )
+        self.server = uvicorn.Server(uvicorn_config(app, config))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self) -> LiveServer:

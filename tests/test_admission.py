@@ -167,7 +167,7 @@ def test_queue_full_is_429_then_queued_requests_complete(idle_engine: Engine) ->
 
     async def go() -> None:
         transport = httpx.ASGITransport(app=app)
-        async with checking_async_client("http://t", transport=transport, timeout=60) as c:
+        async with checking_async_client("http://localhost", transport=transport, timeout=60) as c:
             # One request takes the single slot, one waits (max_queue=1).
             held = [asyncio.ensure_future(c.post("/v1/completions", json=body)) for _ in range(2)]
             await _until(lambda: idle_engine.in_flight == 2)
@@ -213,7 +213,7 @@ def test_n_choices_that_do_not_fit_take_nothing_from_other_requests(tiny_model_d
 
     async def go() -> None:
         transport = httpx.ASGITransport(app=app)
-        async with checking_async_client("http://t", transport=transport, timeout=60) as c:
+        async with checking_async_client("http://localhost", transport=transport, timeout=60) as c:
             never = await c.post(
                 "/v1/chat/completions",
                 json={
@@ -283,7 +283,7 @@ def test_decisions_take_a_queue_place_and_get_429_when_it_is_full(tiny_model_dir
 
     async def go() -> None:
         transport = httpx.ASGITransport(app=app)
-        async with checking_async_client("http://t", transport=transport, timeout=60) as c:
+        async with checking_async_client("http://localhost", transport=transport, timeout=60) as c:
             # The completion takes the only slot; the decision is the one waiting.
             held = [
                 asyncio.ensure_future(c.post("/v1/completions", json=completion)),
@@ -330,7 +330,7 @@ def test_embeddings_take_a_queue_place_too(tmp_path: Path) -> None:
 
     async def go() -> None:
         transport = httpx.ASGITransport(app=app)
-        async with checking_async_client("http://t", transport=transport, timeout=60) as c:
+        async with checking_async_client("http://localhost", transport=transport, timeout=60) as c:
             held = [asyncio.ensure_future(c.post("/v1/embeddings", json=body)) for _ in range(2)]
             await _until(lambda: engine.in_flight == 2)
             refused = await c.post("/v1/embeddings", json=body)
@@ -361,7 +361,7 @@ def capped_engine(tiny_model_dir: Path) -> Iterator[Engine]:
 def _post(app, path: str, body: dict) -> httpx.Response:
     async def go() -> httpx.Response:
         transport = httpx.ASGITransport(app=app)
-        async with checking_async_client("http://t", transport=transport, timeout=60) as c:
+        async with checking_async_client("http://localhost", transport=transport, timeout=60) as c:
             return await c.post(path, json=body)
 
     return asyncio.run(go())
@@ -419,7 +419,7 @@ def test_stats_reports_the_cap(capped_engine: Engine) -> None:
 
     async def go() -> dict:
         transport = httpx.ASGITransport(app=app)
-        async with checking_async_client("http://t", transport=transport) as c:
+        async with checking_async_client("http://localhost", transport=transport) as c:
             return (await c.get("/stats")).json()
 
     admission = asyncio.run(go())["admission"]

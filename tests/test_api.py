@@ -12,6 +12,8 @@ import time
 import httpx
 import pytest
 
+from mlxspec.http.app import NO_TYPE
+
 CHAT = "/v1/chat/completions"
 COMP = "/v1/completions"
 NO_EOS = {"2": -1e9}  # the tiny model's EOS id; forbidding it forces long outputs
@@ -245,8 +247,9 @@ def test_malformed_and_non_object_bodies(client: httpx.Client) -> None:
 def test_content_type(client: httpx.Client) -> None:
     body = json.dumps({"messages": user(), "max_tokens": 1}).encode()
     assert_error(client.post(CHAT, content=body, headers={"content-type": "text/plain"}), 415)
-    # No Content-Type at all: read as JSON (curl users often omit it).
-    assert client.post(CHAT, content=body).status_code == 200
+    # No Content-Type at all: a 415 too (a web page can send such a body cross-origin
+    # without a preflight; it used to be read as JSON).
+    assert_error(client.post(CHAT, content=body), 415, message=NO_TYPE)
 
 
 @pytest.mark.parametrize(

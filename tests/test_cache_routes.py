@@ -243,8 +243,8 @@ def test_a_second_sigint_during_the_drain_exits_at_once_without_tracebacks(
         wait_healthy(base, 60)
         stalled.connect(("127.0.0.1", port))
         stalled.sendall(
-            b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
-            b"Content-Length: 100\r\n\r\n{"
+            b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
         )
         streams = [threading.Thread(target=stream) for _ in range(3)]
         for t in streams:

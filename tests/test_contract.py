@@ -393,22 +393,27 @@ def test_every_stream_documents_each_frame_kind() -> None:
 
 
 def test_generation_routes_declare_every_status_the_app_can_give() -> None:
-    # 400 (schema, JSON, context window, context cap), 401 (API key), 413 (body size),
-    # 415 (Content-Type), 429 (queue), 499 (client left), 500.
+    # 400 (schema, JSON, context window, context cap, framing), 401 (API key), 403
+    # (Host), 408 (headers or body stalled), 413 (body size), 415 (Content-Type), 429
+    # (queue), 431 (headers too large), 499 (client left), 500, 503 (connection cap).
     for path in (CHAT, COMP):
         assert set(SPEC["paths"][path]["post"]["responses"]) == {
             "200",
             "400",
             "401",
+            "403",
+            "408",
             "413",
             "415",
             "429",
+            "431",
             "499",
             "500",
+            "503",
         }
     # Every route answers 400 for a form Content-Type without a boundary (Connexion parses it),
     # and 401 with --api-key unless it opts out of security (only /health).
     for path, item in SPEC["paths"].items():
         for op in item.values():
-            assert {"400", "500"} <= set(op["responses"]), path
+            assert {"400", "403", "408", "431", "500", "503"} <= set(op["responses"]), path
             assert ("401" in op["responses"]) == (op.get("security") != []), path

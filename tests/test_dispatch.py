@@ -73,7 +73,7 @@ def test_each_request_gets_its_own_arguments_from_one_prepared_handler() -> None
 
     async def go() -> list[tuple[int, Any]]:
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
             sent = [
                 client.post("/items/a", json={"word": "x"}),
                 client.post("/items/b-c?times=3", json={"word": "y"}),

@@ -16,7 +16,7 @@ from mlxspec.openapi import served_spec
 def _get(app: object, path: str, root_path: str = "") -> httpx.Response:
     async def go() -> httpx.Response:
         transport = httpx.ASGITransport(app=app, root_path=root_path)  # type: ignore[arg-type]
-        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
             return await client.get(path)
 
     return asyncio.run(go())

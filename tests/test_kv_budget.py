@@ -265,7 +265,7 @@ def test_stats_report_kv_bytes_and_budget(budget_engine: tuple[Engine, int]) -> 
 
     async def go() -> tuple[dict, dict]:
         transport = httpx.ASGITransport(app=app)
-        async with checking_async_client("http://t", transport=transport, timeout=60) as c:
+        async with checking_async_client("http://localhost", transport=transport, timeout=60) as c:
             hold_first = asyncio.ensure_future(engine.run_exclusive(first.wait))
             submitted = engine.submitted
             body = {"prompt": "hello there", "max_tokens": 40, "logit_bias": {"2": -100}}

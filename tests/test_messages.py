@@ -431,10 +431,10 @@ def test_sdk_with_a_keyed_server(tiny_engine) -> None:
 
     async def run(key: str) -> Any:
         http = checking_async_client(
-            "http://t", http=httpx2, transport=httpx2.ASGITransport(app=app), timeout=60
+            "http://localhost", http=httpx2, transport=httpx2.ASGITransport(app=app), timeout=60
         )
         async with anthropic.AsyncAnthropic(
-            base_url="http://t", api_key=key, max_retries=0, http_client=http
+            base_url="http://localhost", api_key=key, max_retries=0, http_client=http
         ) as sdk:
             return await sdk.messages.count_tokens(model="m", messages=USER)
 

@@ -22,6 +22,9 @@ REGISTRY = Registry().with_resource(
 )
 HTTP_METHODS = {"get", "put", "post", "delete", "options", "head", "patch", "trace"}
 
+#: Every operation: a forged Host (or /admin Origin), headers that stall or are too
+#: large, a connection over --max-connections (mlxspec.http.guard, mlxspec.http.connections).
+EDGE_CODES = {"403", "408", "431", "503"}
 GENERATION_CODES = {"200", "400", "401", "413", "415", "429", "499", "500"}
 #: GET routes behind the API key (all but /health).
 READ_CODES = {"200", "400", "401", "500"}
@@ -107,7 +110,7 @@ OPERATIONS = [
         "cancelResponse",
         "mlxspec.handlers.responses.responses",
         "responses",
-        READ_CODES | {"404"},
+        READ_CODES | {"404", "415"},
     ),
     ("get", "/health", "health", "mlxspec.handlers.system", "system", {"200", "400", "500"}),
     ("get", "/v1", "apiIndex", "mlxspec.handlers.system", "system", READ_CODES),
@@ -128,7 +131,7 @@ OPERATIONS = [
         "flushCache",
         "mlxspec.handlers.admin",
         "admin",
-        {"200", "400", "401", "500", "503"},
+        {"200", "400", "401", "415", "500"},
     ),
     (
         "post",
@@ -278,7 +281,7 @@ def test_operation_routing_and_responses(
     assert "." not in op["operationId"]
     assert op["x-openapi-router-controller"] == controller
     assert op["tags"] == [tag]
-    assert set(op["responses"]) == codes
+    assert set(op["responses"]) == codes | EDGE_CODES
     for code in codes:
         response, _ = _resolve(op["responses"][code])
         assert response["description"]

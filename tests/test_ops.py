@@ -32,7 +32,7 @@ def call(app: Any, go: Callable[[httpx.AsyncClient], Awaitable[Any]], check: boo
     async def run() -> Any:
         transport = httpx.ASGITransport(app=app)
         make = checking_async_client if check else httpx.AsyncClient
-        async with make(base_url="http://t", transport=transport, timeout=60) as c:
+        async with make(base_url="http://localhost", transport=transport, timeout=60) as c:
             return await go(c)
 
     return asyncio.run(run())
@@ -136,7 +136,9 @@ def test_openai_sdk_authenticates_with_the_key(keyed_app: Any) -> None:
     async def go(api_key: str) -> Any:
         transport = httpx.ASGITransport(app=keyed_app)
         async with checking_async_client(transport=transport, timeout=60) as http:
-            client = openai.AsyncOpenAI(base_url="http://t/v1", api_key=api_key, http_client=http)
+            client = openai.AsyncOpenAI(
+                base_url="http://localhost/v1", api_key=api_key, http_client=http
+            )
             return await client.completions.create(model="m", **COMPLETION)
 
     assert asyncio.run(go(KEY)).usage.completion_tokens == 3

@@ -60,7 +60,7 @@ def test_background_is_queued_then_ends_as_the_same_request_run_inline(
 
     async def go() -> tuple[dict, dict, dict, dict]:
         transport = httpx.ASGITransport(app=app)
-        async with checking_async_client("http://t", transport=transport, timeout=60) as c:
+        async with checking_async_client("http://localhost", transport=transport, timeout=60) as c:
             created = await c.post("/v1/responses", json={**BODY, "background": True})
             assert created.status_code == 200, created.text
             polled = (await c.get(f"/v1/responses/{created.json()['id']}")).json()
@@ -85,7 +85,7 @@ def test_cancel_a_queued_background_response(held_engine: Engine) -> None:
 
     async def go() -> tuple[dict, dict, dict, dict, httpx.Response]:
         transport = httpx.ASGITransport(app=app)
-        async with checking_async_client("http://t", transport=transport, timeout=60) as c:
+        async with checking_async_client("http://localhost", transport=transport, timeout=60) as c:
             created = (await c.post("/v1/responses", json={**BODY, "background": True})).json()
             route = f"/v1/responses/{created['id']}"
             # a running response cannot be continued yet
@@ -204,7 +204,7 @@ def test_running_responses_refuse_delete_and_stream_resumption(held_engine: Engi
 
     async def go() -> tuple[httpx.Response, httpx.Response, dict]:
         transport = httpx.ASGITransport(app=app)
-        async with checking_async_client("http://t", transport=transport, timeout=60) as c:
+        async with checking_async_client("http://localhost", transport=transport, timeout=60) as c:
             created = (await c.post("/v1/responses", json={**BODY, "background": True})).json()
             route = f"/v1/responses/{created['id']}"
             deleted = await c.delete(route)

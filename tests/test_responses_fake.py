@@ -83,7 +83,7 @@ def app_client(events: list, tokenizer: object) -> tuple[FakeEngine, StateSpy, h
     """A fake engine, the app on it (spied), and an in-process client of the app."""
     engine = FakeEngine(events, tokenizer)
     app = StateSpy(create_app(engine, validate_responses=True))
-    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://fake")
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost")
     return engine, app, client
 
 

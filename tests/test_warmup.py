@@ -193,7 +193,7 @@ def test_a_request_during_warmup_waits_then_completes(tiny_engine) -> None:
         assert await asyncio.to_thread(model.entered.wait, 60)  # first warm-up pass, held
         pending = asyncio.ensure_future(_gather(engine.submit(request)))
         transport = httpx.ASGITransport(app=create_app(engine, validate_responses=True))
-        async with checking_async_client("http://t", transport=transport) as c:
+        async with checking_async_client("http://localhost", transport=transport) as c:
             health = await c.get("/health")
         queued = (engine.in_flight, engine.counters["completed"], list(model.shapes))
         gate.set()

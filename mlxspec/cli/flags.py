@@ -48,6 +48,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     _admission_flags(serve)
     _operations_flags(serve)
+    _http_edge_flags(serve)
     serve.add_argument(
         "--logprobs-format",
         choices=LOGPROBS_FORMATS,
@@ -111,6 +112,54 @@ def _operations_flags(serve: argparse.ArgumentParser) -> None:
         default=ServeConfig().max_body_bytes,
         help="largest request body; larger ones get 413 unread (default 16M)",
     )
+
+
+def _http_edge_flags(serve: argparse.ArgumentParser) -> None:
+    """Host/Origin checks and connection limits (:mod:`mlxspec.http.guard`,
+    :mod:`mlxspec.http.connections`)."""
+    defaults = ServeConfig()
+    serve.add_argument(
+        "--allowed-hosts",
+        action="append",
+        type=_origins,
+        default=[],
+        help="comma-separated Host names answered besides localhost, 127.0.0.1, [::1] and "
+        "--host, or '*' (repeatable); others get 403. Checked when --host is a loopback "
+        "address or this is given (default: none)",
+    )
+    serve.add_argument(
+        "--header-timeout",
+        type=_positive_float,
+        default=defaults.header_timeout,
+        metavar="SECONDS",
+        help="seconds a request line and headers may take to arrive (default 30)",
+    )
+    serve.add_argument(
+        "--keep-alive-timeout",
+        type=_positive_float,
+        default=defaults.keep_alive_timeout,
+        metavar="SECONDS",
+        help="seconds an idle kept-alive connection stays open (default 30)",
+    )
+    serve.add_argument(
+        "--max-header-bytes",
+        type=parse_bytes,
+        default=defaults.max_header_bytes,
+        help="largest request line plus headers; more gets 431 (default 64K)",
+    )
+    serve.add_argument(
+        "--max-connections",
+        type=_non_negative_int,
+        default=defaults.max_connections,
+        help="most open connections; the next gets 503; 0 = no cap (default 1000)",
+    )
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError("must be a positive number of seconds")
+    return value
 
 
 def _add_cache_flags(serve: argparse.ArgumentParser) -> None:
@@ -227,6 +276,11 @@ def parse_config(argv: Sequence[str] | None = None) -> ServeConfig:
         api_key=args.api_key or None,  # an empty key would lock every client out
         allowed_origins=tuple(o for group in args.allowed_origins for o in group),
         max_body_bytes=args.max_body_bytes,
+        allowed_hosts=tuple(h for group in args.allowed_hosts for h in group),
+        header_timeout=args.header_timeout,
+        keep_alive_timeout=args.keep_alive_timeout,
+        max_header_bytes=args.max_header_bytes,
+        max_connections=args.max_connections,
         prompt_cache_bytes=args.prompt_cache_bytes,
         ssd_cache=args.ssd_cache,
         ssd_cache_bytes=args.ssd_cache_bytes,

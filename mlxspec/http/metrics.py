@@ -211,10 +211,12 @@ class RouteLabels:
         spec (dict): the OpenAPI document. A path parameter whose schema has
             ``format: path`` matches across ``/`` (as Connexion routes it).
         extra (tuple[str, ...]): literal paths served outside the document.
-            Default: ``("/openapi.json",)`` (Connexion's spec route).
+            Default: ``("/openapi.json", "/openapi.yaml")`` (Connexion's spec routes).
     """
 
-    def __init__(self, spec: dict[str, Any], extra: tuple[str, ...] = ("/openapi.json",)) -> None:
+    def __init__(
+        self, spec: dict[str, Any], extra: tuple[str, ...] = ("/openapi.json", "/openapi.yaml")
+    ) -> None:
         routes = [(0, path, re.compile(f"^{re.escape(path)}$")) for path in extra]
         for template, item in spec.get("paths", {}).items():
             params = [
