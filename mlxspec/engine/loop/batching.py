@@ -20,13 +20,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from mlxspec.engine.loop.handles import flush_wakeups
-from mlxspec.engine.loop.lanes import Handoff, LaneParts, StepTimes
+from mlxspec.engine.loop.lanes import Handoff, LaneParts, StepTimes, start_request
 from mlxspec.engine.loop.rows import Row
-from mlxspec.engine.sampling.sampler import build_logits_processors, build_sampler
 from mlxspec.engine.types import Failed
 
 if TYPE_CHECKING:
-    from mlxspec.engine.engine import RequestHandle
+    from mlxspec.engine.loop.handles import RequestHandle
 
 
 class BatchLane:
@@ -79,26 +78,10 @@ class BatchLane:
 
     def add(self, handle: RequestHandle, max_tokens: int) -> None:
         """Queue ``handle``'s request into the batch with a budget of ``max_tokens`` (>= 1)."""
-        req, parts = handle.request, self._parts
+        req = handle.request
         if req.shared_prefill:
             self._prefill_once(req.prompt, req.session)
-        cache, cached = self._cache.fetch(self._namespace, req.prompt, req.session)
-        grammar = None if parts.grammars is None else parts.grammars.for_request(req.constraint)
-        row = Row(
-            handle, parts.tokenizer, parts.eos, lane="batched", cached=cached, grammar=grammar
-        )
-        self.adopt(
-            Handoff(
-                row=row,
-                feed=list(req.prompt[cached:]),
-                held=list(req.prompt[:cached]),
-                cache=cache,
-                max_tokens=max_tokens,
-                sampler=build_sampler(req.sampling, list(parts.xtc_special)),
-                # The grammar mask goes last: after penalties and logit_bias.
-                processors=build_logits_processors(req.logits) + ([grammar] if grammar else []),
-            )
-        )
+        self.adopt(start_request(handle, self._parts, max_tokens, "batched"))
 
     def adopt(self, handoff: Handoff) -> None:
         """Continue a request in the batch: a new one (:meth:`add`) or one that
@@ -114,7 +97,7 @@ class BatchLane:
             caches=[handoff.cache],
             all_tokens=[handoff.held],
             samplers=[handoff.sampler],
-            logits_processors=[handoff.processors],
+            logits_processors=[handoff.chain],
         )
         self._rows[uid] = handoff.row
         if handoff.row.handle.started_at is None:
