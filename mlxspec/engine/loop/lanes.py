@@ -1,5 +1,5 @@
 """What the engine's lanes share: the model's parts, the prefill chunk size, how a
-request starts and the hand-over of a running request.
+request starts, the loop's counters and the hand-over of a running request.
 
 :class:`LaneParts` is what both lanes need to start a request (model,
 tokenizer, stop tokens, prompt cache, grammar compiler), and
@@ -9,13 +9,14 @@ prefix, grammar, :class:`~.rows.Row`, sampler and logits processors. A
 tail after a prompt-cache hit), which the solo lane decodes from and the batch
 adopts (:meth:`~.batching.BatchLane.adopt`), or a :class:`~.solo.SoloRun`
 moved over mid-generation with its KV cache, logits processors and row.
+:class:`LoopStats` is what the loop counts for ``GET /stats``.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from mlxspec.engine.caches.kv import cache_length
@@ -94,6 +95,29 @@ class StepTimes:
         self.rows += rows
         self.generate_s += generate_s
         self.route_s += route_s
+
+
+#: How a request can end; each one submitted ends in exactly one.
+OUTCOMES = ("completed", "cancelled", "failed")
+
+
+@dataclass
+class LoopStats:
+    """What the engine loop counts since start (the engine thread writes, ``GET
+    /stats`` reads them through the engine).
+
+    Attributes:
+        outcomes (dict[str, int]): requests ended, by outcome (:data:`OUTCOMES`).
+        handoffs (int): lone requests moved into the batch mid-request (:mod:`.solo`).
+        steps (StepTimes): batched-lane steps (``batch.steps``).
+        solo_steps (StepTimes): decode steps of requests running alone
+            (``batch.solo_steps``).
+    """
+
+    outcomes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
+    handoffs: int = 0
+    steps: StepTimes = field(default_factory=StepTimes)
+    solo_steps: StepTimes = field(default_factory=StepTimes)
 
 
 @dataclass(frozen=True)
