@@ -21,8 +21,16 @@ import pytest
 from mlxspec.cli.flags import parse_config
 from mlxspec.conformance.httpx_checks import checking_async_client
 from mlxspec.conformance.live import serve
-from mlxspec.engine import AdmissionLimits, BudgetTooSmallError, Engine, GenerationRequest
-from mlxspec.engine.loop.admission import Admission, KvGate, QueueFullError
+from mlxspec.engine import (
+    AdmissionLimits,
+    BudgetTooSmallError,
+    Engine,
+    GenerationRequest,
+    RequestHandle,
+)
+from mlxspec.engine.loop.admission import Admission, QueueFullError
+from mlxspec.engine.loop.jobs import Generate
+from mlxspec.engine.loop.kv_ledger import KvGate
 from mlxspec.engine.model.fit import ModelMemory
 from mlxspec.engine.types import Delta, Finished, LogitsParams
 from mlxspec.http.app import create_app
@@ -36,6 +44,22 @@ class Job:
 
     def __init__(self, name: str) -> None:
         self.name, self.cancelled = name, False
+
+
+@pytest.fixture()
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    """An event loop for request handles that are never iterated."""
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+def _submitted(adm: Admission, loop: asyncio.AbstractEventLoop, tokens: int) -> Generate:
+    """A request projecting ``tokens`` of KV cache (a one-token prompt), submitted."""
+    handle = RequestHandle(GenerationRequest((1,), max_tokens=tokens - 1), loop)
+    job = Generate(handle, tokens - 1)
+    adm.kv.submit(job)
+    return job
 
 
 # ------------------------------------------------------------------ unit
@@ -104,9 +128,10 @@ def test_requests_in_line_count_as_waiting() -> None:
     assert (adm.running(3), adm.waiting(3)) == (1, 2)
 
 
-def test_queue_full_counts_the_line() -> None:
+def test_queue_full_counts_the_line(loop: asyncio.AbstractEventLoop) -> None:
     adm = Admission(AdmissionLimits(max_queue=2, kv_budget=500), 8, 1000, MEMORY)  # 50 tokens
-    adm.running_tokens = 40  # one request runs
+    adm.kv.line_up(_submitted(adm, loop, 40))
+    adm.kv.start_next()  # one request runs
     adm.kv_gate.push(Job("x"), 40)  # one waits: 40 + 40 > 50
     adm.admit(10, in_flight=2, projected=40)  # it would be second in line: room for it
     adm.kv_gate.push(Job("y"), 40)
@@ -115,17 +140,18 @@ def test_queue_full_counts_the_line() -> None:
     assert adm.rejected == {"queue_full": 1, "context_over_budget": 0}
 
 
-def test_requests_not_yet_in_line_are_counted_too() -> None:
+def test_requests_not_yet_in_line_are_counted_too(loop: asyncio.AbstractEventLoop) -> None:
     """Several requests submitted within one engine step: none is in the line
     yet, but the prediction packs them first come first served."""
     adm = Admission(AdmissionLimits(max_queue=1, kv_budget=500), 8, 1000, MEMORY)
-    adm.incoming.extend([40, 40])  # submitted, not yet taken in by the engine
+    for _ in range(2):  # submitted, not yet taken in by the engine
+        _submitted(adm, loop, 40)
     assert adm.kv_waiting(40) == 2  # the first runs, the second and this one wait
     with pytest.raises(QueueFullError):
         adm.admit(10, in_flight=2, projected=40)
     assert adm.kv_waiting(10) == 2  # 40 + 10 would fit beside the first: no overtaking
     small = Admission(AdmissionLimits(max_queue=0, kv_budget=500), 8, 1000, MEMORY)
-    small.incoming.append(20)
+    _submitted(small, loop, 20)
     assert small.kv_waiting(20) == 0  # both fit: 40 <= 50
     small.admit(5, in_flight=1, projected=20)
     # without a byte budget there is no line
@@ -148,7 +174,7 @@ def test_a_burst_gets_429_before_the_engine_sees_it(tiny_model_dir: Path, tiny_e
     try:
         asyncio.run(go())
         assert engine.admission.rejected["queue_full"] == 1
-        assert list(engine.admission.incoming) == [len(PROMPTS[0]) + MAX_TOKENS] * 2
+        assert list(engine.admission.kv.incoming) == [len(PROMPTS[0]) + MAX_TOKENS] * 2
     finally:
         engine.close()
 

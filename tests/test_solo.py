@@ -113,7 +113,7 @@ def moved_after(engine: Engine, request: GenerationRequest, steps: int) -> Resul
             handoff = solo.handoff()
             if handoff is None:
                 return
-            lane = BatchLane(parts, 4, on_done=lambda _outcome: None)
+            lane = BatchLane(parts, 4, on_done=lambda _handle, _outcome: None)
             lane.adopt(handoff)
             while len(lane):
                 lane.step()

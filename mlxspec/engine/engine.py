@@ -39,7 +39,8 @@ from mlxspec.engine.caches.prompt_cache import (
 from mlxspec.engine.caches.ssd_cache import DEFAULT_SSD_CACHE_BYTES
 from mlxspec.engine.loop.admission import Admission, AdmissionLimits
 from mlxspec.engine.loop.handles import ExclusiveJob, RequestHandle
-from mlxspec.engine.loop.lanes import LaneParts, StepTimes, default_prefill_step
+from mlxspec.engine.loop.jobs import Exclusive, Generate, Job, Stop
+from mlxspec.engine.loop.lanes import LaneParts, LoopStats, default_prefill_step
 from mlxspec.engine.loop.scheduler import Scheduler
 from mlxspec.engine.model.cpu_weights import CpuWeights, apply_cpu_weights
 from mlxspec.engine.model.fit import ModelMemory, model_memory
@@ -111,31 +112,33 @@ class Engine:
         quiet_length_warning(tokenizer)
         self.info = info
         self.defaults = defaults
-        self._jobs: queue.Queue[RequestHandle | ExclusiveJob | None] = queue.Queue()
+        self._jobs: queue.Queue[Job] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._eos = frozenset(tokenizer.eos_token_ids)
         # as mlx_lm.server's XTC special tokens
         self._xtc_special = (*tokenizer.encode("\n"), *sorted(self._eos))
         self._prefill_step = default_prefill_step() if prefill_step is None else prefill_step
         self.grammars = GrammarCache(tokenizer, info.vocab_size, set(self._eos), enabled=grammar)
+        #: What the engine loop counts (outcomes, handoffs, step times).
+        self.loop_stats = LoopStats()
         #: Requests by outcome, updated on the engine thread (read for /stats and tests).
-        self.counters = {"completed": 0, "cancelled": 0, "failed": 0}
+        self.counters = self.loop_stats.outcomes
         #: Requests accepted by :meth:`submit` (each ends in one of ``counters``).
         self.submitted = 0
-        #: Lone requests moved into the batch mid-request (:mod:`.solo`).
-        self.handoffs = 0
         #: Batched-lane step times since start (``GET /stats`` ``batch.steps``).
-        self.step_times = StepTimes()
+        self.step_times = self.loop_stats.steps
         #: Decode steps of requests running alone (``batch.solo_steps``).
-        self.solo_times = StepTimes()
+        self.solo_times = self.loop_stats.solo_steps
         #: Whether :meth:`load` made the weights float32 for the CPU BLAS.
         self.cpu_weights: CpuWeights | None = None
         limits = limits or AdmissionLimits()
         budgets = (limits.memory_budget, limits.kv_budget)
         memory = self.memory if budgets != (None, None) else None
         self.admission = Admission(limits, max_batch, info.context_window, memory)
+        #: Every generation's KV projection from submission to its end (:mod:`.kv_ledger`).
+        self.kv = self.admission.kv
         #: Requests in line for a decode slot under a byte budget (engine thread).
-        self.kv_gate = self.admission.kv_gate
+        self.kv_gate = self.kv.line
         #: Prefix KV reuse across requests (``stats()`` feeds ``GET /stats``).
         self.prompt_cache = prompt_cache if prompt_cache is not None else PromptCache()
         #: Everything that changes KV numbers: the model and its weights (no adapters
@@ -150,7 +153,8 @@ class Engine:
 
     @property
     def lane_parts(self) -> LaneParts:
-        """What the lanes run requests with, from the engine's current prompt cache."""
+        """What the lanes run requests with, from the engine's current prompt cache
+        (the engine thread takes it once, when it starts)."""
         return LaneParts(
             self.model,
             self.tokenizer,
@@ -161,6 +165,11 @@ class Engine:
             self.cache_namespace,
             self.grammars,
         )
+
+    @property
+    def handoffs(self) -> int:
+        """Lone requests moved into the batch mid-request (:mod:`.solo`)."""
+        return self.loop_stats.handoffs
 
     @functools.cached_property
     def memory(self) -> ModelMemory:
@@ -248,7 +257,7 @@ class Engine:
     def close(self, timeout: float = 5.0) -> None:
         """Stop the engine thread after the current request."""
         if self._thread is not None:
-            self._jobs.put(None)
+            self._jobs.put(Stop())
             self._thread.join(timeout)
             self._thread = None
         _LIVE_ENGINES.discard(self)
@@ -288,7 +297,7 @@ class Engine:
     @property
     def running_kv_tokens(self) -> int:
         """Tokens of KV cache the running requests project together (``batch.kv_bytes``)."""
-        return self.admission.running_tokens
+        return self.kv.running_tokens
 
     @property
     def in_flight(self) -> int:
@@ -325,16 +334,17 @@ class Engine:
             QueueFullError: the wait queue has no room for ``group`` more requests.
         """
         self.check_fits(len(request.prompt), prompt_param)
-        projected = len(request.prompt) + self.budget(request)
+        budget = self.budget(request)
         if not admitted:
+            projected = len(request.prompt) + budget
             self.admission.admit(
                 len(request.prompt), self.in_flight, prompt_param, projected, count=group
             )
-        handle = RequestHandle(request, asyncio.get_running_loop())
+        job = Generate(RequestHandle(request, asyncio.get_running_loop()), budget)
         self.submitted += 1
-        self.admission.incoming.append(projected)  # taken in the same order as _jobs
-        self._jobs.put(handle)
-        return handle
+        self.kv.submit(job)  # before the engine thread can take it off the queue
+        self._jobs.put(job)
+        return job.handle
 
     async def run_exclusive(self, fn: Callable[[], T]) -> T:
         """Run ``fn()`` on the engine thread between decode steps; await its result.
@@ -358,7 +368,7 @@ class Engine:
             Exception: whatever ``fn`` raised, re-raised in the caller.
         """
         job = ExclusiveJob(fn)
-        self._jobs.put(job)
+        self._jobs.put(Exclusive(job))
         try:
             return await asyncio.wrap_future(job.future)
         except asyncio.CancelledError:
@@ -369,7 +379,8 @@ class Engine:
     def _run(self) -> None:
         if self.warmup:
             warm_up_engine(self.model, self.info.context_window, self._prefill_step, self.max_batch)
-        Scheduler(self, self._jobs).run()
+        # The loop gets only what it runs with, never the engine itself.
+        Scheduler(self._jobs, self.lane_parts, self.kv, self.loop_stats, self.max_batch).run()
 
     def budget(self, req: GenerationRequest) -> int:
         """Tokens ``req`` may generate: its ``max_tokens`` capped by the room left

@@ -10,7 +10,7 @@ logprob entry is sent with the text it wrote (:class:`~.stops.HeldLogprobs`).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +18,7 @@ from mlxspec.engine.loop.stops import HeldLogprobs, StopMatcher
 from mlxspec.engine.types import Delta, Finished, GenerationRequest, TokenLogprob, TopLogprob
 
 if TYPE_CHECKING:
-    from mlxspec.engine.engine import RequestHandle
+    from mlxspec.engine.loop.handles import RequestHandle
     from mlxspec.engine.sampling.grammar import GrammarProcessor
 
 
@@ -133,7 +133,7 @@ class Row:
     Args:
         handle (RequestHandle): where events go.
         tokenizer: an mlx-lm ``TokenizerWrapper``.
-        eos (set[int]): end-of-sequence token ids.
+        eos (Collection[int]): end-of-sequence token ids.
         lane (str): ``"serial"`` or ``"batched"``, reported in ``Finished``.
         grammar (GrammarProcessor | None): the request's grammar, which also
             ends it (``"stop"``) once only a stop token may follow. Default: ``None``.
@@ -145,7 +145,7 @@ class Row:
         self,
         handle: RequestHandle,
         tokenizer: Any,
-        eos: set[int],
+        eos: Collection[int],
         lane: str = "serial",
         grammar: GrammarProcessor | None = None,
         cached: int = 0,
