@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from mlxspec.engine.caches.prompt_cache import DEFAULT_PROMPT_CACHE_BYTES
 from mlxspec.engine.caches.ssd_cache import DEFAULT_SSD_CACHE_BYTES
+from mlxspec.engine.template_sandbox import DEFAULT_TEMPLATE_SECONDS, DEFAULT_TEMPLATE_STEPS
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,16 @@ class ServeConfig:
             take once before serving (:mod:`mlxspec.engine.model.warmup`); environment
             ``MLXSPEC_WARMUP``: ``0`` off, ``1`` on, unset or ``auto`` (``None``)
             when the prompt cache buckets tails (on a GPU). Default: ``None``.
+        allow_request_templates (bool): a request may bring its own chat
+            template (``chat_template_kwargs.chat_template``), rendered within
+            the two bounds below; without it such a request is a 400 (vLLM's
+            ``--trust-request-chat-template``). Default: ``False``.
+        request_template_steps (int): most steps (loop iterations, calls,
+            filters, operators, output pieces) one render of a request's
+            template may take (:mod:`mlxspec.engine.template_sandbox`).
+            Default: ``100000``.
+        request_template_seconds (float): most seconds one render of a
+            request's template may take. Default: ``2.0``.
     """
 
     model: str | None = None
@@ -109,6 +120,10 @@ class ServeConfig:
     grammar: bool = True
     cpu_weights: str = "auto"
     warmup: bool | None = None
+    # Chat templates from requests.
+    allow_request_templates: bool = False
+    request_template_steps: int = DEFAULT_TEMPLATE_STEPS
+    request_template_seconds: float = DEFAULT_TEMPLATE_SECONDS
 
 
 SERVE_ENV_DEFAULTS = {"MLX_CUDA_USE_CUDNN_SDPA": "0"}

@@ -131,6 +131,25 @@ def oclient(openai_server: LiveServer) -> Iterator[httpx.Client]:
 
 
 @pytest.fixture(scope="session")
+def templates_server(tiny_engine: object) -> Iterator[LiveServer]:
+    """A live server on the tiny engine with ``--allow-request-templates``
+    (and the default bounds)."""
+    from mlxspec.config import ServeConfig
+    from mlxspec.http.app import create_app
+
+    config = ServeConfig(allow_request_templates=True)
+    with LiveServer(create_app(tiny_engine, config, validate_responses=True)) as server:
+        yield server
+
+
+@pytest.fixture()
+def tclient(templates_server: LiveServer) -> Iterator[httpx.Client]:
+    """A checking httpx client (like ``client``) on ``templates_server``."""
+    with checking_client(templates_server.base, timeout=60) as c:
+        yield c
+
+
+@pytest.fixture(scope="session")
 def real_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``mlxspec serve`` on the embedded default model, in a subprocess.
 

@@ -125,9 +125,9 @@ def test_assistant_turn_may_omit_content(client: httpx.Client) -> None:
     assert client.post(CHAT, json={"messages": messages, "max_tokens": 1}).status_code == 200
 
 
-def test_prompt_build_failure(client: httpx.Client) -> None:
+def test_prompt_build_failure(tclient: httpx.Client) -> None:
     kwargs = {"chat_template": "{{ raise_exception('this template takes no user turns') }}"}
-    r = client.post(CHAT, json={"messages": [USER], "chat_template_kwargs": kwargs})
+    r = tclient.post(CHAT, json={"messages": [USER], "chat_template_kwargs": kwargs})
     assert_error(r, "prompt build failed: this template takes no user turns", "messages")
 
 

@@ -191,10 +191,10 @@ def test_surrogate_pair_is_fine(client: httpx.Client) -> None:
 
 
 @pytest.mark.parametrize("template", ["{{ '' }}", ""])
-def test_chat_template_rendering_nothing_is_400(client: httpx.Client, template: str) -> None:
-    r = chat(client, chat_template_kwargs={"chat_template": template})
+def test_chat_template_rendering_nothing_is_400(tclient: httpx.Client, template: str) -> None:
+    r = chat(tclient, chat_template_kwargs={"chat_template": template})
     assert_400(r, "messages")
-    assert chat(client).status_code == 200  # the engine still runs
+    assert chat(tclient).status_code == 200  # the engine still runs
 
 
 @pytest.mark.timeout(60)

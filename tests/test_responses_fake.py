@@ -50,7 +50,9 @@ class FakeEngine:
         self.requests: list[GenerationRequest] = []
         self.prompts: list[list] = []
 
-    def chat_prompt(self, messages: list, tools=None, template_kwargs=None) -> list[int]:
+    def chat_prompt(
+        self, messages: list, tools=None, template_kwargs=None, budget=None
+    ) -> list[int]:
         self.prompts.append(messages)
         return [1] * sum(len(m["role"]) + len(str(m.get("content") or "")) for m in messages)
 

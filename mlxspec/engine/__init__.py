@@ -2,7 +2,8 @@
 
 No HTTP lives here. Handlers import only the names exported below: the typed
 request/event boundary (:mod:`.types`), the :class:`Engine` and model
-resolution (:mod:`.loader`), and the non-generative forward paths: decision
+resolution (:mod:`.loader`), the bounds of a chat template a request brings
+(:mod:`.template_sandbox`), and the non-generative forward paths: decision
 scoring (:func:`score_answers`) and embeddings (:func:`embed_texts`).
 """
 
@@ -15,9 +16,10 @@ from mlxspec.engine.loop.admission import (
     ContextBudgetError,
     QueueFullError,
 )
-from mlxspec.engine.prompt import off_loop, token_prompt
+from mlxspec.engine.prompt import off_loop, template_off_loop, token_prompt
 from mlxspec.engine.sampling.sampler import GenerationDefaults
 from mlxspec.engine.scoring import ScoredAnswers, score_answers
+from mlxspec.engine.template_sandbox import TemplateBoundError, TemplateBudget, request_template
 from mlxspec.engine.types import (
     Cancelled,
     Constraint,
@@ -60,10 +62,14 @@ __all__ = [
     "RequestHandle",
     "SamplingParams",
     "ScoredAnswers",
+    "TemplateBoundError",
+    "TemplateBudget",
     "TokenLogprob",
     "TopLogprob",
     "embed_texts",
     "off_loop",
+    "request_template",
     "score_answers",
+    "template_off_loop",
     "token_prompt",
 ]

@@ -49,6 +49,7 @@ from mlxspec.engine.model.warmup import warm_up_engine
 from mlxspec.engine.prompt import encode_text, normalize_messages, quiet_length_warning, render_chat
 from mlxspec.engine.sampling.grammar import GrammarCache
 from mlxspec.engine.sampling.sampler import GenerationDefaults, read_generation_config
+from mlxspec.engine.template_sandbox import TemplateBudget
 from mlxspec.engine.types import Constraint, GenerationRequest, ModelInfo
 
 T = TypeVar("T")
@@ -264,11 +265,18 @@ class Engine:
 
     # Prompt building (runs on the caller's thread; no MLX work).
     def chat_prompt(
-        self, messages: list, tools: list | None = None, template_kwargs: dict | None = None
+        self,
+        messages: list,
+        tools: list | None = None,
+        template_kwargs: dict | None = None,
+        budget: TemplateBudget | None = None,
     ) -> list[int]:
-        """Template and tokenize chat messages. Raises ``PromptError``."""
+        """Template and tokenize chat messages (:func:`~.prompt.render_chat`;
+        ``budget`` bounds a template the request brings). Raises ``PromptError``."""
         normalized = normalize_messages(messages, self.info.id)
-        return render_chat(self.tokenizer, normalized, tools=tools, template_kwargs=template_kwargs)
+        return render_chat(
+            self.tokenizer, normalized, tools=tools, template_kwargs=template_kwargs, budget=budget
+        )
 
     def text_prompt(self, prompt: str) -> list[int]:
         """Tokenize a raw completion prompt (no template)."""

@@ -416,7 +416,7 @@ def create_app(engine: Any, config: Any = None, *, validate_responses: bool = Fa
     config = config or ServeConfig()
     enable_openapi_31()
     remember_body_definitions()
-    spec = served_spec(config.logprobs_format)
+    spec = served_spec(config.logprobs_format, config.allow_request_templates)
     security_map = security_options(spec, config.api_key)
     app = connexion.AsyncApp("mlxspec", security_map=security_map, middlewares=MIDDLEWARES)
     prepare_app(app)  # handlers decorated once, not per request; no slash redirects

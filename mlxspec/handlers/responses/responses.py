@@ -72,8 +72,7 @@ async def create_response(body: dict[str, Any]) -> Any:
     try:
         turn = await open_turn(engine, chat, prompt_param="input")
     except PromptError as exc:
-        # its param indexes the translated chat messages, which the client never saw
-        raise ApiError("invalid_request", exc.message, param="input") from exc
+        raise _input_error(exc) from exc
     builder = ResponseBuilder(_skeleton(body, turn, conversation, engine), _token_counter(engine))
     keep = _keeper(store, conversation, builder, stored)
     response_id, view = builder.response["id"], _view(builder, turn)
@@ -159,8 +158,16 @@ async def count_response_input_tokens(body: dict[str, Any]) -> Any:
     try:
         tokens = await count_prompt(engine, chat)
     except PromptError as exc:
-        raise ApiError("invalid_request", exc.message, param="input") from exc
+        raise _input_error(exc) from exc
     return {"object": "response.input_tokens", "input_tokens": tokens}, 200, JSON
+
+
+def _input_error(exc: PromptError) -> ApiError:
+    """A chat prompt error in the Responses body's terms: its param indexes the
+    translated chat messages, which the client never saw (``input``), unless
+    it names ``chat_template_kwargs``, a field of both bodies."""
+    shared = (exc.param or "").startswith("chat_template_kwargs")
+    return ApiError("invalid_request", exc.message, param=exc.param if shared else "input")
 
 
 def _previous(store: ResponseStore, body: dict[str, Any]) -> Conversation | None:

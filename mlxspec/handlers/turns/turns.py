@@ -26,7 +26,8 @@ from mlxspec.engine import (
     Finished,
     GenerationRequest,
     RequestHandle,
-    off_loop,
+    TemplateBudget,
+    request_template,
 )
 from mlxspec.handlers.common import (
     cancel_on_disconnect,
@@ -48,6 +49,7 @@ from mlxspec.handlers.turns.parser import (
     TurnParser,
 )
 from mlxspec.handlers.turns.structured import structured_output, warning_header, with_system_note
+from mlxspec.handlers.turns.templates import build_prompt, template_budget
 from mlxspec.handlers.turns.tool_options import (
     TurnOptions,
     forcing_constraint,
@@ -123,8 +125,13 @@ async def open_turn(
     Returns:
         Turn: the submitted request.
 
+    A template the body brings (``chat_template_kwargs.chat_template``, on a
+    server that allows it) renders within the server's bounds, counted by
+    admission and stopped when the client leaves (:mod:`.templates`).
+
     Raises:
-        PromptError: the template cannot render the messages.
+        PromptError: the template cannot render the messages
+            (``TemplateBoundError``: a request's template over the bounds).
         ContextLengthError: the prompt does not fit.
         ApiError: an invalid or unenforceable ``tool_choice`` (400).
         EngineRequestError, QueueFullError: as ``Engine.submit``.
@@ -159,14 +166,18 @@ async def _prepare(engine: Engine, body: Mapping[str, Any]) -> _Prepared:
     run, warning = await structured_output(engine, dict(body), chat=True)
     options = turn_options(run)
     choice = _choice(engine)
-    prompt, thinking = await off_loop(_render, engine, run, options, choice)
+    budget = template_budget(engine, run)
+    prompt, thinking = await build_prompt(
+        engine, budget, _render, engine, run, options, choice, budget
+    )
     forced = bool(options.tools) and options.tool_choice not in ("auto", "none")
     constraint = forcing_constraint(options, choice, thinking) if forced else None
     if constraint is not None:
         reason = await asyncio.to_thread(engine.grammar_problem, constraint)
         if reason is not None:
             run = with_system_note(run, forcing_instruction(options))
-            prompt, thinking = await off_loop(_render, engine, run, options, choice)
+            args = (engine, run, options, choice, budget)
+            prompt, thinking = await build_prompt(engine, budget, _render, *args)
             constraint, warning = None, warning_header(reason)
     return _Prepared(run, prompt, thinking, options, choice, forced, constraint, warning)
 
@@ -184,13 +195,19 @@ async def count_prompt(engine: Engine, body: Mapping[str, Any]) -> int:
 
 
 def _render(
-    engine: Engine, body: Mapping[str, Any], options: TurnOptions, choice: ParserChoice
+    engine: Engine,
+    body: Mapping[str, Any],
+    options: TurnOptions,
+    choice: ParserChoice,
+    budget: TemplateBudget | None,
 ) -> tuple[list[int], bool]:
     """The prompt tokens of ``body`` and whether they leave the thinking channel
-    open (a prompt thread's work: see :func:`~mlxspec.engine.off_loop`)."""
+    open (a prompt thread's work: see :func:`.templates.build_prompt`)."""
     tools = list(options.tools) if options.tools and options.tool_choice != "none" else None
-    kwargs = template_kwargs(body, str(getattr(engine.tokenizer, "chat_template", "") or ""))
-    prompt = engine.chat_prompt(body["messages"], tools, kwargs)
+    own = request_template(engine.tokenizer, body.get("chat_template_kwargs"))
+    template = own if own is not None else getattr(engine.tokenizer, "chat_template", "")
+    kwargs = template_kwargs(body, str(template or ""))
+    prompt = engine.chat_prompt(body["messages"], tools, kwargs, budget)
     return prompt, _opens_thinking(engine, prompt, choice)
 
 
