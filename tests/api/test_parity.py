@@ -21,7 +21,7 @@ from mlxspec.conformance import parity
 from mlxspec.conformance.live import serve
 from mlxspec.conformance.parity import Case, check, diff, load_cases, parse_sse
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CASES = load_cases()
 DEVIATIONS = (ROOT / "docs" / "deviations.md").read_text()
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 _spec = importlib.util.spec_from_file_location("bench_report", BENCH / "bench_report.py")
 bench_report = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench_report)

@@ -618,9 +618,8 @@ def test_machine_reads_proc_files(tmp_path: Path) -> None:
 
 
 def test_oversized_body_is_413_unread_in_each_surface_shape(tiny_engine: Any) -> None:
-    from conftest import LiveServer
-
     from mlxspec.conformance.httpx_checks import checking_client
+    from tests.conftest import LiveServer
 
     cap = 100_000
     app = create_app(tiny_engine, ServeConfig(max_body_bytes=cap), validate_responses=True)

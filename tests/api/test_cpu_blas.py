@@ -26,7 +26,7 @@ from mlx_lm.models.llama import Model, ModelArgs
 from mlxspec.engine.model.cpu_weights import apply_cpu_weights, float32_bytes
 from mlxspec.host import blas
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LINUX_X86 = sys.platform.startswith("linux") and platform.machine() == "x86_64"
 
 PROBE = textwrap.dedent(

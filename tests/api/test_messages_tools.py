@@ -18,11 +18,11 @@ from typing import Any
 
 import anthropic
 import pytest
-from conftest import LiveServer
 
 from fixtures.tool_models import ScriptedEngine
 from mlxspec.conformance.httpx_checks import checking_client
 from mlxspec.http import sse
+from tests.conftest import LiveServer
 from tests.helpers import anthropic_sdk, scripted_tool_server
 
 WEATHER = {

@@ -19,7 +19,7 @@ SPEC: dict[str, Any] = {
     "paths": {
         "/items/{name}": {
             "post": {
-                "operationId": "tests.test_dispatch.echo",
+                "operationId": "tests.api.test_dispatch.echo",
                 "parameters": [
                     {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}},
                     {
@@ -99,7 +99,7 @@ def test_each_request_gets_its_own_arguments_from_one_prepared_handler() -> None
     # builds a new one on each access of ``fn``).
     assert handlers == [[operation.fn]]
     handler = inspect.unwrap(operation.fn)
-    assert (handler.__module__, handler.__qualname__) == ("tests.test_dispatch", "echo")
+    assert (handler.__module__, handler.__qualname__) == ("tests.api.test_dispatch", "echo")
 
 
 def test_body_definitions_are_remembered_for_declared_content_types_only() -> None:

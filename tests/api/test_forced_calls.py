@@ -20,7 +20,6 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import LiveServer
 
 from fixtures.tool_models import ScriptedEngine, build_tool_model
 from mlxspec.conformance.httpx_checks import checking_client
@@ -34,6 +33,7 @@ from mlxspec.handlers.turns.parser import (
 from mlxspec.handlers.turns.tool_options import TurnOptions
 from mlxspec.http.app import create_app
 from mlxspec.parsers import ParserChoice
+from tests.conftest import LiveServer
 from tests.helpers import scripted_tool_server
 
 WEATHER = {

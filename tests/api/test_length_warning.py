@@ -86,10 +86,9 @@ def test_quiet_length_warning_ignores_foreign_tokenizers() -> None:
 @pytest.fixture()
 def fresh_server(tiny_model_dir: Path) -> Iterator[httpx.Client]:
     """A live server on a new engine (its own tokenizer), checking responses."""
-    from conftest import LiveServer
-
     from mlxspec.engine import Engine
     from mlxspec.http.app import create_app
+    from tests.conftest import LiveServer
 
     engine = Engine.load(tiny_model_dir, "tiny-llama", max_batch=1, warmup=False)
     engine.start()

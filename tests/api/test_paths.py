@@ -13,13 +13,13 @@ import httpx
 import httpx2
 import openai
 import pytest
-from conftest import LiveServer
 
 from mlxspec.config import ServeConfig
 from mlxspec.conformance.httpx_checks import checking_client
 from mlxspec.http.app import create_app
 from mlxspec.http.paths import shadowed_methods, suggest_path
 from mlxspec.openapi import served_spec
+from tests.conftest import LiveServer
 
 SPEC = served_spec()
 

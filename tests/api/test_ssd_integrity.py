@@ -17,12 +17,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import LiveServer
 
 from mlxspec.conformance.httpx_checks import checking_client
 from mlxspec.engine import Engine
 from mlxspec.engine.caches.prompt_cache import CacheNamespace, PromptCache
 from mlxspec.engine.caches.ssd_cache import SsdCache, read_snapshot_header
+from tests.conftest import LiveServer
 
 NS = tuple(CacheNamespace("tiny-llama"))
 TEXT = "the quick brown fox jumps over the lazy dog " * 3

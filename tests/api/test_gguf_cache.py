@@ -13,7 +13,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import mlx.core as mx  # noqa: E402
 import pytest  # noqa: E402
-from test_gguf import save_float_gguf, tiny_metadata, tiny_weights  # noqa: E402
 
 from mlxspec.engine.model.gguf import CONVERTER_VERSION, MARKER_FILE, GGUFError  # noqa: E402
 from mlxspec.engine.model.gguf_cache import (
@@ -24,6 +23,7 @@ from mlxspec.engine.model.gguf_cache import (
     remember_digest,
 )
 from mlxspec.engine.model.loader import gguf_cache_folder  # noqa: E402
+from tests.api.test_gguf import save_float_gguf, tiny_metadata, tiny_weights  # noqa: E402
 
 
 def tiny_gguf(path: Path, seed: int = 0) -> Path:

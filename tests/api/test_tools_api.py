@@ -17,12 +17,12 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from conftest import LiveServer
 
 from fixtures.tool_models import ScriptedEngine, build_tool_model
 from mlxspec.conformance.httpx_checks import checking_client
 from mlxspec.http import sse
 from mlxspec.http.app import create_app
+from tests.conftest import LiveServer
 from tests.helpers import openai_sdk, scripted_tool_server
 
 WEATHER = {

@@ -17,11 +17,11 @@ import anthropic
 import httpx
 import httpx2
 import pytest
-from conftest import LiveServer
 
 from mlxspec.conformance.httpx_checks import checking_client
 from mlxspec.engine import Delta, Event, Failed, Finished, GenerationRequest, RequestHandle
 from mlxspec.http.app import create_app
+from tests.conftest import LiveServer
 from tests.helpers import anthropic_sdk
 
 USER = [{"role": "user", "content": "hello"}]

@@ -12,11 +12,11 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import LiveServer
 
 from mlxspec.conformance.httpx_checks import checking_async_client
 from mlxspec.engine import AdmissionLimits, Engine
 from mlxspec.http.app import create_app
+from tests.conftest import LiveServer
 
 CLIENTS = 64
 BODY = {"prompt": "hello", "max_tokens": 4, "logit_bias": {"2": -100}, "stream": True}

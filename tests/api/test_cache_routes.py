@@ -17,12 +17,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import LiveServer
 
 from mlxspec.conformance.httpx_checks import checking_client
 from mlxspec.conformance.live import free_port, wait_healthy
 from mlxspec.engine import Engine
 from mlxspec.engine.caches.ssd_cache import SsdCache, read_snapshot_header
+from tests.conftest import LiveServer
 
 PROMPT = "the quick brown fox jumps over the lazy dog and then "
 NO_EOS = {"2": -100}
@@ -175,7 +175,7 @@ def test_sigterm_drains_the_stream_then_flushes(tiny_model_dir, tmp_path) -> Non
     port, ssd_dir = free_port(), tmp_path / "ssd"
     argv = [sys.executable, "-m", "mlxspec", "serve", str(tiny_model_dir), "--port", str(port)]
     argv += ["--ssd-cache", str(ssd_dir), "--batch", "1"]
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         base = f"http://127.0.0.1:{port}"
@@ -214,7 +214,7 @@ def test_a_second_sigint_during_the_drain_exits_at_once_without_tracebacks(
     BODY_IDLE_TIMEOUT_S) exits with 130 and one line, no traceback."""
     port = free_port()
     argv = [sys.executable, "-m", "mlxspec", "serve", str(tiny_model_dir), "--port", str(port)]
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     proc = subprocess.Popen(
         [*argv, "--batch", "1"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
