@@ -3,7 +3,8 @@
 Tiers: the pure wire functions (confidence, answers, prompts); the engine's
 teacher-forced log-likelihoods against a direct mlx-lm forward of the tiny
 model; the routes on the tiny live server (every response checked against the
-OpenAPI document); one request on the real embedded model.
+OpenAPI document). One request on the real embedded model is
+``tests/real/test_decisions.py``.
 """
 
 from __future__ import annotations
@@ -827,29 +828,3 @@ def test_systemone_non_validation_errors_keep_openai_shape(client: httpx.Client)
         None,
     )
     assert error["message"].startswith("This model's maximum context length is 256 tokens")
-
-
-# --- the real model ----------------------------------------------------------------
-
-
-def test_real_model_picks_the_obvious_answer(real_client: httpx.Client) -> None:
-    # SmolLM2-135M leans towards the last listed answer; the right one goes first.
-    body = {
-        "model": "m",
-        "input": "I love this product, it is wonderful!",
-        "questions": [
-            {
-                "type": "choice",
-                "name": "sentiment",
-                "instructions": "What is the sentiment?",
-                "choices": [{"value": "positive"}, {"value": "negative"}],
-            }
-        ],
-    }
-    r = real_client.post("/v1/decisions", json=body)
-    assert r.status_code == 200, r.text
-    answer = r.json()["answers"][0]
-    assert answer["choice"] == "positive"
-    probabilities = [p["probability"] for p in answer["probabilities"]]
-    assert probabilities[0] > 0.6
-    assert abs(sum(probabilities) - 1) < 1e-5

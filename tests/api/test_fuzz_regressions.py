@@ -75,6 +75,32 @@ def test_logit_bias_ids_checked_in_conversion() -> None:
     assert req.logits.logit_bias == ((263, 1.0),)
 
 
+@pytest.mark.parametrize(
+    ("route", "field", "bias", "message"),
+    [
+        (
+            "/v1/chat/completions",
+            "messages",
+            {"5": "x"},
+            "logit_bias must be a dict of int to float",
+        ),
+        ("/v1/completions", "prompt", {"5": None}, "logit_bias must be a dict of int to float"),
+        ("/v1/chat/completions", "messages", [1, 2], "logit_bias must be of type dict"),
+        ("/v1/completions", "prompt", "7042", "logit_bias must be of type dict"),
+    ],
+)
+def test_logit_bias_type_errors_use_mlx_lm_messages(
+    client: httpx.Client, route: str, field: str, bias: object, message: str
+) -> None:
+    # mlx_lm.server's _validate / float() coercion messages (err_logit_bias_* cases of
+    # the parity run, tests/real/test_parity.py)
+    value = [{"role": "user", "content": "Hi"}] if field == "messages" else "Hi"
+    r = client.post(route, json={field: value, "max_tokens": 1, "logit_bias": bias})
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == message
+    assert r.json()["error"]["param"].startswith("logit_bias")
+
+
 # --- seed: mx.random.seed takes an unsigned 64-bit integer --------------------
 
 

@@ -3,22 +3,20 @@
 
 The tiny random model shows the mask at work (JSON that validates, also when
 streamed); the real SmolLM2 model answers the SDK's ``messages.parse`` with a
-typed object, which is what a client of this feature relies on.
+typed object, which is what a client of this feature relies on
+(``tests/real/test_messages.py``).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
-import anthropic
 import httpx
 import jsonschema
 import pytest
-from pydantic import BaseModel
 
 from mlxspec.handlers.messages.anthropic import to_chat_body
-from tests.helpers import TINY_SCHEMA, anthropic_sdk
+from tests.helpers import TINY_SCHEMA
 
 MESSAGES = "/v1/messages"
 USER = [{"role": "user", "content": "hi"}]
@@ -152,32 +150,3 @@ def test_malformed_output_fields_are_400(
         "type": "error",
         "error": {"type": "invalid_request_error", "message": message},
     }
-
-
-class Capital(BaseModel):
-    """What ``messages.parse`` should fill from the reply."""
-
-    country: str
-    capital: str
-
-
-@pytest.fixture()
-def real_sdk(real_server: str) -> Iterator[anthropic.Anthropic]:
-    with anthropic_sdk(real_server, timeout=120) as client:
-        yield client
-
-
-@pytest.mark.real_model
-def test_real_model_parse_gives_a_typed_object(real_sdk: anthropic.Anthropic) -> None:
-    question = [{"role": "user", "content": "What is the capital of France? Answer as JSON."}]
-    parsed = real_sdk.messages.parse(
-        model="m",
-        max_tokens=40,
-        messages=question,
-        output_format=Capital,
-        extra_body={"temperature": 0},
-    )
-    out = parsed.parsed_output
-    assert isinstance(out, Capital)
-    assert "Paris" in out.capital
-    assert parsed.stop_reason == "end_turn"

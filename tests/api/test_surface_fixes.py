@@ -3,7 +3,8 @@
 Tool history on a template that ignores ``tools``; the leading space of a raw
 text completion; numbers that overflow a double; a budget-cut tool call's
 ``content``. Tiny random models and the scripted engine throughout (exact
-values); the real SmolLM2 once, where the text must mean something.
+values); the real SmolLM2 once, where the text must mean something
+(``tests/real/test_completions.py``).
 """
 
 from __future__ import annotations
@@ -136,12 +137,6 @@ def test_completion_keeps_the_leading_space(oclient: httpx.Client, client: httpx
     chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     reply = client.post(CHAT, json={**chat, "logit_bias": FORCE_SPACE_T}).json()
     assert reply["choices"][0]["message"]["content"] == "t t"
-
-
-@pytest.mark.real_model
-def test_real_completion_reads_on_from_the_prompt(real_client: httpx.Client) -> None:
-    body = {"prompt": "The capital of France is", "max_tokens": 2, "temperature": 0}
-    assert real_client.post(COMP, json=body).json()["choices"][0]["text"] == " Paris."
 
 
 # --- 3. numbers that overflow a double ---------------------------------------------

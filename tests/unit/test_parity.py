@@ -1,24 +1,19 @@
-"""Parity with mlx_lm.server, recorded mode: mlxspec on the embedded model
-against mlx_lm.server's responses stored in ``fixtures/parity/reference/``.
+"""Parity with mlx_lm.server: the comparator and the case files, with no model.
 
-The live run (both servers) is ``python -m mlxspec.conformance parity --live``;
-its table is ``docs/parity-report.md``. Unit tests of the comparator and the
-case files come first and need no model.
+Recorded mode, mlxspec on the embedded model against mlx_lm.server's responses
+stored in ``fixtures/parity/reference/``, is ``tests/real/test_parity.py``; the
+live run (both servers) is ``python -m mlxspec.conformance parity --live``, its
+table ``docs/parity-report.md``.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from mlxspec.conformance import parity
-from mlxspec.conformance.live import serve
 from mlxspec.conformance.parity import Case, check, diff, load_cases, parse_sse
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -169,60 +164,6 @@ def test_recording_is_for_this_request(case: Case) -> None:
     record = json.loads(parity.reference_path(case).read_text())
     assert record["request"] == {"route": case.route, "body": case.body}
     assert record["mlx_lm_version"] and record["model"]
-
-
-# Recorded mode against the real model -------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def parity_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """``mlxspec serve`` on the embedded model with the checkpoint's own weights
-    (``parity.NATIVE_WEIGHTS``), the numbers mlx_lm.server computes with."""
-    log = tmp_path_factory.mktemp("parity") / "serve.log"
-    argv = [sys.executable, "-m", "mlxspec", "serve", "--port", "{port}", *parity.NATIVE_WEIGHTS]
-    with serve(argv, {**os.environ, "HF_HUB_OFFLINE": "1"}, log, timeout=300) as base:
-        yield base
-
-
-@pytest.fixture(scope="module")
-def http(parity_server: str) -> Iterator[httpx.Client]:
-    with httpx.Client(timeout=300) as client:
-        yield client
-
-
-@pytest.mark.real_model
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
-def test_matches_mlx_lm_server(case: Case, parity_server: str, http: httpx.Client) -> None:
-    outcome = parity.check_recorded(http, parity_server, case)
-    assert outcome.ok, f"{outcome.verdict}: {outcome.fields} {outcome.detail}"
-
-
-# Regressions found by the parity run -------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("route", "field", "bias", "message"),
-    [
-        (
-            "/v1/chat/completions",
-            "messages",
-            {"5": "x"},
-            "logit_bias must be a dict of int to float",
-        ),
-        ("/v1/completions", "prompt", {"5": None}, "logit_bias must be a dict of int to float"),
-        ("/v1/chat/completions", "messages", [1, 2], "logit_bias must be of type dict"),
-        ("/v1/completions", "prompt", "7042", "logit_bias must be of type dict"),
-    ],
-)
-def test_logit_bias_type_errors_use_mlx_lm_messages(
-    client: httpx.Client, route: str, field: str, bias: object, message: str
-) -> None:
-    # mlx_lm.server's _validate / float() coercion messages (err_logit_bias_* cases)
-    value = [{"role": "user", "content": "Hi"}] if field == "messages" else "Hi"
-    r = client.post(route, json={field: value, "max_tokens": 1, "logit_bias": bias})
-    assert r.status_code == 400
-    assert r.json()["error"]["message"] == message
-    assert r.json()["error"]["param"].startswith("logit_bias")
 
 
 def test_cli_record_needs_live(capsys: pytest.CaptureFixture[str]) -> None:
