@@ -162,3 +162,18 @@ def test_text_the_detokenizer_releases_late_is_shared_by_its_tokens() -> None:
     # the detokenizer's dropped leading space: the first token keeps what is left
     assert run_held(["i"], [(b" Hi", "Hi")]) == [("H", [(b" Hi", False)])]
     assert run_held(["H"], [(b" Hi", "Hi")]) == [("", [(b" Hi", True)])]
+
+
+# --- stop strings: a short stop inside a longer, earlier one -----------------
+# (found by the chunking property above while running the suite)
+
+
+def test_longer_stop_starting_earlier_wins_when_streamed() -> None:
+    from mlxspec.engine.loop.stops import StopMatcher
+
+    m = StopMatcher(["b", "aba"])
+    assert (m.feed("ab"), m.feed("a"), m.stopped) == ("", "", True)
+    m = StopMatcher(["b", "aba"])
+    assert (m.feed("ab"), m.flush(), m.stopped) == ("", "a", True)
+    m = StopMatcher(["b", "aba"])
+    assert (m.feed("ab"), m.feed("c"), m.stopped) == ("", "a", True)

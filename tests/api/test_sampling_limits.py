@@ -1,23 +1,25 @@
-"""Regression tests for what fuzzing (``python -m mlxspec.conformance fuzz``) found.
+"""Sampling and logits-processor fields at the limits of what MLX and mlx-lm take:
+``logit_bias`` token ids and value types, ``seed``, ``top_k``, the penalty
+windows, ``xtc_threshold``, and logprobs that stay finite JSON at the
+document's extremes.
 
-Each case is a request that schemathesis, or a hand probe of the same
-suspects, sent and the server answered with a 500, a crash, a hang or a body
-that is not JSON. A value that cannot work is a 400 naming the field; a value
-whose meaning is obvious (``top_k`` at least the vocabulary size is "off", a
-penalty window longer than any sequence is "all of it") is accepted. The
-``client`` fixture checks every response against the OpenAPI document.
+Each case is a request that fuzzing (``python -m mlxspec.conformance fuzz``) or
+the parity run sent and the server answered with a 500, a crash or a body that
+is not JSON. A value that cannot work is a 400 naming the field; a value whose
+meaning is obvious (``top_k`` at least the vocabulary size is "off", a penalty
+window longer than any sequence is "all of it") is accepted. The ``client``
+fixture checks every response against the OpenAPI document.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 
 import httpx
 import pytest
 
-from mlxspec.engine import Failed, Finished, GenerationDefaults, GenerationRequest, ModelInfo
+from mlxspec.engine import GenerationDefaults, ModelInfo
 from mlxspec.errors import ApiError
 from mlxspec.handlers.common import to_generation_request
 
@@ -168,7 +170,7 @@ def test_xtc_threshold_above_half_is_accepted(client: httpx.Client) -> None:
 @pytest.mark.parametrize(
     "fields",
     [
-        # The document's extremes (tests/test_float_ranges.py: beyond them is a 400).
+        # The document's extremes (tests/api/test_float_ranges.py: beyond them is a 400).
         {"frequency_penalty": -2},
         {"repetition_penalty": 0.01},
         {"logit_bias": {"5": 1e10}},
@@ -184,66 +186,3 @@ def test_logprobs_are_always_finite_json(client: httpx.Client, fields: dict) -> 
     for entry in body["choices"][0]["logprobs"]["content"]:
         values = [entry["logprob"]] + [t["logprob"] for t in entry.get("top_logprobs", [])]
         assert all(math.isfinite(v) and v <= 0 for v in values), entry
-
-
-# --- unpaired UTF-16 surrogates: the tokenizer raised TypeError (a 500) -------
-
-
-@pytest.mark.parametrize(
-    "raw",
-    [
-        b'{"prompt": "\\ud800", "max_tokens": 2}',
-        b'{"prompt": "a\\udfffb", "max_tokens": 2}',
-    ],
-)
-def test_unpaired_surrogate_is_invalid_json(client: httpx.Client, raw: bytes) -> None:
-    r = client.post(COMP, content=raw, headers={"Content-Type": "application/json"})
-    assert "surrogate" in assert_400(r, None)
-
-
-def test_unpaired_surrogate_in_chat_message_is_invalid_json(client: httpx.Client) -> None:
-    raw = b'{"messages": [{"role": "user", "content": "x\\udc00"}], "max_tokens": 2}'
-    r = client.post(CHAT, content=raw, headers={"Content-Type": "application/json"})
-    assert_400(r, None)
-
-
-def test_surrogate_pair_is_fine(client: httpx.Client) -> None:
-    raw = b'{"prompt": "\\ud83d\\ude00", "max_tokens": 2}'
-    r = client.post(COMP, content=raw, headers={"Content-Type": "application/json"})
-    assert r.status_code == 200, r.text
-
-
-# --- an empty prompt killed the engine thread (every later request hung) ------
-
-
-@pytest.mark.parametrize("template", ["{{ '' }}", ""])
-def test_chat_template_rendering_nothing_is_400(client: httpx.Client, template: str) -> None:
-    r = chat(client, chat_template_kwargs={"chat_template": template})
-    assert_400(r, "messages")
-    assert chat(client).status_code == 200  # the engine still runs
-
-
-@pytest.mark.timeout(60)
-def test_engine_survives_a_request_the_batch_rejects(tiny_engine) -> None:
-    async def events(request: GenerationRequest) -> list:
-        return [e async for e in tiny_engine.submit(request)]
-
-    bad = asyncio.run(events(GenerationRequest(prompt=(), max_tokens=2)))
-    assert isinstance(bad[-1], Failed)
-    good = asyncio.run(events(GenerationRequest(prompt=(5, 6), max_tokens=2)))
-    assert isinstance(good[-1], Finished)
-
-
-# --- stop strings: a short stop inside a longer, earlier one -----------------
-# (found by tests/test_stops.py's chunking property while running the suite)
-
-
-def test_longer_stop_starting_earlier_wins_when_streamed() -> None:
-    from mlxspec.engine.loop.stops import StopMatcher
-
-    m = StopMatcher(["b", "aba"])
-    assert (m.feed("ab"), m.feed("a"), m.stopped) == ("", "", True)
-    m = StopMatcher(["b", "aba"])
-    assert (m.feed("ab"), m.flush(), m.stopped) == ("", "a", True)
-    m = StopMatcher(["b", "aba"])
-    assert (m.feed("ab"), m.feed("c"), m.stopped) == ("", "a", True)
