@@ -1,25 +1,19 @@
 """Tool turns in the prompt and in the reply: a tool history (calls and their
 results) on a template that ignores ``tools`` renders in the instruction syntax,
 a template that renders tools gets it as is, and a call cut by the budget with
-no text before it leaves an empty ``content`` (an empty Anthropic reply). Also,
-for now, a raw text completion's leading space.
+no text before it leaves an empty ``content`` (an empty Anthropic reply).
 
 Tiny random models and the scripted engine (exact values).
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-
-import httpx
 
 from mlxspec.conformance.httpx_checks import checking_client
 from tests.helpers import scripted_tool_server
 
-CHAT, COMP = "/v1/chat/completions", "/v1/completions"
-SPACE_T = 262  # the tiny model's merged token "Ġt", i.e. " t"
-FORCE_SPACE_T = {str(SPACE_T): 100}
+CHAT = "/v1/chat/completions"
 GET_TIME = {
     "type": "function",
     "function": {"name": "get_time", "parameters": {"type": "object"}},
@@ -104,38 +98,6 @@ def test_a_template_that_renders_tools_gets_the_history_as_is(tmp_path: Path) ->
         "<|im_start|>user\n<tool_response>\n12:00\n</tool_response><|im_end|>\n"
         "<|im_start|>assistant\n"
     )
-
-
-# --- raw text completions keep their leading space -----------------------------
-
-
-def _stream_text(r: httpx.Response) -> tuple[str, list[str], list[int]]:
-    text, tokens, offsets = "", [], []
-    for line in r.text.split("\n"):
-        if line.startswith("data: {"):
-            choice = json.loads(line[6:])["choices"][0]
-            text += choice["text"]
-            if choice["logprobs"]:
-                tokens += choice["logprobs"]["tokens"]
-                offsets += choice["logprobs"]["text_offset"]
-    return text, tokens, offsets
-
-
-def test_completion_keeps_the_leading_space(oclient: httpx.Client, client: httpx.Client) -> None:
-    body = {"prompt": "hello", "max_tokens": 2, "logprobs": True, "logit_bias": FORCE_SPACE_T}
-    choice = oclient.post(COMP, json=body).json()["choices"][0]
-    assert choice["text"] == " t t"
-    assert choice["logprobs"]["tokens"] == [" t", " t"]
-    assert choice["logprobs"]["text_offset"] == [0, 2]
-    streamed = oclient.post(COMP, json={**body, "stream": True})
-    assert _stream_text(streamed) == (" t t", [" t", " t"], [0, 2])
-    # The default format and n > 1 keep it too.
-    many = client.post(COMP, json={**body, "n": 2}).json()["choices"]
-    assert [c["text"] for c in many] == [" t t", " t t"]
-    # A chat reply still starts without it (mlx-lm's answer convention).
-    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-    reply = client.post(CHAT, json={**chat, "logit_bias": FORCE_SPACE_T}).json()
-    assert reply["choices"][0]["message"]["content"] == "t t"
 
 
 # --- a tool call cut by the budget, with no text ---------------------------------
