@@ -1,5 +1,5 @@
 """Hypothesis properties of the pure parts: the incremental detokenizer and SSE
-framing. (The stop matcher's property lives in ``tests/test_stops.py``.)
+framing. (The stop matcher's property lives in ``tests/unit/test_stops.py``.)
 
 Detokenizer: for any text (multi-byte UTF-8, emoji) tokenized by the tiny
 model's byte-level BPE, and for any token sequence at all, feeding the tokens

@@ -4,7 +4,7 @@ tiny random model on a live server.
 The SDK's HTTP clients are contract-checking httpx clients, so every response
 the SDK parses is also checked against the OpenAPI document. Outputs are made
 deterministic with greedy decoding, a fixed ``max_tokens`` and the EOS token
-forbidden. ``tests/test_real_model.py`` covers the real model.
+forbidden. ``tests/real/test_sdk.py`` covers the real model.
 """
 
 from __future__ import annotations
