@@ -19,7 +19,6 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import LiveServer
 
 from mlxspec.cli.flags import parse_config
 from mlxspec.config import ServeConfig
@@ -28,6 +27,7 @@ from mlxspec.conformance.httpx_checks import checking_client
 from mlxspec.http.app import NO_TYPE, create_app
 from mlxspec.http.connections import ConnectionLimits, EdgeProtocol, uvicorn_config
 from mlxspec.http.guard import allowed_host_names, binds_loopback, host_name
+from tests.conftest import LiveServer
 
 CHAT = "/v1/chat/completions"
 MESSAGES = "/v1/messages"
