@@ -2,8 +2,9 @@
 against the document, scripted tool-model servers, and an error assertion
 several surfaces' tests repeat.
 
-Fixtures (and :class:`LiveServer`) stay in ``conftest.py``; this module holds
-plain functions, imported as ``tests.helpers``.
+Fixtures stay in the tiers' ``conftest.py`` files (:class:`LiveServer` in
+``tests/conftest.py``); this module holds plain functions, imported as
+``tests.helpers``.
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ import anthropic
 import httpx
 import httpx2
 import openai
-from conftest import LiveServer
 
 from fixtures.tool_models import ScriptedEngine, build_tool_model
 from mlxspec.conformance.httpx_checks import checking_client
+from tests.conftest import LiveServer
 
 #: Bounded JSON so the tiny random model must finish it.
 TINY_SCHEMA = {

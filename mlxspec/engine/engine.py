@@ -224,7 +224,8 @@ class Engine:
         """
         from mlx_lm import load
 
-        model, tokenizer = load(str(path))
+        # load's annotation also allows the (model, tokenizer, config) of return_config=True.
+        model, tokenizer = load(str(path))[:2]
         converted = apply_cpu_weights(model, cpu_weights)
         info = read_model_info(Path(path), model_id, model, tokenizer, source)
         if converted.float32:  # float32 activations give other KV numbers

@@ -41,11 +41,11 @@ async def get_stats() -> dict[str, Any]:
         "kv_quant": _kv_quant(engine.memory),
     }
     cache = getattr(engine, "prompt_cache", None)
-    if callable(getattr(cache, "stats", None)):
-        body["prompt_cache"] = cache.stats()
+    if callable(stats := getattr(cache, "stats", None)):
+        body["prompt_cache"] = stats()
     ssd = getattr(cache, "ssd", None)
-    if callable(getattr(ssd, "stats", None)):
-        body["ssd_cache"] = ssd.stats()
+    if callable(stats := getattr(ssd, "stats", None)):
+        body["ssd_cache"] = stats()
     store = state.get("response_store")
     if callable(getattr(store, "stats", None)):
         body["response_store"] = store.stats()

@@ -91,7 +91,8 @@ class BatchLane:
         (uid,) = self._gen.insert(
             [handoff.feed],
             max_tokens=[handoff.max_tokens],
-            caches=[handoff.cache],
+            # mlx-lm's annotation wants a list per row; None is a fresh cache (its own default).
+            caches=[handoff.cache],  # type: ignore[list-item]
             all_tokens=[handoff.held],
             samplers=[handoff.sampler],
             logits_processors=[handoff.chain],

@@ -238,8 +238,9 @@ def run_alone(
     """
     import mlx.core as mx
 
-    if needs_global_seed(handle.request.sampling):
-        mx.random.seed(handle.request.sampling.seed)
+    seed = handle.request.sampling.seed
+    if seed is not None and needs_global_seed(handle.request.sampling):
+        mx.random.seed(seed)
     run = SoloRun(handle, parts, budget, lane="serial", times=times)
     while not run.step():
         if between is not None:
