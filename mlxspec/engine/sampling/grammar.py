@@ -261,6 +261,12 @@ class GrammarProcessor:
         return self._allowed
 
     @property
+    def masking(self) -> bool:
+        """Whether the next token is masked: the grammar neither broke nor
+        terminated (the batched lane's mask, :mod:`~.batch_logits`)."""
+        return not self.broken and not self._matcher.is_terminated()
+
+    @property
     def done(self) -> bool:
         """True when the grammar is complete and only a stop token may follow."""
         if self.broken or self._matcher.is_terminated():
