@@ -38,9 +38,9 @@ class RowsKVCache(BatchKVCache):
         each row right-aligned to the longest."""
         if max(c.size() for c in caches) == 0:
             return cls([0] * len(caches))
-        return super().merge(caches)  # type: ignore[return-value]
+        return super().merge(caches)
 
-    def prepare(self, *, left_padding=None, lengths=None, right_padding=None) -> None:  # type: ignore[no-untyped-def]
+    def prepare(self, *, left_padding=None, lengths=None, right_padding=None) -> None:
         super().prepare(left_padding=left_padding, lengths=lengths, right_padding=right_padding)
         if left_padding is not None:
             self.pads = [p + extra for p, extra in zip(self.pads, left_padding, strict=True)]
@@ -88,6 +88,7 @@ class RowsKVCache(BatchKVCache):
         """Row ``idx`` as a single-row ``KVCache`` (a copy of its tokens)."""
         import mlx.core as mx
 
+        assert self.keys is not None and self.values is not None
         cache = KVCache()
         start = self.pads[idx]
         cache.keys = mx.contiguous(self.keys[idx : idx + 1, :, start : self._idx])
