@@ -36,7 +36,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from mlxspec.engine.caches.batch_kv import merge_rows
 from mlxspec.engine.loop.rows import StepLogprobs
 from mlxspec.engine.sampling.batch_logits import BatchLogits
 from mlxspec.engine.sampling.batch_sampler import (
@@ -329,8 +328,11 @@ class DecodeBatch:
         import time
 
         while len(self._inflight) > keep:
+            launched = self._inflight.popleft()
+            if all(slot.gone for slot in launched.rows):
+                continue  # nobody left to read it for
             start = time.perf_counter()
-            tokens = self._inflight.popleft().read()
+            tokens = launched.read()
             self.clock.read_s += time.perf_counter() - start
             for t in tokens:
                 t.slot.generated += 1
@@ -382,6 +384,8 @@ class DecodeBatch:
         does) and make the rows decoding."""
         import mlx.core as mx
         from mlx_lm.models.cache import make_prompt_cache
+
+        from mlxspec.engine.caches.batch_kv import merge_rows  # subclasses mlx-lm's cache
 
         caches = [s.cache if s.cache is not None else make_prompt_cache(self._model) for s in group]
         merged = merge_rows(caches)
