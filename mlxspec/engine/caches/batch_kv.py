@@ -28,9 +28,28 @@ class RowsKVCache(BatchKVCache):
 
     def __init__(self, left_padding: list[int]) -> None:
         super().__init__(left_padding)
-        #: Each row's left padding (positions before its first token).
+        self._starts: Any = None
         self.pads = list(left_padding)
         self._right: list[int] | None = None
+
+    @property
+    def pads(self) -> list[int]:
+        """Each row's left padding (positions before its first token)."""
+        return self._pads
+
+    @pads.setter
+    def pads(self, value: list[int]) -> None:
+        self._pads = value
+        self._starts = None
+
+    def starts(self) -> Any:
+        """:attr:`pads` as an ``int32`` array, made once per change (the
+        padded-row attention reads each row's first position from it)."""
+        import mlx.core as mx
+
+        if self._starts is None:
+            self._starts = mx.array(self._pads, dtype=mx.int32)
+        return self._starts
 
     @classmethod
     def merge(cls, caches: Sequence[Any]) -> RowsKVCache:

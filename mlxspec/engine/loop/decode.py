@@ -169,7 +169,11 @@ class DecodeBatch:
     """
 
     def __init__(self, model: Any, prefill_step: int, max_rows: int, prefill_rows: int = 8):
+        from mlxspec.engine.caches import rows_attention
+
         self._model = model
+        #: Whether padded rows' decode attention skips the mask (CUDA, :mod:`.rows_attention`).
+        self.rows_attention = rows_attention.install(model)
         self.prefill_step = prefill_step
         self.max_rows = max_rows
         self.prefill_rows = max(1, prefill_rows)
