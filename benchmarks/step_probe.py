@@ -40,7 +40,9 @@ family timed alone over the model's layers): ``attn_ms`` and ``attn_mask_ms``
 and with ``BatchKVCache``'s left-padding mask), ``norm_ms`` (the RMS norms),
 ``lm_head_ms`` (the output projection), ``logits_ms`` (the batch's logits
 processors: the bias matrix), ``sample_ms`` (log-softmax and greedy argmax over
-``(B, vocab)``) and ``sample_top_p_ms`` (the sampled path with top-p).
+``(B, vocab)``) and ``sample_top_p_ms`` (the sampled path with top-p); on
+CUDA also ``attn_rows_ms``, the padded-row attention kernel
+(``engine/caches/rows_attention.py``) on the masked case's rows.
 """
 
 from __future__ import annotations
@@ -290,7 +292,16 @@ def profile_step(args_model, rows: int, context: int, dtype) -> dict:
 
         return run
 
+    from mlxspec.engine.caches import rows_attention
+
+    rows_ms = {}
+    if rows_attention.available():  # the padded-row kernel on the same rows (CUDA)
+        starts = pads.astype(mx.int32)
+        rows_ms["attn_rows_ms"] = layers * _per_call_ms(
+            lambda: rows_attention.rows_attention(q, k, v, starts, context, scale)
+        )
     return {
+        **rows_ms,
         "attn_ms": _per_call_ms(sdpa(None)) * layers,
         "attn_mask_ms": _per_call_ms(sdpa(mask)) * layers,
         "norm_ms": _per_call_ms(lambda: mx.fast.rms_norm(x, w, 1e-5)) * (2 * layers + 1),
