@@ -51,7 +51,7 @@ _SOURCE = """
     float qv[E];
     for (int e = 0; e < E; ++e) qv[e] = static_cast<float>(qp[e]) * sc;
     const size_t base = ((size_t)b * Hkv + hk) * (size_t)L * D + lane * E;
-    float m = -inf, l = 0.f, acc[E];
+    float m = -__int_as_float(0x7f800000), l = 0.f, acc[E];  // -infinity
     for (int e = 0; e < E; ++e) acc[e] = 0.f;
     for (int j = start + warp; j < end; j += WARPS) {
         const T* kr = k + base + (size_t)j * D;

@@ -108,11 +108,11 @@ def build_sampler(params: SamplingParams, special_tokens: list[int]) -> Callable
     coin comes from MLX's global stream (:func:`needs_global_seed`).
 
     Requests with the same settings get the same sampler object unless they use
-    XTC or a seed: ``BatchGenerator`` samples a batch whose rows share one sampler in one
-    call over ``(rows, vocab)`` instead of one call per row (mlx-lm's top-p,
-    min-p, top-k and categorical draw all work along the last axis). XTC draws
-    one "apply or not" number per call, so a shared XTC sampler would make that
-    choice for the whole batch at once: those samplers stay per request.
+    XTC or a seed (mlx-lm's ``BatchGenerator`` samples rows that share one
+    sampler in one call; the batched lane, :mod:`~.batch_sampler`, samples
+    every row in one call from the settings themselves). XTC draws one "apply
+    or not" number per call, so a shared XTC sampler would make that choice for
+    the whole batch at once: those samplers stay per request.
 
     Args:
         params (SamplingParams): request sampling settings.
