@@ -18,8 +18,8 @@ sampling functions, and owns the loop around them:
   row reads first and builds after, since xgrammar's matcher must see the
   token before it masks the next one;
 - rows joining are prefilled between decode steps, a chunk of at most
-  ``prefill_step`` tokens per step, short prompts (and the last chunk of long
-  ones) several rows at once, so running rows keep decoding meanwhile;
+  ``prefill_step`` tokens per row and step, several rows at once
+  (:class:`~.prefill.PrefillGroup`), so running rows keep decoding meanwhile;
 - the model is called in one place, :meth:`DecodeBatch.forward`, for decode
   and prefill alike, so a per-row hook (adapters) can wrap that one method.
 
@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from mlxspec.engine.loop.prefill import PrefillGroup, Slot, take_group
 from mlxspec.engine.loop.rows import StepLogprobs
 from mlxspec.engine.sampling.batch_logits import BatchLogits
 from mlxspec.engine.sampling.batch_sampler import (
@@ -47,54 +48,9 @@ from mlxspec.engine.sampling.batch_sampler import (
 
 if TYPE_CHECKING:
     from mlxspec.engine.loop.lanes import Handoff
-    from mlxspec.engine.loop.rows import Row
 
 #: Decode steps between returns of MLX's freed buffers (``generate_step``: 256).
 CLEAR_EVERY = 256
-
-
-@dataclass(eq=False)
-class Slot:
-    """One request in a :class:`DecodeBatch`.
-
-    Attributes:
-        row (Row): its output bookkeeping.
-        seq (list[int]): every token of the sequence: what its KV cache held
-            when it joined, then the rest of the prompt, then generated tokens.
-        feed_from (int): where in ``seq`` the tokens to feed begin.
-        budget (int): tokens it may generate here.
-        sampling (RowSampling): how it samples.
-        cache (list | None): its own per-layer cache while it waits for prefill.
-        prefilled (int): tokens of ``seq`` its own cache holds (while waiting).
-        kv (int): tokens its KV cache holds (once decoding).
-        generated (int): tokens generated here.
-        started (bool): its prefill began (or it needed none).
-        gone (bool): it left the batch.
-    """
-
-    row: Row
-    seq: list[int]
-    feed_from: int
-    budget: int
-    sampling: RowSampling
-    grammar: Any = None
-    cache: list[Any] | None = None
-    prefilled: int = 0
-    kv: int = 0
-    generated: int = 0
-    started: bool = False
-    gone: bool = False
-
-    @property
-    def to_prefill(self) -> int:
-        """Prompt tokens still to prefill before the last (which decodes)."""
-        return len(self.seq) - 1 - self.prefilled
-
-    @property
-    def logprob_top(self) -> int | None:
-        """``top_logprobs`` if it reports logprobs, else ``None``."""
-        req = self.row.request
-        return req.top_logprobs if req.logprobs or req.top_logprobs > 0 else None
 
 
 @dataclass(frozen=True)
@@ -165,7 +121,9 @@ class DecodeBatch:
         model: the mlx-lm model.
         prefill_step (int): most prompt tokens a row prefills per step.
         max_rows (int): most rows decoding at once; more wait for a free row.
-        prefill_rows (int): most rows prefilled together in one chunk. Default: ``8``.
+        prefill_rows (int): a prefill chunk holds at most ``prefill_rows *
+            prefill_step`` tokens (mlx-lm's ``BatchGenerator``: 8 rows of a
+            chunk each): 8 long prompts, or more short ones. Default: ``8``.
     """
 
     def __init__(self, model: Any, prefill_step: int, max_rows: int, prefill_rows: int = 8):
@@ -176,9 +134,10 @@ class DecodeBatch:
         self.rows_attention = rows_attention.install(model)
         self.prefill_step = prefill_step
         self.max_rows = max_rows
-        self.prefill_rows = max(1, prefill_rows)
+        self.prefill_tokens = max(1, prefill_rows) * prefill_step
         self._rows: list[Slot] = []  # decoding, in the cache's row order
-        self._waiting: deque[Slot] = deque()  # not decoding yet, in arrival order
+        self._group: PrefillGroup | None = None  # being prefilled
+        self._waiting: deque[Slot] = deque()  # not started, in arrival order
         self._cache: list[Any] | None = None
         self._inputs: Any = None  # (rows,) the tokens the next step feeds
         self._logits = BatchLogits()
@@ -188,12 +147,13 @@ class DecodeBatch:
         self.clock = StepClock()
 
     def __len__(self) -> int:
-        return len(self._rows) + len(self._waiting)
+        return len(self.slots)
 
     @property
     def slots(self) -> list[Slot]:
-        """Every row, decoding or waiting."""
-        return [*self._rows, *self._waiting]
+        """Every row: decoding, being prefilled, waiting."""
+        group = self._group.slots if self._group is not None else []
+        return [*self._rows, *group, *self._waiting]
 
     def add(self, handoff: Handoff) -> Slot:
         """Queue a request (:class:`~.lanes.Handoff`): its cache holds ``held``,
@@ -206,7 +166,6 @@ class DecodeBatch:
         slot = Slot(
             row=handoff.row,
             seq=[*handoff.held, *handoff.feed],
-            feed_from=len(handoff.held),
             budget=handoff.max_tokens,
             sampling=RowSampling.of(req.sampling, handoff.sampler),
             grammar=handoff.grammar,
@@ -262,6 +221,8 @@ class DecodeBatch:
         for slot in slots:
             slot.gone = True
         self._waiting = deque(s for s in self._waiting if not s.gone)
+        if self._group is not None and self._group.drop_gone():
+            self._group = None
         keep = [i for i, s in enumerate(self._rows) if not s.gone]
         if len(keep) == len(self._rows):
             return
@@ -285,7 +246,7 @@ class DecodeBatch:
         for slot in slots:
             slot.gone = True
         self._rows, self._waiting, self._inflight = [], deque(), deque()
-        self._cache, self._inputs = None, None
+        self._group, self._cache, self._inputs = None, None, None
         self._logits, self._sampler = BatchLogits(), BatchSampler()
         self._plan = LogprobPlan((), ())
         return slots
@@ -296,6 +257,8 @@ class DecodeBatch:
         if slot in self._rows and self._cache is not None:
             i = self._rows.index(slot)
             return [c.extract(i) for c in self._cache], slot.seq[: slot.kv]
+        if self._group is not None and slot in self._group.slots:
+            return self._group.extract(slot)
         if slot.cache is not None and slot.prefilled:
             return slot.cache, slot.seq[: slot.prefilled]
         return None
@@ -343,86 +306,53 @@ class DecodeBatch:
             route(tokens)
 
     def _prefill(self) -> list[Slot]:
-        """One prefill action for the rows waiting, if a row is free: a chunk
-        of the first one's long prompt, or the last (or only) chunks of the
-        first few, which then join the decoding rows.
+        """Advance the prefill by one chunk, if a row is free: the group under
+        way, or a new one from the rows waiting; a group whose prompts are in
+        joins the decoding rows.
 
         Returns:
             list[Slot]: rows whose prefill began here.
         """
         import time
 
-        import mlx.core as mx
-        from mlx_lm.models.cache import make_prompt_cache
-
-        room = self.max_rows - len(self._rows)
-        if not self._waiting or room <= 0:
-            return []
         start = time.perf_counter()
-        head = self._waiting[0]
-        if head.to_prefill > self.prefill_step:  # a long prompt: one chunk, alone
-            if head.cache is None:
-                head.cache = make_prompt_cache(self._model)
-            chunk = head.seq[head.prefilled : head.prefilled + self.prefill_step]
-            self.forward(mx.array(chunk, dtype=mx.uint32)[None], head.cache, [head])
-            mx.async_eval([c.state for c in head.cache])
-            head.prefilled += len(chunk)
-            group = [head]
-        else:
-            group = []
-            limit = min(room, self.prefill_rows)
-            while self._waiting and len(group) < limit:
-                if self._waiting[0].to_prefill > self.prefill_step:
-                    break
-                group.append(self._waiting.popleft())
-            self._join(group)
-        began = [s for s in group if not s.started]
-        for slot in began:
-            slot.started = True
+        room = self.max_rows - len(self._rows)
+        began: list[Slot] = []
+        if self._group is None:
+            if not self._waiting or room <= 0:
+                return []
+            rows = take_group(self._waiting, room, self.prefill_step, self.prefill_tokens)
+            self._group = PrefillGroup(rows, self._model, self.prefill_step)
+            began = rows
+            for slot in rows:
+                slot.started = True
+        self._group.advance(self.forward)
+        if self._group.done:
+            self._join(self._group)
+            self._group = None
         self.clock.prefill_s += time.perf_counter() - start
         return began
 
-    def _join(self, group: list[Slot]) -> None:
-        """Prefill ``group`` 's remaining prompt tokens but the last in one
-        batched chunk (right-padded, as mlx-lm's ``PromptProcessingBatch``
-        does) and make the rows decoding."""
+    def _join(self, group: PrefillGroup) -> None:
+        """Make ``group`` 's rows decoding: its cache joins the batch's (both
+        right-aligned), and the next step feeds each row its last prompt token."""
         import mlx.core as mx
-        from mlx_lm.models.cache import make_prompt_cache
 
-        from mlxspec.engine.caches.batch_kv import merge_rows  # subclasses mlx-lm's cache
-
-        caches = [s.cache if s.cache is not None else make_prompt_cache(self._model) for s in group]
-        merged = merge_rows(caches)
-        tails = [s.seq[s.prefilled : -1] for s in group]
-        longest = max(len(t) for t in tails)
-        if longest:
-            lengths = [len(t) for t in tails]
-            padded = min(lengths) < longest
-            if padded:
-                for c in merged:
-                    c.prepare(lengths=lengths, right_padding=[longest - n for n in lengths])
-            rows = [t + [0] * (longest - len(t)) for t in tails]
-            self.forward(mx.array(rows, dtype=mx.uint32), merged, group)
-            if padded:
-                for c in merged:
-                    c.finalize()
-            mx.async_eval([c.state for c in merged])
-        firsts = mx.array([s.seq[-1] for s in group], dtype=mx.uint32)
+        rows = group.slots
+        firsts = mx.array([s.seq[-1] for s in rows], dtype=mx.uint32)
         if self._cache is None:
-            self._cache, self._inputs = merged, firsts
+            self._cache, self._inputs = group.cache, firsts
         else:
-            for mine, theirs in zip(self._cache, merged, strict=True):
+            for mine, theirs in zip(self._cache, group.cache, strict=True):
                 mine.extend(theirs)
             self._inputs = mx.concatenate([self._inputs, firsts])
-        for slot in group:
-            slot.cache = None
-            slot.prefilled = len(slot.seq) - 1
+        for slot in rows:
             slot.kv = slot.prefilled
         self._logits.extend(
-            [s.row.request.logits for s in group],
-            [s.seq[:-1] for s in group],
-            [s.grammar for s in group],
+            [s.row.request.logits for s in rows],
+            [s.seq[:-1] for s in rows],
+            [s.grammar for s in rows],
         )
-        self._sampler.extend([s.sampling for s in group])
-        self._rows.extend(group)
+        self._sampler.extend([s.sampling for s in rows])
+        self._rows.extend(rows)
         self._plan = LogprobPlan.of([s.logprob_top for s in self._rows])
