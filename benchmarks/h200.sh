@@ -44,7 +44,7 @@ case "$1" in
     python3 -m pip install -q --no-index --no-deps --no-compile --target $SITE "$whl" .whl/b/*.whl /tmp/wa/*.whl
     python3 -c "import mlx.core as mx; print(mx.default_device(), mx.__version__)"
     # what `mlxspec serve` imports at start: a missing wheel shows here, not mid-benchmark
-    python3 -c "import mlxspec.cli.main, mlxspec.http.app, mlxspec.http.connections, xgrammar, prometheus_client"
+    python3 -c "import mlxspec.cli.main, mlxspec.http.app, mlxspec.http.connections, xgrammar, prometheus_client, openapi_spec_validator, openapi_core"
     shift; for size in ${@:-1b 8b}; do  # sizes to build: default both
       [ -f /tmp/rand$size/config.json ] || python3 benchmarks/make_random_model.py /tmp/rand$size --size $size --tokenizer-from .whl/tok
     done
