@@ -5,9 +5,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from mlxspec.engine.caches.prompt_cache import DEFAULT_PROMPT_CACHE_BYTES
-from mlxspec.engine.caches.ssd_cache import DEFAULT_SSD_CACHE_BYTES
-from mlxspec.engine.template_sandbox import DEFAULT_TEMPLATE_SECONDS, DEFAULT_TEMPLATE_STEPS
+from mlxspec.engine import (
+    DEFAULT_PROMPT_CACHE_BYTES,
+    DEFAULT_SSD_CACHE_BYTES,
+    DEFAULT_TEMPLATE_SECONDS,
+    DEFAULT_TEMPLATE_STEPS,
+)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,8 @@ import functools
 import queue
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -37,6 +38,7 @@ from mlxspec.engine.caches.prompt_cache import (
     PromptCache,
 )
 from mlxspec.engine.caches.ssd_cache import DEFAULT_SSD_CACHE_BYTES
+from mlxspec.engine.embedding import Embeddings, embed_texts
 from mlxspec.engine.loop.admission import Admission, AdmissionLimits
 from mlxspec.engine.loop.handles import ExclusiveJob, RequestHandle
 from mlxspec.engine.loop.jobs import Exclusive, Generate, Job, Stop
@@ -49,6 +51,14 @@ from mlxspec.engine.model.warmup import warm_up_engine
 from mlxspec.engine.prompt import encode_text, normalize_messages, quiet_length_warning, render_chat
 from mlxspec.engine.sampling.grammar import GrammarCache
 from mlxspec.engine.sampling.sampler import GenerationDefaults, read_generation_config
+from mlxspec.engine.scoring import ScoredAnswers, score_answers
+from mlxspec.engine.snapshots import (
+    ChatFormat,
+    FitSnapshot,
+    StatsSnapshot,
+    read_chat_format,
+    read_stats,
+)
 from mlxspec.engine.template_sandbox import TemplateBudget
 from mlxspec.engine.types import Constraint, GenerationRequest, ModelInfo
 
@@ -383,6 +393,64 @@ class Engine:
         except asyncio.CancelledError:
             job.left.set()
             raise
+
+    # What handlers ask beyond prompts and work (:class:`~.interface.EngineProtocol`):
+    # plain answers in place of the admission, counters, memory, tokenizer and caches.
+    @functools.cached_property
+    def chat_format(self) -> ChatFormat:
+        """The tokenizer's chat template text, inferred tool parser and thinking marker."""
+        return read_chat_format(self.tokenizer)
+
+    def decode_tokens(self, ids: Sequence[int]) -> str:
+        """The text of token ids of the served model (special tokens kept)."""
+        return self.tokenizer.decode(list(ids))
+
+    def count_text_tokens(self, text: str) -> int:
+        """Tokens ``text`` encodes to, without special tokens (usage counts)."""
+        return len(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def hold(self, job: str) -> AbstractContextManager[None]:
+        """A place in the admission queue for work that generates nothing, for a
+        ``with`` block (:meth:`Admission.hold`). Raises ``QueueFullError`` naming ``job``."""
+        return self.admission.hold(self.in_flight, job)
+
+    async def score(self, messages: list[dict], answers: Sequence[str]) -> ScoredAnswers:
+        """Score ``answers`` as the reply to ``messages`` (:func:`~.scoring.score_answers`)."""
+        return await score_answers(self, messages, answers)
+
+    async def embed(
+        self,
+        texts: Sequence[str | Sequence[int]],
+        instruction: str | None,
+        dimensions: int | None = None,
+    ) -> Embeddings:
+        """Embed ``texts`` with the served model (:func:`~.embedding.embed_texts`)."""
+        return await embed_texts(self, texts, instruction, dimensions)
+
+    def stats_snapshot(self) -> StatsSnapshot:
+        """Request counters, admission and batch state now (:func:`~.snapshots.read_stats`)."""
+        return read_stats(self)
+
+    def fit_snapshot(self) -> FitSnapshot:
+        """The model's memory facts and the operator's limits."""
+        adm = self.admission
+        return FitSnapshot(self.memory, adm.limits.memory_budget, adm.context_limit)
+
+    def cache_stats(self) -> dict[str, dict[str, Any]]:
+        """``prompt_cache`` (and ``ssd_cache`` with an SSD tier) counters, by section."""
+        sections = {"prompt_cache": self.prompt_cache.stats()}
+        if self.prompt_cache.ssd is not None:
+            sections["ssd_cache"] = self.prompt_cache.ssd.stats()
+        return sections
+
+    def close_cache_session(self, session: str) -> None:
+        """Forget ``session``'s checkpoint association; its entries stay cached."""
+        self.prompt_cache.close_session(session)
+
+    def flush_cache(self, timeout: float) -> dict[str, Any]:
+        """Write every pending SSD snapshot, blocking up to ``timeout`` seconds
+        (:meth:`PromptCache.flush`); the report says whether all are ``durable``."""
+        return self.prompt_cache.flush(timeout)
 
     # Engine thread.
     def _run(self) -> None:
