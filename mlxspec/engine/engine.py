@@ -27,7 +27,7 @@ import functools
 import queue
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -59,7 +59,7 @@ from mlxspec.engine.snapshots import (
     read_chat_format,
     read_stats,
 )
-from mlxspec.engine.template_sandbox import TemplateBudget
+from mlxspec.engine.template_sandbox import TemplateBudget, request_template
 from mlxspec.engine.types import Constraint, GenerationRequest, ModelInfo
 
 T = TypeVar("T")
@@ -400,6 +400,11 @@ class Engine:
     def chat_format(self) -> ChatFormat:
         """The tokenizer's chat template text, inferred tool parser and thinking marker."""
         return read_chat_format(self.tokenizer)
+
+    def request_template(self, template_kwargs: Mapping[str, Any] | None) -> Any:
+        """The template ``chat_template_kwargs`` bring, or ``None``
+        (:func:`~.template_sandbox.request_template`)."""
+        return request_template(self.tokenizer, template_kwargs)
 
     def decode_tokens(self, ids: Sequence[int]) -> str:
         """The text of token ids of the served model (special tokens kept)."""

@@ -13,7 +13,7 @@ tokenizer or caches.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
@@ -22,6 +22,7 @@ from mlxspec.engine.loop.handles import RequestHandle
 from mlxspec.engine.sampling.sampler import GenerationDefaults
 from mlxspec.engine.scoring import ScoredAnswers
 from mlxspec.engine.snapshots import ChatFormat, FitSnapshot, StatsSnapshot
+from mlxspec.engine.template_sandbox import TemplateBudget
 from mlxspec.engine.types import Constraint, GenerationRequest, ModelInfo
 
 T = TypeVar("T")
@@ -49,9 +50,19 @@ class EngineProtocol(Protocol):
 
     # Prompt building (the caller's thread; no MLX work).
     def chat_prompt(
-        self, messages: list, tools: list | None = None, template_kwargs: dict | None = None
+        self,
+        messages: list,
+        tools: list | None = None,
+        template_kwargs: dict | None = None,
+        budget: TemplateBudget | None = None,
     ) -> list[int]:
-        """Template and tokenize chat messages. Raises ``PromptError``."""
+        """Template and tokenize chat messages (``budget`` bounds a template the
+        request brings). Raises ``PromptError``, ``TemplateBoundError``."""
+        ...
+
+    def request_template(self, template_kwargs: Mapping[str, Any] | None) -> Any:
+        """The chat template a request's ``chat_template_kwargs`` bring, or
+        ``None`` (a name of one of the model's own templates is not one)."""
         ...
 
     def text_prompt(self, prompt: str) -> list[int]:

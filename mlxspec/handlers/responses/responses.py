@@ -21,7 +21,7 @@ from typing import Any
 
 from connexion.context import scope
 
-from mlxspec.engine import Engine, PromptError
+from mlxspec.engine import EngineProtocol, PromptError
 from mlxspec.errors import ApiError
 from mlxspec.handlers.common import JSON, current_engine, now
 from mlxspec.handlers.responses.input import assistant_message, to_chat_body
@@ -331,7 +331,7 @@ def _keeper(
 
 
 def _skeleton(
-    body: dict[str, Any], turn: Turn, conversation: Conversation, engine: Engine
+    body: dict[str, Any], turn: Turn, conversation: Conversation, engine: EngineProtocol
 ) -> dict[str, Any]:
     """The response fields known before generation: ids and the echoed request."""
     sampling = turn.request.sampling
@@ -360,11 +360,11 @@ def _skeleton(
     }
 
 
-def _token_counter(engine: Engine) -> Callable[[str], int]:
+def _token_counter(engine: EngineProtocol) -> Callable[[str], int]:
     """Tokens in a text by the served tokenizer, for ``reasoning_tokens``
     (the think markers themselves are not counted)."""
 
     def count(text: str) -> int:
-        return len(engine.tokenizer.encode(text, add_special_tokens=False))
+        return engine.count_text_tokens(text)
 
     return count

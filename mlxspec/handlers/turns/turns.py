@@ -20,14 +20,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlxspec.engine import (
+    ChatFormat,
     Constraint,
     Delta,
-    Engine,
+    EngineProtocol,
     Finished,
     GenerationRequest,
     RequestHandle,
     TemplateBudget,
-    request_template,
 )
 from mlxspec.handlers.common import (
     cancel_on_disconnect,
@@ -82,23 +82,23 @@ class Turn:
 
 
 @functools.lru_cache(maxsize=8)
-def _choice(engine: Engine) -> ParserChoice:
-    """The served model's parser formats, detected once per engine."""
-    return detect(engine.tokenizer)
+def _choice(chat_format: ChatFormat) -> ParserChoice:
+    """The served model's parser formats, detected once per chat format."""
+    return detect(chat_format)
 
 
-def _opens_thinking(engine: Engine, prompt: list[int], choice: ParserChoice) -> bool:
+def _opens_thinking(engine: EngineProtocol, prompt: list[int], choice: ParserChoice) -> bool:
     """True when the rendered prompt ends inside an open thinking channel
     (templates that write ``<think>`` into the generation prompt)."""
     if choice.reasoning is None:
         return False
     parser = reasoning_parser_class(choice.reasoning)
-    tail = engine.tokenizer.decode(list(prompt[-16:]))
+    tail = engine.decode_tokens(prompt[-16:])
     return tail.rfind(parser.start) > tail.rfind(parser.end)
 
 
 async def open_turn(
-    engine: Engine, body: Mapping[str, Any], prompt_param: str = "messages", group: int = 1
+    engine: EngineProtocol, body: Mapping[str, Any], prompt_param: str = "messages", group: int = 1
 ) -> Turn:
     """Template an OpenAI-shaped chat body (off the event loop) and submit it.
 
@@ -112,7 +112,7 @@ async def open_turn(
     Either way ``Turn.warning`` holds the ``Warning`` header.
 
     Args:
-        engine (Engine): the serving engine.
+        engine (EngineProtocol): the serving engine.
         body (Mapping): an OpenAI chat completion body (other surfaces translate
             to this shape first); ``messages``, ``tools``, ``chat_template_kwargs``,
             the structured-output and the sampling fields are read.
@@ -160,12 +160,12 @@ class _Prepared:
     warning: dict[str, str]
 
 
-async def _prepare(engine: Engine, body: Mapping[str, Any]) -> _Prepared:
+async def _prepare(engine: EngineProtocol, body: Mapping[str, Any]) -> _Prepared:
     """Compile the turn's grammars, take the degrade path where one fails, and
     render the prompt (see :func:`open_turn`)."""
     run, warning = await structured_output(engine, dict(body), chat=True)
     options = turn_options(run)
-    choice = _choice(engine)
+    choice = _choice(engine.chat_format)
     budget = template_budget(engine, run)
     prompt, thinking = await build_prompt(
         engine, budget, _render, engine, run, options, choice, budget
@@ -182,7 +182,7 @@ async def _prepare(engine: Engine, body: Mapping[str, Any]) -> _Prepared:
     return _Prepared(run, prompt, thinking, options, choice, forced, constraint, warning)
 
 
-async def count_prompt(engine: Engine, body: Mapping[str, Any]) -> int:
+async def count_prompt(engine: EngineProtocol, body: Mapping[str, Any]) -> int:
     """Tokens of the prompt :func:`open_turn` would submit for ``body``: the same
     template, tools, template variables and degrade-path instruction (a grammar
     that does not compile is described in a system message), without generating.
@@ -195,7 +195,7 @@ async def count_prompt(engine: Engine, body: Mapping[str, Any]) -> int:
 
 
 def _render(
-    engine: Engine,
+    engine: EngineProtocol,
     body: Mapping[str, Any],
     options: TurnOptions,
     choice: ParserChoice,
@@ -204,8 +204,8 @@ def _render(
     """The prompt tokens of ``body`` and whether they leave the thinking channel
     open (a prompt thread's work: see :func:`.templates.build_prompt`)."""
     tools = list(options.tools) if options.tools and options.tool_choice != "none" else None
-    own = request_template(engine.tokenizer, body.get("chat_template_kwargs"))
-    template = own if own is not None else getattr(engine.tokenizer, "chat_template", "")
+    own = engine.request_template(body.get("chat_template_kwargs"))
+    template = own if own is not None else engine.chat_format.chat_template
     kwargs = template_kwargs(body, str(template or ""))
     prompt = engine.chat_prompt(body["messages"], tools, kwargs, budget)
     return prompt, _opens_thinking(engine, prompt, choice)
