@@ -12,12 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mlxspec.engine.model.fit import ModelMemory
-
-if TYPE_CHECKING:
-    from mlxspec.engine.engine import Engine
 
 
 @dataclass(frozen=True)
@@ -100,12 +97,12 @@ class ChatFormat:
     think_start: str | None = None
 
 
-def read_stats(engine: Engine) -> StatsSnapshot:
+def read_stats(engine: Any) -> StatsSnapshot:
     """The engine's counters and admission state now (engine thread writes,
     any thread reads: each number is one read, as ``GET /stats`` always did).
 
     Args:
-        engine (Engine): the engine.
+        engine (Engine): the engine (not imported here: it imports this module).
 
     Returns:
         StatsSnapshot: plain numbers and dict copies.
