@@ -34,7 +34,7 @@ from mlxspec.engine import (
     SamplingParams,
     TokenLogprob,
 )
-from mlxspec.errors import ApiError
+from mlxspec.errors import ApiError, from_failure
 from mlxspec.http.metrics import GenerationWatch, Metrics
 
 SYSTEM_FINGERPRINT = f"mlxspec-{__version__}"
@@ -275,7 +275,7 @@ async def until_disconnect(work: Awaitable[T]) -> T:
     embeddings through ``Engine.run_exclusive``).
 
     Raises:
-        ApiError: ``cancelled`` (499) when the client left first.
+        ApiError: ``cancelled`` when the client left first.
     """
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(_disconnected())
@@ -286,7 +286,7 @@ async def until_disconnect(work: Awaitable[T]) -> T:
         if not task.done():
             task.cancel()
     if task not in done:
-        raise ApiError("cancelled", "request cancelled")
+        raise from_failure(Cancelled())
     return task.result()
 
 
@@ -302,14 +302,12 @@ async def outputs(handle: RequestHandle) -> AsyncIterator[Delta | Finished]:
     observe time to first token, inter-token latency and token counts.
 
     Raises:
-        ApiError: ``server_error`` for ``Failed``, ``cancelled`` (499) for ``Cancelled``.
+        ApiError: ``Failed`` or ``Cancelled``, as :func:`~mlxspec.errors.from_failure` maps it.
     """
     watch = _watch(handle)
     async for event in handle:
-        if isinstance(event, Failed):
-            raise ApiError("server_error", event.message)
-        if isinstance(event, Cancelled):
-            raise ApiError("cancelled", "request cancelled")
+        if isinstance(event, (Failed, Cancelled)):
+            raise from_failure(event)
         if watch is not None:
             watch.observe(event)
         yield event

@@ -16,8 +16,6 @@ checked by Connexion's security middleware (:mod:`mlxspec.http.security`).
 from __future__ import annotations
 
 import asyncio
-import logging
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -30,13 +28,16 @@ from starlette.exceptions import HTTPException
 from starlette.types import Receive, Scope, Send
 
 from mlxspec.config import ServeConfig
-from mlxspec.engine import (
-    ContextBudgetError,
-    ContextLengthError,
-    EngineRequestError,
-    QueueFullError,
+from mlxspec.engine import EngineRequestError, QueueFullError
+from mlxspec.errors import (
+    ApiError,
+    error_json,
+    error_status,
+    from_exception,
+    from_status,
+    send_error,
+    surface_for_path,
 )
-from mlxspec.errors import ApiError, error_json, error_status, send_error, surface_for_path
 from mlxspec.handlers.responses.store import ResponseStore
 from mlxspec.http.cors import ApiCORSMiddleware
 from mlxspec.http.dispatch import MIDDLEWARES, prepare_app, remember_body_definitions
@@ -57,24 +58,8 @@ from mlxspec.openapi.validation import (
     enable_openapi_31,
 )
 
-log = logging.getLogger("mlxspec.http.app")
-
-#: HTTP status -> error kind, for errors raised by Connexion or Starlette.
-_STATUS_KINDS = {
-    400: "invalid_request",
-    401: "unauthorized",
-    404: "not_found",
-    405: "method_not_allowed",
-    413: "payload_too_large",
-    415: "unsupported_media_type",
-}
-
-
 #: The 415 message of a POST body sent without ``Content-Type``.
 NO_TYPE = "a request body needs a Content-Type: send application/json"
-
-#: Connexion's 415 detail for a body that is not JSON; group 1 is the media type.
-_CONNEXION_415 = re.compile(r"Invalid Content-type \((.*)\), expected ")
 
 
 class SnakeCaseResolver(Resolver):
@@ -103,64 +88,17 @@ def _render(
     )
 
 
-def _from_status(status: int, detail: Any, headers: Any = None) -> ApiError:
-    kind = _STATUS_KINDS.get(status)
-    if kind is None:
-        return ApiError(
-            "server_error" if status >= 500 else "invalid_request",
-            "internal server error" if status >= 500 else str(detail),
-        )
-    messages = {"not_found": "not found", "method_not_allowed": "method not allowed"}
-    message = messages.get(kind) or str(detail or kind.replace("_", " "))
-    if kind == "unsupported_media_type" and (media := _CONNEXION_415.match(message)):
-        # Connexion's text ends in a Python list repr; say it in the API's words
-        message = f"Content-Type '{media[1]}' is not supported: send application/json"
-    # Connexion's parameter validation passes jsonschema's whole report (the failing
-    # schema and instance after a blank line): the first line is the message.
-    message = message.split("\n\nFailed validating", 1)[0]
-    allow = (headers or {}).get("Allow") if kind == "method_not_allowed" else None
-    if kind == "unauthorized":  # RFC 6750 section 3: name the scheme to use
-        return ApiError(kind, message, headers={"WWW-Authenticate": "Bearer"})
-    return ApiError(kind, message, headers={"Allow": allow} if allow else None)
-
-
-def _api_error(req: ConnexionRequest, exc: Exception) -> ConnexionResponse:
-    assert isinstance(exc, ApiError)
-    return _render(exc, req)
-
-
-def _engine_error(req: ConnexionRequest, exc: Exception) -> ConnexionResponse:
-    assert isinstance(exc, EngineRequestError)
-    kind = "invalid_request"
-    if isinstance(exc, ContextLengthError):
-        kind = "context_length_exceeded"
-    elif isinstance(exc, ContextBudgetError):
-        kind = "context_over_budget"
-    return _render(ApiError(kind, exc.message, param=exc.param), req)
-
-
-#: Seconds a refused client should wait (RFC 9110 section 10.2.3): about one
-#: decode step of a full batch frees a slot.
-RETRY_AFTER_S = 1
-
-
-def _queue_full(req: ConnexionRequest, exc: Exception) -> ConnexionResponse:
-    assert isinstance(exc, QueueFullError)
-    retry = {"Retry-After": str(RETRY_AFTER_S)}
-    return _render(ApiError("queue_full", exc.message, headers=retry), req)
-
-
-def _problem(req: ConnexionRequest, exc: Exception) -> ConnexionResponse:
-    assert isinstance(exc, (ProblemException, HTTPException))
-    status = getattr(exc, "status", None) or getattr(exc, "status_code", 500)
-    detail = getattr(exc, "detail", None) or getattr(exc, "title", None)
-    return _render(_from_status(int(status), detail, getattr(exc, "headers", None)), req)
+def _error(req: ConnexionRequest, exc: Exception) -> ConnexionResponse:
+    """Any exception a request raised, answered as :func:`~mlxspec.errors.from_exception`
+    maps it (an unexpected one is logged there)."""
+    return _render(from_exception(exc), req)
 
 
 def _problem_handler(
     allow: Callable[[str], str | None], suggest: Callable[[str, str], str | None]
 ) -> Callable[[ConnexionRequest, Exception], ConnexionResponse]:
-    """:func:`_problem`, with a 405's ``Allow`` taken from the document
+    """:func:`_error` for the HTTP errors of routing and Connexion, with a
+    405's ``Allow`` taken from the document
     (:func:`~.paths.allowed_methods`) and a route-miss 404 naming the route a
     mistyped base URL meant (:func:`~.paths.suggest_path`), in that route's
     surface's envelope (an ``anthropic`` SDK pointed at ``/v1`` parses it). With
@@ -168,37 +106,28 @@ def _problem_handler(
     llama.cpp's server and vLLM check the key before routing)."""
 
     def handle(req: ConnexionRequest, exc: Exception) -> ConnexionResponse:
-        status = getattr(exc, "status_code", None) or getattr(exc, "status", None)
-        if status in (404, 405):
+        err = from_exception(exc)
+        if err.kind in ("not_found", "method_not_allowed"):
             config = req.scope.get("state", {}).get("config")
             if refusal := key_refusal(req, getattr(config, "api_key", None)):
-                return _render(_from_status(401, refusal), req)
+                return _render(from_status(401, refusal), req)
         path = req.url.path
-        if status == 405 and path.endswith("/") and path != "/":
+        if err.kind == "method_not_allowed" and path.endswith("/") and path != "/":
             # a templated route took the slash as an empty last parameter
             # (POST /v1/models/): a path no operation declares, as GET's 404 says
-            status, exc = 404, HTTPException(status_code=404)
-        if status == 405:
-            methods = allow(path)
-            if methods:
-                exc.headers = {**(getattr(exc, "headers", None) or {}), "Allow": methods}
-        elif status == 404:
-            if (guess := suggest(req.url.path, req.method)) is not None:
-                why = (
-                    "no trailing slash"
-                    if guess == req.url.path.rstrip("/")
-                    else "check the client's base URL"
-                )
-                message = f"not found: did you mean {guess}? ({why})"
-                return _render(ApiError("not_found", message), req, surface_for_path(guess))
-        return _problem(req, exc)
+            err = from_status(404)
+        if err.kind == "method_not_allowed":
+            if methods := allow(path):
+                err.headers["Allow"] = methods
+        elif err.kind == "not_found" and (guess := suggest(path, req.method)) is not None:
+            why = (
+                "no trailing slash" if guess == path.rstrip("/") else "check the client's base URL"
+            )
+            message = f"not found: did you mean {guess}? ({why})"
+            return _render(ApiError("not_found", message), req, surface_for_path(guess))
+        return _render(err, req)
 
     return handle
-
-
-def _unexpected(req: ConnexionRequest, exc: Exception) -> ConnexionResponse:
-    log.error("unhandled error", exc_info=exc)
-    return _render(ApiError.internal(), req)
 
 
 class _WithEngine:
@@ -432,15 +361,14 @@ def create_app(engine: Any, config: Any = None, *, validate_responses: bool = Fa
             spec_path="/openapi.json", swagger_ui=False
         ),
     )
-    app.add_error_handler(ApiError, _api_error)
-    app.add_error_handler(EngineRequestError, _engine_error)
-    app.add_error_handler(QueueFullError, _queue_full)
+    for raised in (ApiError, EngineRequestError, QueueFullError):
+        app.add_error_handler(raised, _error)
     problem = _problem_handler(allowed_methods(spec), suggest_path(spec))
     app.add_error_handler(404, problem)
     app.add_error_handler(405, problem)
     app.add_error_handler(ProblemException, problem)
     app.add_error_handler(HTTPException, problem)
-    app.add_error_handler(Exception, _unexpected)
+    app.add_error_handler(Exception, _error)
     metrics = Metrics(engine)
     asgi: Any = _WithEngine(app, engine, config, metrics, spec)
     asgi = RequestMetricsMiddleware(asgi, metrics, RouteLabels(spec))

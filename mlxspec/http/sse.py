@@ -14,15 +14,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
-import logging
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 from starlette.responses import StreamingResponse
 
-from mlxspec.errors import ApiError, anthropic_error_body, openai_error_json
-
-log = logging.getLogger("mlxspec.http.sse")
+from mlxspec.errors import ApiError, anthropic_error_body, from_exception, openai_error_json
 
 DONE = b"data: [DONE]\n\n"
 KEEPALIVE = b": keep-alive\n\n"
@@ -108,8 +105,9 @@ async def openai_events(
 ) -> AsyncIterator[bytes]:
     """Frame an OpenAI-style stream: each payload as ``data:``, then ``[DONE]``.
 
-    A failure mid-stream becomes one error frame and the stream ends without
-    ``[DONE]`` (reference, chat "Streaming"). ``on_close`` always runs, also when
+    A failure mid-stream becomes one error frame (the error
+    :func:`~mlxspec.errors.from_exception` maps it to) and the stream ends
+    without ``[DONE]`` (reference, chat "Streaming"). ``on_close`` always runs, also when
     the client disconnects (Starlette cancels the iterator), so the engine
     request is cancelled.
 
@@ -124,11 +122,8 @@ async def openai_events(
         async for payload in payloads:
             yield payload if isinstance(payload, bytes) else data_frame(payload)
         yield DONE
-    except ApiError as err:
-        yield error_frame(err)
-    except Exception:
-        log.exception("stream failed")
-        yield error_frame(ApiError.internal())
+    except Exception as exc:
+        yield error_frame(from_exception(exc))
     finally:
         if on_close is not None:
             on_close()
@@ -193,10 +188,10 @@ async def named_events(
     """Frame a stream of named events (OpenAI Responses, Anthropic): no ``[DONE]``.
 
     The protocol's own terminal event ends the stream. A failure mid-stream is
-    handed to ``on_error``, whose events (e.g. ``error`` then
-    ``response.failed``) close the stream; an unexpected exception is logged
-    and reported as the internal error. ``on_close`` always runs, also on
-    client disconnect.
+    mapped by :func:`~mlxspec.errors.from_exception` (an unexpected exception
+    is logged and reported as the internal error) and handed to ``on_error``,
+    whose events (e.g. ``error`` then ``response.failed``) close the stream.
+    ``on_close`` always runs, also on client disconnect.
 
     Args:
         frames (AsyncIterator[tuple[str, Any] | bytes]): ``(event name,
@@ -212,11 +207,8 @@ async def named_events(
             async for frame in frames:
                 # bytes are already framed (e.g. a keep-alive comment)
                 yield frame if isinstance(frame, bytes) else named_frame(*frame)
-        except ApiError as err:
-            failure = err
-        except Exception:
-            log.exception("stream failed")
-            failure = ApiError.internal()
+        except Exception as exc:
+            failure = from_exception(exc)
         else:
             return
         for event, payload in on_error(failure):

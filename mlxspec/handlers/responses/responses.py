@@ -121,7 +121,7 @@ async def _run_in_background(
         async for _ in _frames(turn, builder, keep):
             pass
     except ApiError as exc:
-        cancelled = exc.spec.status == 499  # the engine request was cancelled
+        cancelled = exc.kind == "cancelled"  # the engine request was cancelled
         builder.stop("cancelled" if cancelled else "failed")
         if not cancelled:
             builder.fail(exc)  # sets ``error``
