@@ -130,14 +130,33 @@ def _problem_handler(
     return handle
 
 
+class _Refused(Exception):
+    """A request answered before Connexion sees it, by a step of
+    :meth:`_WithEngine._admit` (``close``: ask the client to close the connection)."""
+
+    def __init__(self, error: ApiError, close: bool = False) -> None:
+        super().__init__(error.message)
+        self.error, self.close = error, close
+
+
 class _WithEngine:
-    """ASGI wrapper: puts the engine, config, metrics and Responses store (one
-    per app) into ``scope["state"]``, reads each POST body whole (up to
-    ``--max-body-bytes``), refuses a non-empty one without ``Content-Type`` (415:
-    a browser page can send such a body cross-origin without a preflight, see
-    :mod:`mlxspec.http.guard`; a POST without a body needs no type), normalises the
-    headers (:func:`_post_headers`), and ignores ``Content-Type`` on GET/HEAD,
-    which carry no body (Connexion would otherwise try to parse a form)."""
+    """ASGI wrapper in front of Connexion: the steps every HTTP request takes
+    before Connexion sees it (:meth:`_admit`), each of which may answer it
+    itself (:class:`_Refused`, in the envelope of the path's surface).
+
+    1. :meth:`_share_state`: the engine, config, metrics and Responses store
+       (one per app) go into ``scope["state"]``.
+    2. :meth:`_check_method`: a method a literal path does not take is a 405,
+       though a templated route also matches the path.
+    3. GET/HEAD: :func:`_without_content_type` (they carry no body; Connexion
+       would otherwise try to parse a form).
+    4. POST: :meth:`_take_body` reads the body whole (up to
+       ``--max-body-bytes``; 413 beyond, 408 when it arrives too slowly) and
+       hands Connexion normalised headers (:func:`_post_headers`), after
+       :meth:`_check_type`: a non-empty body without ``Content-Type`` is a 415
+       (a browser page can send such a body cross-origin without a preflight,
+       see :mod:`mlxspec.http.guard`; a POST without a body needs no type).
+    """
 
     def __init__(
         self, app: Any, engine: Any, config: Any, metrics: Metrics, spec: dict[str, Any]
@@ -150,60 +169,95 @@ class _WithEngine:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            state = scope.setdefault("state", {})
-            state["engine"], state["config"] = self.engine, self.config
-            state["metrics"] = self.metrics
-            state["response_store"] = self.response_store
-            headers = scope.get("headers", [])
-            method = scope.get("method")
-            methods = self.literal.get(scope.get("path", ""))
-            if methods is not None and method not in methods and method != "OPTIONS":
-                allow = ", ".join(m for m in METHOD_ORDER if m in methods)
-                err = ApiError("method_not_allowed", "method not allowed", headers={"Allow": allow})
-                await send_error(scope, send, err)
+            try:
+                scope, receive = await self._admit(scope, receive)
+            except _Refused as refused:
+                await send_error(scope, send, refused.error, close=refused.close)
                 return
-            if method in ("GET", "HEAD"):
-                kept = [(k, v) for k, v in headers if k != b"content-type"]
-                scope = {**scope, "headers": kept}
-            if method == "POST":
-                limit = getattr(self.config, "max_body_bytes", None)
-                try:
-                    body = await _read_capped(receive, limit, _declared_length(headers))
-                except _BodyTooLarge:
-                    await _too_large(scope, send, limit)
-                    return
-                except TimeoutError:
-                    gone = ApiError(
-                        "request_timeout",
-                        f"the request body arrived too slowly: it may pause for at most "
-                        f"{BODY_IDLE_TIMEOUT_S:g} s and must average {BODY_MIN_RATE} bytes/s "
-                        "after that",
-                    )
-                    await send_error(scope, send, gone, close=True)
-                    return
-                headers = _post_headers(headers, len(body))
-                if body and (why := self._type_refusal(scope["path"], headers)) is not None:
-                    await send_error(scope, send, ApiError("unsupported_media_type", why))
-                    return
-                scope = {**scope, "headers": headers}
-                receive = _replay(body, receive)
         await self.app(scope, receive, send)
 
-    def _type_refusal(self, path: str, headers: list[tuple[bytes, bytes]]) -> str | None:
-        """Why a POST body with these (normalised) headers is refused 415, or
-        ``None``: it has no ``Content-Type``, or is not JSON on a route that takes
-        no body. Connexion refuses other types on the routes that declare a body;
-        a path without a POST operation is left to routing (404, 405)."""
+    async def _admit(self, scope: Scope, receive: Receive) -> tuple[Scope, Receive]:
+        """The steps, in order (see the class); returns the scope and channel
+        Connexion gets.
+
+        Raises:
+            _Refused: a step answered the request.
+        """
+        self._share_state(scope)
+        self._check_method(scope)
+        method = scope.get("method")
+        if method in ("GET", "HEAD"):
+            scope = _without_content_type(scope)
+        elif method == "POST":
+            scope, receive = await self._take_body(scope, receive)
+        return scope, receive
+
+    def _share_state(self, scope: Scope) -> None:
+        state = scope.setdefault("state", {})
+        state["engine"], state["config"] = self.engine, self.config
+        state["metrics"] = self.metrics
+        state["response_store"] = self.response_store
+
+    def _check_method(self, scope: Scope) -> None:
+        """Raises :class:`_Refused` (405, with ``Allow``) for a method the
+        literal path does not take."""
+        methods = self.literal.get(scope.get("path", ""))
+        method = scope.get("method")
+        if methods is not None and method not in methods and method != "OPTIONS":
+            allow = ", ".join(m for m in METHOD_ORDER if m in methods)
+            headers = {"Allow": allow}
+            raise _Refused(ApiError("method_not_allowed", "method not allowed", headers=headers))
+
+    async def _take_body(self, scope: Scope, receive: Receive) -> tuple[Scope, Receive]:
+        """Read a POST's body whole; Connexion gets it again through
+        :func:`_replay`, with the headers of :func:`_post_headers`.
+
+        Raises:
+            _Refused: 413 over ``--max-body-bytes``, 408 when the body arrives
+                too slowly (:func:`_read_capped`), both closing the connection;
+                415 from :meth:`_check_type`.
+        """
+        limit = getattr(self.config, "max_body_bytes", None)
+        try:
+            body = await _read_capped(receive, limit, _declared_length(scope.get("headers", [])))
+        except _BodyTooLarge:
+            err = ApiError("payload_too_large", f"request body exceeds {limit} bytes")
+            raise _Refused(err, close=True) from None
+        except TimeoutError:
+            err = ApiError(
+                "request_timeout",
+                f"the request body arrived too slowly: it may pause for at most "
+                f"{BODY_IDLE_TIMEOUT_S:g} s and must average {BODY_MIN_RATE} bytes/s "
+                "after that",
+            )
+            raise _Refused(err, close=True) from None
+        headers = _post_headers(scope.get("headers", []), len(body))
+        if body:
+            self._check_type(scope["path"], headers)
+        return {**scope, "headers": headers}, _replay(body, receive)
+
+    def _check_type(self, path: str, headers: list[tuple[bytes, bytes]]) -> None:
+        """Raises :class:`_Refused` (415) for a POST body with these (normalised)
+        headers that has no ``Content-Type``, or is not JSON on a route that
+        takes no body. Connexion refuses other types on the routes that declare
+        a body; a path without a POST operation is left to routing (404, 405)."""
         takes_body = self.takes_body(path)
         if takes_body is None:
-            return None
+            return
         media = next((v for k, v in headers if k == b"content-type"), b"")
+        why = None
         if not media:  # absent or empty (Connexion would read the body as JSON)
-            return NO_TYPE
-        kind = media.partition(b";")[0].decode("latin-1")
-        if not takes_body and kind != "application/json":
-            return f"{path} takes no request body: send none, or send application/json"
-        return None
+            why = NO_TYPE
+        elif not takes_body and media.partition(b";")[0].decode("latin-1") != "application/json":
+            why = f"{path} takes no request body: send none, or send application/json"
+        if why is not None:
+            raise _Refused(ApiError("unsupported_media_type", why))
+
+
+def _without_content_type(scope: Scope) -> Scope:
+    """``scope`` without its ``Content-Type`` headers."""
+    kept = [(k, v) for k, v in scope.get("headers", []) if k != b"content-type"]
+    return {**scope, "headers": kept}
 
 
 def _post_headers(headers: list[tuple[bytes, bytes]], length: int) -> list[tuple[bytes, bytes]]:
@@ -321,11 +375,6 @@ def _replay(body: bytes, receive: Receive) -> Receive:
         return await receive()
 
     return replay
-
-
-async def _too_large(scope: Scope, send: Send, limit: int | None) -> None:
-    err = ApiError("payload_too_large", f"request body exceeds {limit} bytes")
-    await send_error(scope, send, err, close=True)
 
 
 def create_app(engine: Any, config: Any = None, *, validate_responses: bool = False) -> Any:
