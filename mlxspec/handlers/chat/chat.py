@@ -15,7 +15,6 @@ from mlxspec.handlers.chat.choices import (
     gather_choices,
     stream_chunks,
     submit_choices,
-    text_framer,
 )
 from mlxspec.handlers.chat.logprobs import chat_chunk_logprobs, chat_logprobs, current_format
 from mlxspec.handlers.common import JSON, SYSTEM_FINGERPRINT, current_engine, new_id, now
@@ -73,23 +72,14 @@ async def open_turns(engine: Engine, body: dict[str, Any]) -> list[Turn]:
     return [dataclasses.replace(first, request=request, handle=handle) for request, handle in runs]
 
 
+#: A per-token choice of a chat stream: a bare content delta.
+_TEXT_CHOICE = {"delta": {"content": sse.SLOT}, "logprobs": None, "finish_reason": None}
+
+
 def _chunker(head: dict[str, Any]) -> Callable[[dict[str, Any]], dict[str, Any] | bytes]:
     """Wraps a choice object into a ``chat.completion.chunk``; a bare content
-    delta (the per-token chunk) comes out already framed (:func:`.choices.text_framer`)."""
-
-    def wrap(choice: dict[str, Any]) -> dict[str, Any]:
-        return {**head, "object": "chat.completion.chunk", "choices": [choice]}
-
-    def content(choice: dict[str, Any]) -> str | None:
-        delta = choice["delta"]
-        if choice["logprobs"] is not None or choice["finish_reason"] is not None:
-            return None
-        return delta["content"] if len(delta) == 1 and "content" in delta else None
-
-    def slotted(choice: dict[str, Any]) -> dict[str, Any]:
-        return {**choice, "delta": {"content": sse.SLOT}}
-
-    return text_framer(wrap, content, slotted)
+    delta (the per-token chunk) comes out already framed (:func:`.sse.chunk_framer`)."""
+    return sse.chunk_framer({**head, "object": "chat.completion.chunk"}, _TEXT_CHOICE)
 
 
 def _choice(index: int, turn: Turn, result: ChatTurn, fmt: str) -> dict[str, Any]:

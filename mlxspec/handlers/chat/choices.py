@@ -17,7 +17,6 @@ from typing import Any, TypeVar
 
 from mlxspec.engine import Engine, Finished, GenerationRequest, RequestHandle
 from mlxspec.handlers.common import usage
-from mlxspec.http import sse
 
 T = TypeVar("T")
 
@@ -161,8 +160,9 @@ async def stream_chunks(
     Args:
         streams (Sequence[ChoiceStream]): one per choice, in index order.
         chunk (Callable): wraps one choice object into a chunk (``id``,
-            ``object``, ...), or into its SSE frame already (``bytes``); a
-            choice that finishes must come back as a ``dict`` (it may get ``usage``).
+            ``object``, ...), or into its SSE frame already (``bytes``), as
+            :func:`mlxspec.http.sse.chunk_framer` does; a choice that finishes
+            must come back as a ``dict`` (it may get ``usage``).
 
     Yields:
         dict | bytes: one chunk per choice object, interleaved as they arrive;
@@ -178,38 +178,6 @@ async def stream_chunks(
             if len(done) == len(finished):
                 out["usage"] = choices_usage(done)
         yield out
-
-
-def text_framer(
-    wrap: Callable[[dict[str, Any]], dict[str, Any]],
-    text_of: Callable[[dict[str, Any]], str | None],
-    slotted: Callable[[dict[str, Any]], dict[str, Any]],
-) -> Callable[[dict[str, Any]], dict[str, Any] | bytes]:
-    """A ``chunk`` for :func:`stream_chunks` that frames per-token chunks from
-    a template: only their text is serialised each time, and the bytes equal
-    framing ``wrap(choice)`` (:class:`mlxspec.http.sse.FrameTemplate`).
-
-    Args:
-        wrap (Callable): choice object -> chunk.
-        text_of (Callable): the choice's text when it is a plain text chunk
-            (only the text varies between such chunks of one choice), else ``None``.
-        slotted (Callable): the choice with :data:`mlxspec.http.sse.SLOT` in place of its text.
-
-    Returns:
-        Callable: choice -> the framed chunk (``bytes``) or ``wrap(choice)``.
-    """
-    templates: dict[int, sse.FrameTemplate] = {}
-
-    def chunk(choice: dict[str, Any]) -> dict[str, Any] | bytes:
-        text = text_of(choice)
-        if text is None:
-            return wrap(choice)
-        template = templates.get(choice["index"])
-        if template is None:
-            template = templates[choice["index"]] = sse.FrameTemplate(wrap(slotted(choice)))
-        return template.frame(text)
-
-    return chunk
 
 
 def choices_usage(finished: Sequence[Finished]) -> dict[str, Any]:

@@ -27,7 +27,6 @@ from mlxspec.handlers.chat.choices import (
     gather_choices,
     stream_chunks,
     submit_choices,
-    text_framer,
 )
 from mlxspec.handlers.chat.logprobs import CompletionLogprobs, current_format
 from mlxspec.handlers.common import (
@@ -117,19 +116,15 @@ def prompt_tokens(engine: Engine, prompt: str | list) -> list[int]:
     return token_prompt(prompt, engine.info.vocab_size)
 
 
+#: A per-token choice of a text completion stream: text without logprobs.
+_TEXT_CHOICE = {"text": sse.SLOT, "logprobs": None, "finish_reason": None}
+
+
 def _chunker(head: dict[str, Any]) -> Callable[[dict[str, Any]], dict[str, Any] | bytes]:
     """Wraps a choice object into a ``text_completion`` chunk; a text chunk
     without logprobs (the per-token chunk) comes out already framed
-    (:func:`.choices.text_framer`)."""
-
-    def wrap(choice: dict[str, Any]) -> dict[str, Any]:
-        return {**head, "choices": [choice]}
-
-    def text(choice: dict[str, Any]) -> str | None:
-        plain = choice["logprobs"] is None and choice["finish_reason"] is None
-        return choice["text"] if plain else None
-
-    return text_framer(wrap, text, lambda choice: {**choice, "text": sse.SLOT})
+    (:func:`.sse.chunk_framer`)."""
+    return sse.chunk_framer(head, _TEXT_CHOICE)
 
 
 async def _choice_chunks(
