@@ -16,8 +16,15 @@ from mlxspec.handlers.chat.choices import (
     stream_chunks,
     submit_choices,
 )
-from mlxspec.handlers.chat.logprobs import chat_chunk_logprobs, chat_logprobs, current_format
-from mlxspec.handlers.common import JSON, SYSTEM_FINGERPRINT, current_engine, new_id, now
+from mlxspec.handlers.chat.logprobs import chat_chunk_logprobs, chat_logprobs
+from mlxspec.handlers.context import (
+    JSON,
+    SYSTEM_FINGERPRINT,
+    current_engine,
+    logprobs_format,
+    new_id,
+    now,
+)
 from mlxspec.handlers.turns.parser import (
     ChatTurn,
     ReasoningDelta,
@@ -36,7 +43,7 @@ async def create_chat_completion(body: dict[str, Any]) -> Any:
     engine = current_engine()
     turns = await open_turns(engine, body)
     warning = turns[0].warning
-    fmt = current_format()
+    fmt = logprobs_format()
     head = {
         "id": new_id("chatcmpl"),
         "created": now(),

@@ -16,7 +16,6 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from mlxspec.engine import Engine, Finished, GenerationRequest, RequestHandle
-from mlxspec.handlers.common import usage
 
 T = TypeVar("T")
 
@@ -190,3 +189,14 @@ def choices_usage(finished: Sequence[Finished]) -> dict[str, Any]:
         lane="batched" if any(f.lane == "batched" for f in finished) else first.lane,
     )
     return usage(total)
+
+
+def usage(finished: Finished) -> dict[str, Any]:
+    """The ``usage`` object: OpenAI's fields plus ``prompt_tokens_details`` and ``lane``."""
+    return {
+        "prompt_tokens": finished.prompt_tokens,
+        "completion_tokens": finished.completion_tokens,
+        "total_tokens": finished.prompt_tokens + finished.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": finished.cached_tokens},
+        "lane": finished.lane,
+    }

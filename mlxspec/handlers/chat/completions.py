@@ -28,19 +28,18 @@ from mlxspec.handlers.chat.choices import (
     stream_chunks,
     submit_choices,
 )
-from mlxspec.handlers.chat.logprobs import CompletionLogprobs, current_format
-from mlxspec.handlers.common import (
+from mlxspec.handlers.chat.logprobs import CompletionLogprobs
+from mlxspec.handlers.context import (
     JSON,
     SYSTEM_FINGERPRINT,
-    collect,
     current_engine,
+    logprobs_format,
     new_id,
     now,
-    outputs,
     request_headers,
-    session_key,
-    to_generation_request,
 )
+from mlxspec.handlers.events import collect, outputs
+from mlxspec.handlers.requests import session_key, to_generation_request
 from mlxspec.handlers.turns.structured import structured_output
 from mlxspec.http import sse
 
@@ -60,7 +59,7 @@ async def create_completion(body: dict[str, Any]) -> Any:
     handle = engine.submit(first, prompt_param="prompt", group=n)  # all n choices, or none
     runs = submit_choices(engine, first, handle, n, "prompt")
     handles = [handle for _, handle in runs]
-    fmt = current_format()
+    fmt = logprobs_format()
     head = {
         "id": new_id("cmpl"),
         "object": "text_completion",

@@ -23,7 +23,7 @@ from connexion.context import scope
 
 from mlxspec.engine import Engine, PromptError
 from mlxspec.errors import ApiError
-from mlxspec.handlers.common import JSON, current_engine, now
+from mlxspec.handlers.context import JSON, current_engine, now
 from mlxspec.handlers.responses.input import assistant_message, to_chat_body
 from mlxspec.handlers.responses.output import Frame, ResponseBuilder, item_id, turn_as_events
 from mlxspec.handlers.responses.store import Conversation, ResponseStore, Running, StoredResponse

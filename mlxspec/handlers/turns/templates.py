@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 from connexion.context import scope
 
 from mlxspec.engine import Engine, TemplateBudget, off_loop, request_template, template_off_loop
-from mlxspec.handlers.common import until_disconnect
+from mlxspec.handlers.events import until_disconnect
 
 T = TypeVar("T")
 

@@ -29,13 +29,9 @@ from mlxspec.engine import (
     TemplateBudget,
     request_template,
 )
-from mlxspec.handlers.common import (
-    cancel_on_disconnect,
-    outputs,
-    request_headers,
-    session_key,
-    to_generation_request,
-)
+from mlxspec.handlers.context import request_headers
+from mlxspec.handlers.events import cancel_on_disconnect, outputs
+from mlxspec.handlers.requests import session_key, to_generation_request
 from mlxspec.handlers.turns.parser import (
     ChatEvent,
     ChatTurn,
