@@ -1,16 +1,17 @@
-"""Engine requests on the handler side: read, and cancelled when the client leaves.
+"""Engine requests on the handler side: submitted, read, cancelled.
 
+:func:`submit_choices` submits a body's choices as one admission group;
 :func:`outputs` reads a handle's events, turning the engine's failure events
 into errors (:func:`~mlxspec.errors.from_failure`) and feeding the app's
 latency metrics; :func:`collect` gathers a whole generation. A client that
 disconnects cancels its engine work (:func:`cancel_on_disconnect`,
-:func:`until_disconnect`).
+:func:`until_disconnect`, :func:`cancel_all`).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -19,8 +20,10 @@ from connexion.context import receive
 from mlxspec.engine import (
     Cancelled,
     Delta,
+    Engine,
     Failed,
     Finished,
+    GenerationRequest,
     RequestHandle,
     TokenLogprob,
 )
@@ -29,6 +32,42 @@ from mlxspec.handlers.context import current_metrics
 from mlxspec.http.metrics import GenerationWatch
 
 T = TypeVar("T")
+
+
+def submit_choices(
+    engine: Engine, requests: Sequence[GenerationRequest], prompt_param: str
+) -> list[RequestHandle]:
+    """Submit the requests of a body's choices as one admission group.
+
+    Choice 0 heads a group of ``n`` (``Engine.submit(..., group=n)``): the
+    engine admits all ``n`` or none, and the others follow in the same
+    event-loop turn, skipping the queue checks (a partly submitted group once
+    pushed other requests out and counted its cancelled members as cancelled
+    generations).
+
+    Args:
+        engine (Engine): the serving engine.
+        requests (Sequence[GenerationRequest]): one per choice, in index order
+            (:func:`~mlxspec.handlers.requests.choice_requests`).
+        prompt_param (str): the request field named in prompt errors.
+
+    Returns:
+        list[RequestHandle]: one per choice, in index order.
+
+    Raises:
+        ContextLengthError, QueueFullError: as ``Engine.submit``; every handle
+            submitted so far is cancelled first.
+    """
+    first, *others = requests
+    handles = [engine.submit(first, prompt_param=prompt_param, group=len(requests))]
+    try:
+        for request in others:
+            handles.append(engine.submit(request, prompt_param=prompt_param, admitted=True))
+    except BaseException:
+        for handle in handles:
+            handle.cancel()
+        raise
+    return handles
 
 
 async def outputs(handle: RequestHandle) -> AsyncIterator[Delta | Finished]:
@@ -125,3 +164,26 @@ async def until_disconnect(work: Awaitable[T]) -> T:
 async def _disconnected() -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
+
+
+async def gather_choices(
+    collects: Sequence[Awaitable[T]], handles: Sequence[RequestHandle]
+) -> list[T]:
+    """Await every choice's collection; if one fails, cancel all the handles
+    (so no engine request outlives the HTTP request) and re-raise."""
+    try:
+        return list(await asyncio.gather(*collects))
+    except BaseException:
+        for handle in handles:
+            handle.cancel()
+        raise
+
+
+def cancel_all(handles: Sequence[RequestHandle]) -> Callable[[], None]:
+    """A callback cancelling every choice's engine request (a stream's ``on_close``)."""
+
+    def cancel() -> None:
+        for handle in handles:
+            handle.cancel()
+
+    return cancel

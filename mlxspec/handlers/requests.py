@@ -1,17 +1,19 @@
-"""A validated request body -> the engine request it asks for (pure).
+"""A validated request body -> the engine requests it asks for (pure).
 
 :func:`to_generation_request` is the one function that turns a chat or
 completion body into an engine :class:`GenerationRequest` (the role of vLLM's
 ``to_sampling_params``); :func:`to_constraint` reads its structured-output
-fields and :func:`session_key` its prompt-cache session. The document has
-already checked types and ranges; this only applies defaults and precedence.
-Nothing here touches the engine, the request's scope or I/O.
+fields, :func:`session_key` its prompt-cache session, and
+:func:`choice_requests` makes the ``n`` sibling requests of its choices. The
+document has already checked types and ranges; this only applies defaults and
+precedence. Nothing here touches the engine, the request's scope or I/O.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from mlxspec.engine import (
@@ -117,8 +119,8 @@ def to_generation_request(
         top_logprobs=_top_logprobs(body),
         session=session,
         constraint=to_constraint(body),
-        # n > 1: the choices are sibling requests on one prompt (handlers.chat.choices)
-        shared_prefill=int(body.get("n") or 1) > 1,
+        # n > 1: the choices are sibling requests on one prompt (choice_requests)
+        shared_prefill=choice_count(body) > 1,
         # an open final message (engine.prompt.render_chat) is continued
         continuation=bool((body.get("chat_template_kwargs") or {}).get("continue_final_message")),
     )
@@ -247,3 +249,39 @@ def session_key(body: Mapping[str, Any], headers: Mapping[str, str]) -> str | No
         if isinstance(value, str) and value:
             return value
     return None
+
+
+def choice_count(body: Mapping[str, Any]) -> int:
+    """``n`` of a validated body (omitted or null is 1; the document bounds it)."""
+    return int(body.get("n") or 1)
+
+
+#: ``mx.random.seed`` takes an unsigned 64-bit integer.
+_SEED_SPACE = 2**64
+
+
+def choice_request(request: GenerationRequest, index: int) -> GenerationRequest:
+    """The engine request of choice ``index``: ``request`` with the seed moved
+    to ``seed + index`` (mod 2**64) when one is set, else ``request`` itself."""
+    seed = request.sampling.seed
+    if seed is None or index == 0:
+        return request
+    sampling = replace(request.sampling, seed=(seed + index) % _SEED_SPACE)
+    return replace(request, sampling=sampling)
+
+
+def choice_requests(first: GenerationRequest, n: int) -> list[GenerationRequest]:
+    """The engine requests of ``n`` choices on one prompt.
+
+    Each choice is its own request; with a ``seed``, choice i samples with
+    ``seed + i`` (:func:`choice_request`), so the choices differ and the whole
+    request stays reproducible; greedy decoding gives n identical choices.
+
+    Args:
+        first (GenerationRequest): choice 0's request.
+        n (int): the number of choices (:func:`choice_count`).
+
+    Returns:
+        list[GenerationRequest]: one per choice, in index order; ``first`` first.
+    """
+    return [choice_request(first, index) for index in range(n)]

@@ -2,20 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from mlxspec.engine import Engine
-from mlxspec.handlers.chat.choices import (
-    ChoiceStream,
-    cancel_all,
-    choice_count,
-    choices_usage,
-    gather_choices,
-    stream_chunks,
-    submit_choices,
-)
+from mlxspec.handlers.chat.choices import ChoiceStream, choices_usage, stream_chunks
 from mlxspec.handlers.chat.logprobs import chat_chunk_logprobs, chat_logprobs
 from mlxspec.handlers.context import (
     JSON,
@@ -25,6 +15,7 @@ from mlxspec.handlers.context import (
     new_id,
     now,
 )
+from mlxspec.handlers.events import cancel_all, gather_choices
 from mlxspec.handlers.turns.parser import (
     ChatTurn,
     ReasoningDelta,
@@ -34,22 +25,21 @@ from mlxspec.handlers.turns.parser import (
     ToolCallStart,
     TurnEnd,
 )
-from mlxspec.handlers.turns.turns import Turn, collect_turn, open_turn, turn_events
+from mlxspec.handlers.turns.turns import Turn, collect_turn, open_turns, turn_events
 from mlxspec.http import sse
 
 
 async def create_chat_completion(body: dict[str, Any]) -> Any:
     """Template the messages, generate ``n`` choices, answer as JSON or an SSE stream."""
-    engine = current_engine()
-    turns = await open_turns(engine, body)
-    warning = turns[0].warning
-    fmt = logprobs_format()
+    engine, fmt = current_engine(), logprobs_format()
     head = {
         "id": new_id("chatcmpl"),
         "created": now(),
         "model": engine.info.id,
         "system_fingerprint": SYSTEM_FINGERPRINT,
     }
+    turns = await open_turns(engine, body)
+    warning = turns[0].warning
     handles = [t.handle for t in turns]
     if body.get("stream"):
         streams = [_choice_chunks(turn, i, fmt) for i, turn in enumerate(turns)]
@@ -69,14 +59,6 @@ async def create_chat_completion(body: dict[str, Any]) -> Any:
         "usage": choices_usage(finished),
     }
     return body_out, 200, {**JSON, **warning}
-
-
-async def open_turns(engine: Engine, body: dict[str, Any]) -> list[Turn]:
-    """Template once and submit the body's ``n`` choices (see :mod:`.choices`)."""
-    n = choice_count(body)
-    first = await open_turn(engine, body, group=n)  # admits all n choices, or none
-    runs = submit_choices(engine, first.request, first.handle, n, "messages")
-    return [dataclasses.replace(first, request=request, handle=handle) for request, handle in runs]
 
 
 #: A per-token choice of a chat stream: a bare content delta.

@@ -1,94 +1,24 @@
-"""``n`` choices per request, shared by chat and text completions.
+"""The reply of ``n`` choices, shared by chat and text completions: their
+streams merged into one, and ``usage`` over all of them.
 
-Each choice is its own engine request on the same prompt; the engine batches
-them (continuous batching), so they decode together. The requests are marked
+Each choice is its own engine request on the same prompt
+(:func:`~mlxspec.handlers.requests.choice_requests`, submitted as one group by
+:func:`~mlxspec.handlers.events.submit_choices`); the engine batches them
+(continuous batching), so they decode together. The requests are marked
 ``shared_prefill``: the batched lane prefills the prompt once into the prompt
-cache and every choice starts from that KV cache. With a
-``seed``, choice i samples with ``seed + i`` so the choices differ and the
-whole request stays reproducible; greedy decoding gives n identical choices.
+cache and every choice starts from that KV cache.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
-from mlxspec.engine import Engine, Finished, GenerationRequest, RequestHandle
+from mlxspec.engine import Finished
 
 T = TypeVar("T")
-
-#: ``mx.random.seed`` takes an unsigned 64-bit integer.
-_SEED_SPACE = 2**64
-
-
-def choice_count(body: Mapping[str, Any]) -> int:
-    """``n`` of a validated body (omitted or null is 1; the document bounds it)."""
-    return int(body.get("n") or 1)
-
-
-def choice_request(request: GenerationRequest, index: int) -> GenerationRequest:
-    """The engine request of choice ``index``: ``request`` with the seed moved
-    to ``seed + index`` (mod 2**64) when one is set, else ``request`` itself."""
-    seed = request.sampling.seed
-    if seed is None or index == 0:
-        return request
-    sampling = replace(request.sampling, seed=(seed + index) % _SEED_SPACE)
-    return replace(request, sampling=sampling)
-
-
-def submit_choices(
-    engine: Engine,
-    first: GenerationRequest,
-    first_handle: RequestHandle,
-    n: int,
-    prompt_param: str,
-) -> list[tuple[GenerationRequest, RequestHandle]]:
-    """Submit choices 1..n-1 next to choice 0, which the caller already submitted
-    heading a group of ``n`` (``Engine.submit(..., group=n)``), in the same
-    event-loop turn: the engine admitted all ``n`` then, so these skip the
-    queue checks (a partly submitted group once pushed other requests out and
-    counted its cancelled members as cancelled generations).
-
-    Args:
-        engine (Engine): the serving engine.
-        first (GenerationRequest): choice 0's request.
-        first_handle (RequestHandle): choice 0's handle.
-        n (int): the number of choices.
-        prompt_param (str): the request field named in prompt errors.
-
-    Returns:
-        list: ``(request, handle)`` of every choice, in index order.
-
-    Raises:
-        ContextLengthError: as ``Engine.submit``; every handle submitted so
-            far, choice 0's included, is cancelled first.
-    """
-    out = [(first, first_handle)]
-    try:
-        for index in range(1, n):
-            request = choice_request(first, index)
-            handle = engine.submit(request, prompt_param=prompt_param, admitted=True)
-            out.append((request, handle))
-    except BaseException:
-        for _, handle in out:
-            handle.cancel()
-        raise
-    return out
-
-
-async def gather_choices(
-    collects: Sequence[Awaitable[T]], handles: Sequence[RequestHandle]
-) -> list[T]:
-    """Await every choice's collection; if one fails, cancel all the handles
-    (so no engine request outlives the HTTP request) and re-raise."""
-    try:
-        return list(await asyncio.gather(*collects))
-    except BaseException:
-        for handle in handles:
-            handle.cancel()
-        raise
 
 
 async def merge(streams: Sequence[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:
@@ -133,16 +63,6 @@ async def merge(streams: Sequence[AsyncIterator[T]]) -> AsyncIterator[tuple[int,
     finally:
         for task in tasks:
             task.cancel()
-
-
-def cancel_all(handles: Sequence[RequestHandle]) -> Callable[[], None]:
-    """A callback cancelling every choice's engine request (a stream's ``on_close``)."""
-
-    def cancel() -> None:
-        for handle in handles:
-            handle.cancel()
-
-    return cancel
 
 
 #: One choice's stream: ``(choice object, Finished or None)`` pairs; the
