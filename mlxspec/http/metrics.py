@@ -5,7 +5,7 @@ process-global one: tests build many apps). Four feeds fill it:
 
 * :class:`RequestMetricsMiddleware` counts every HTTP response by the route
   template of the OpenAPI document, method and status;
-* :class:`GenerationWatch`, driven by ``handlers.common.outputs`` (which sees
+* :class:`GenerationWatch`, driven by ``handlers.events.outputs`` (which sees
   every event of every surface), times the first token (TTFT, split into the
   queue time before the engine started the request and the prefill time
   after) and the gaps between tokens, and counts prompt, generated and

@@ -363,7 +363,7 @@ def test_n_siblings_share_one_prefill(tiny_model_dir) -> None:
 
 def test_shared_prefill_flag_follows_n() -> None:
     from mlxspec.engine import GenerationDefaults
-    from mlxspec.handlers.common import to_generation_request
+    from mlxspec.handlers.requests import to_generation_request
 
     def flag(body: dict) -> bool:
         return to_generation_request(body, [1, 2, 3], GenerationDefaults()).shared_prefill

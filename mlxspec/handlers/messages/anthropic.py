@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mlxspec.errors import ApiError
-from mlxspec.handlers.common import SAMPLER_FIELDS, SESSION_FIELDS
+from mlxspec.handlers.requests import SAMPLER_FIELDS, SESSION_FIELDS
 
 #: Fields copied unchanged: Anthropic's sampling fields, mlx-lm's extras (no
 #: ``logit_bias``: the protocol has none) and the prompt-cache session labels.
