@@ -39,6 +39,7 @@ from mlxspec.errors import (
     surface_for_path,
 )
 from mlxspec.handlers.responses.store import ResponseStore
+from mlxspec.http.aliases import PathAliases, path_aliases
 from mlxspec.http.cors import ApiCORSMiddleware
 from mlxspec.http.dispatch import MIDDLEWARES, prepare_app, remember_body_definitions
 from mlxspec.http.guard import RequestGuard
@@ -429,4 +430,4 @@ def create_app(engine: Any, config: Any = None, *, validate_responses: bool = Fa
             allow_headers=["*"],
             expose_headers=["Retry-After"],
         )
-    return RequestGuard(asgi, config)
+    return PathAliases(RequestGuard(asgi, config), path_aliases(spec))
