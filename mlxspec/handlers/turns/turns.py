@@ -219,7 +219,7 @@ def _render(
     tools = list(options.tools) if options.tools and options.tool_choice != "none" else None
     own = engine.request_template(body.get("chat_template_kwargs"))
     template = own if own is not None else engine.chat_format.chat_template
-    kwargs = template_kwargs(body, str(template or ""))
+    kwargs = template_kwargs(body, str(template or ""), engine.defaults.template_kwargs)
     prompt = engine.chat_prompt(body["messages"], tools, kwargs, budget)
     return prompt, _opens_thinking(engine, prompt, choice)
 
