@@ -5,10 +5,13 @@ environment variables it reads) into a :class:`~.config.ServeConfig`."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
+import sys
 from collections.abc import Sequence
 
+from mlxspec import __version__
 from mlxspec.config import ServeConfig
 
 LOGPROBS_FORMATS = ("mlx", "openai")
@@ -20,6 +23,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mlxspec", description="OpenAI-compatible LLM server on MLX"
     )
+    parser.add_argument("--version", action="version", version=f"mlxspec {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve a model over HTTP")
     serve.add_argument(
@@ -57,11 +61,104 @@ def _parser() -> argparse.ArgumentParser:
         "(OpenAI's token/bytes shape, also in stream chunks); env MLXSPEC_LOGPROBS_FORMAT",
     )
     serve.add_argument(
-        "--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"]
+        "--log-level",
+        default="info",
+        type=str.lower,  # mlx_lm.server spells them DEBUG, INFO, ...
+        choices=["debug", "info", "warning", "error", "critical"],
     )
     _add_cache_flags(serve)
     _template_flags(serve)
+    _mlx_lm_server_flags(serve)
     return parser
+
+
+#: mlx_lm.server flags whose feature mlxspec does not have yet: any use is a
+#: one-line error (exit 2), never silently ignored.
+NOT_YET = {
+    "draft_model": ("--draft-model", "speculative decoding"),
+    "num_draft_tokens": ("--num-draft-tokens", "speculative decoding"),
+    "kv_bits": ("--kv-bits", "KV cache quantization"),
+    "kv_group_size": ("--kv-group-size", "KV cache quantization"),
+    "quantized_kv_start": ("--quantized-kv-start", "KV cache quantization"),
+    "pipeline": ("--pipeline", "distributed (pipeline-parallel) serving"),
+}
+
+
+def _mlx_lm_server_flags(serve: argparse.ArgumentParser) -> None:
+    """Every flag of ``mlx_lm.server`` 0.32.2 not already above, with its meaning,
+    so an ``mlx_lm.server`` command line runs as ``mlxspec serve`` unchanged
+    (``--host``, ``--port``, ``--allowed-origins``, ``--top-p``, ``--top-k``,
+    ``--max-tokens``, ``--log-level`` and ``--prompt-cache-bytes`` are shared)."""
+    group = serve.add_argument_group("mlx_lm.server flags")
+    group.add_argument("--model", dest="model_flag", help="the model (same as MODEL)")
+    group.add_argument("--adapter-path", help="LoRA adapter folder to load onto the model")
+    group.add_argument(
+        "--trust-remote-code", action="store_true", help="let the tokenizer run the model's code"
+    )
+    group.add_argument("--chat-template", help="a chat template replacing the model's")
+    group.add_argument(
+        "--use-default-chat-template",
+        action="store_true",
+        help="use the tokenizer's default chat template when the model has none",
+    )
+    group.add_argument("--temp", dest="temperature", type=float, help="same as --temperature")
+    group.add_argument("--min-p", type=float, default=None, help="default min_p")
+    group.add_argument(
+        "--chat-template-args",
+        type=_json_object,
+        default={},
+        help="JSON object of chat template variables, e.g. '{\"enable_thinking\": false}'; "
+        "a request's chat_template_kwargs are merged over it",
+    )
+    group.add_argument(
+        "--thinking",
+        choices=("on", "off", "auto"),
+        default="auto",
+        help="default enable_thinking of every prompt; auto leaves it to the chat template "
+        "(default auto); a request's chat_template_kwargs or reasoning_effort win",
+    )
+    group.add_argument(
+        "--decode-concurrency", dest="batch", type=_positive_int, help="same as --batch"
+    )
+    group.add_argument(
+        "--prompt-concurrency",
+        type=_positive_int,
+        default=8,
+        help="most prompts prefilled together in the batch (default 8)",
+    )
+    group.add_argument(
+        "--prefill-step-size",
+        type=_positive_int,
+        default=None,
+        help="prompt tokens per prefill chunk (default 128 on the CPU, 512 on a GPU)",
+    )
+    group.add_argument(
+        "--prompt-cache-size",
+        type=_non_negative_int,
+        default=None,
+        help="most KV caches the prompt cache keeps (default: bounded by bytes only)",
+    )
+    for dest, (flag, feature) in NOT_YET.items():
+        kind: dict = {"action": "store_true"} if dest == "pipeline" else {"default": None}
+        group.add_argument(flag, dest=dest, help=f"not supported yet ({feature})", **kind)
+
+
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
+
+
+def _refuse_not_yet(args: argparse.Namespace) -> None:
+    """Exit 2 with one line when a :data:`NOT_YET` flag is used."""
+    for dest, (flag, feature) in NOT_YET.items():
+        if getattr(args, dest) not in (None, False):
+            print(f"mlxspec: error: {flag}: {feature} is not supported yet", file=sys.stderr)
+            sys.exit(2)
 
 
 def _admission_flags(serve: argparse.ArgumentParser) -> None:
@@ -295,6 +392,9 @@ def parse_config(argv: Sequence[str] | None = None) -> ServeConfig:
     """
     parser = _parser()
     args = parser.parse_args(argv)
+    _refuse_not_yet(args)
+    if args.model_flag is not None and args.model not in (None, args.model_flag):
+        parser.error(f"two models: MODEL {args.model} and --model {args.model_flag}")
     logprobs_format = args.logprobs_format or os.environ.get("MLXSPEC_LOGPROBS_FORMAT") or "mlx"
     if logprobs_format not in LOGPROBS_FORMATS:
         parser.error(f"MLXSPEC_LOGPROBS_FORMAT must be one of {', '.join(LOGPROBS_FORMATS)}")
@@ -305,7 +405,7 @@ def parse_config(argv: Sequence[str] | None = None) -> ServeConfig:
     if templates not in SWITCH_VALUES:
         parser.error("MLXSPEC_ALLOW_REQUEST_TEMPLATES must be 1 or 0")
     return ServeConfig(
-        model=args.model,
+        model=args.model or args.model_flag,
         host=args.host,
         port=args.port,
         max_tokens=args.max_tokens,
@@ -336,4 +436,14 @@ def parse_config(argv: Sequence[str] | None = None) -> ServeConfig:
         grammar=os.environ.get("MLXSPEC_GRAMMAR", "1") != "0",
         cpu_weights=args.cpu_weights,
         warmup=WARMUP_MODES[warmup],
+        adapter_path=args.adapter_path,
+        trust_remote_code=args.trust_remote_code,
+        chat_template=args.chat_template or None,
+        use_default_chat_template=args.use_default_chat_template,
+        min_p=args.min_p,
+        chat_template_args=args.chat_template_args,
+        thinking={"on": True, "off": False}.get(args.thinking),
+        prefill_step=args.prefill_step_size,
+        prompt_concurrency=args.prompt_concurrency,
+        prompt_cache_size=args.prompt_cache_size,
     )
