@@ -63,12 +63,13 @@ def load_model(path: Path, options: LoadOptions = LoadOptions()) -> tuple[Any, A
     tokenizer_config: dict[str, Any] = {"trust_remote_code": options.trust_remote_code}
     if options.chat_template:
         tokenizer_config["chat_template"] = options.chat_template
+    # load's annotation also allows the (model, tokenizer, config) of return_config=True.
     model, tokenizer = load(
         str(path),
         adapter_path=adapter,
         tokenizer_config=tokenizer_config,
         trust_remote_code=options.trust_remote_code,
-    )
+    )[:2]
     if options.use_default_chat_template and tokenizer.chat_template is None:
         default = getattr(tokenizer, "default_chat_template", None)
         if default is None:

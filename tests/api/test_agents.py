@@ -27,10 +27,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, SERVER_BLAS
 
 from fixtures.agent_model import REPLY, build_agent_llama
 from mlxspec.conformance.live import serve
+from tests.conftest import ROOT, SERVER_BLAS
 
 #: The npm packages ``.ci/run`` installs (it pins their versions).
 CLIENTS = {"claude": "@anthropic-ai/claude-code", "codex": "@openai/codex"}
