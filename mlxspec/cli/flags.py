@@ -18,6 +18,16 @@ LOGPROBS_FORMATS = ("mlx", "openai")
 WARMUP_MODES = {"0": False, "1": True, "auto": None, "": None}
 
 
+def serve_options() -> frozenset[str]:
+    """Every option string ``mlxspec serve`` takes (``--port``, ``--temp``, ...)."""
+    serve = argparse.ArgumentParser(add_help=False)
+    sub = _parser()._subparsers
+    assert sub is not None
+    for action in sub._group_actions:  # the one subparsers action
+        serve = action.choices["serve"]  # type: ignore[index]
+    return frozenset(serve._option_string_actions)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mlxspec", description="OpenAI-compatible LLM server on MLX"

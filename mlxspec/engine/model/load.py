@@ -70,6 +70,12 @@ def load_model(path: Path, options: LoadOptions = LoadOptions()) -> tuple[Any, A
         tokenizer_config=tokenizer_config,
         trust_remote_code=options.trust_remote_code,
     )[:2]
+    if adapter is not None:
+        import mlx.core as mx
+
+        # The adapter's tensors are still lazy loads made on this thread's stream; the
+        # engine thread cannot evaluate them ("There is no Stream(cpu, 0) in current thread").
+        mx.eval(model.parameters())
     if options.use_default_chat_template and tokenizer.chat_template is None:
         default = getattr(tokenizer, "default_chat_template", None)
         if default is None:
