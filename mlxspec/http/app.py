@@ -39,6 +39,7 @@ from mlxspec.errors import (
     surface_for_path,
 )
 from mlxspec.handlers.responses.store import ResponseStore
+from mlxspec.http.access_log import ErrorNotes
 from mlxspec.http.aliases import PathAliases, path_aliases
 from mlxspec.http.cors import ApiCORSMiddleware
 from mlxspec.http.dispatch import MIDDLEWARES, prepare_app, remember_body_definitions
@@ -430,4 +431,4 @@ def create_app(engine: Any, config: Any = None, *, validate_responses: bool = Fa
             allow_headers=["*"],
             expose_headers=["Retry-After"],
         )
-    return PathAliases(RequestGuard(asgi, config), path_aliases(spec))
+    return ErrorNotes(PathAliases(RequestGuard(asgi, config), path_aliases(spec)))
