@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from mlxspec.handlers.chat.choices import ChoiceStream, choices_usage, stream_chunks
+from mlxspec.handlers.chat.choices import ChoiceStream, choices_usage, stream_chunks, usage_apart
 from mlxspec.handlers.chat.logprobs import chat_chunk_logprobs, chat_logprobs
 from mlxspec.handlers.context import (
     JSON,
@@ -43,7 +43,8 @@ async def create_chat_completion(body: dict[str, Any]) -> Any:
     handles = [t.handle for t in turns]
     if body.get("stream"):
         streams = [_choice_chunks(turn, i, fmt) for i, turn in enumerate(turns)]
-        chunks = stream_chunks(streams, _chunker(head))
+        apart = usage_apart(body, {**head, "object": "chat.completion.chunk"})
+        chunks = stream_chunks(streams, _chunker(head), apart)
         # Keep-alive comments fill silences (a withheld tool call, a long prefill).
         frames = sse.openai_events(sse.with_keepalive(chunks), on_close=cancel_all(handles))
         response = sse.event_stream(frames)

@@ -73,6 +73,7 @@ ChoiceStream = AsyncIterator[tuple[dict[str, Any], Finished | None]]
 async def stream_chunks(
     streams: Sequence[ChoiceStream],
     chunk: Callable[[dict[str, Any]], dict[str, Any] | bytes],
+    usage_apart: dict[str, Any] | None = None,
 ) -> AsyncIterator[dict[str, Any] | bytes]:
     """The chunks of a streamed response with ``n`` choices.
 
@@ -82,10 +83,15 @@ async def stream_chunks(
             ``object``, ...), or into its SSE frame already (``bytes``), as
             :func:`mlxspec.http.sse.chunk_framer` does; a choice that finishes
             must come back as a ``dict`` (it may get ``usage``).
+        usage_apart (dict | None): with ``stream_options.include_usage``, the
+            chunk fields (``id``, ``object``, ...) of a last chunk of its own
+            that carries ``usage`` with ``choices: []``, as OpenAI sends it.
+            Default: ``None`` (usage rides the chunk that finishes the last choice).
 
     Yields:
         dict | bytes: one chunk per choice object, interleaved as they arrive;
-        the chunk that finishes the last choice also carries ``usage`` over all choices.
+        ``usage`` over all choices on the chunk that finishes the last one, or
+        (``usage_apart``) in one more chunk after it, never on both.
     """
     finished: list[Finished | None] = [None] * len(streams)
     async for index, (choice, end) in merge(streams):
@@ -94,9 +100,19 @@ async def stream_chunks(
             assert isinstance(out, dict)
             finished[index] = end
             done = [f for f in finished if f is not None]
-            if len(done) == len(finished):
+            if len(done) == len(finished) and usage_apart is None:
                 out["usage"] = choices_usage(done)
         yield out
+    done = [f for f in finished if f is not None]
+    if usage_apart is not None and len(done) == len(finished):
+        yield {**usage_apart, "choices": [], "usage": choices_usage(done)}
+
+
+def usage_apart(body: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any] | None:
+    """:func:`stream_chunks`' ``usage_apart``: ``fields`` when the body asks for
+    ``stream_options.include_usage``, else ``None``."""
+    options = body.get("stream_options") or {}
+    return fields if options.get("include_usage") is True else None
 
 
 def choices_usage(finished: Sequence[Finished]) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from mlxspec.engine import (
     off_loop,
     token_prompt,
 )
-from mlxspec.handlers.chat.choices import ChoiceStream, choices_usage, stream_chunks
+from mlxspec.handlers.chat.choices import ChoiceStream, choices_usage, stream_chunks, usage_apart
 from mlxspec.handlers.chat.logprobs import CompletionLogprobs
 from mlxspec.handlers.context import (
     JSON,
@@ -64,7 +64,7 @@ async def create_completion(body: dict[str, Any]) -> Any:
     runs = list(zip(requests, handles, strict=True))
     if body.get("stream"):
         streams = [_choice_chunks(req, handle, i, fmt) for i, (req, handle) in enumerate(runs)]
-        chunks = stream_chunks(streams, _chunker(head))
+        chunks = stream_chunks(streams, _chunker(head), usage_apart(body, head))
         response = sse.event_stream(sse.openai_events(chunks, on_close=cancel_all(handles)))
         response.headers.update(warning)
         return response
