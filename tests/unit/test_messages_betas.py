@@ -52,6 +52,11 @@ def test_system_turns_stand_where_they_are() -> None:
     ]
 
 
+def test_system_turns_alone_have_nothing_to_answer() -> None:
+    with pytest.raises(ApiError, match="only system turns"):
+        to_chat_body(body([{"role": "system", "content": "x"}]))
+
+
 def test_clear_at_and_output_config_only_system_turns() -> None:
     clears = {"role": "system", "content": "once", "clear_at": "next_user_message"}
     effort = {"role": "system", "output_config": {"effort": "high"}}

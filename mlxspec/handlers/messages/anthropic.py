@@ -62,12 +62,18 @@ def to_chat_body(body: Mapping[str, Any]) -> dict[str, Any]:
         dict: a new chat body; ``body`` is not mutated.
 
     Raises:
-        ApiError: an empty turn before the last (:func:`check_empty_turns`); tool
+        ApiError: no user or assistant turn; an empty turn before the last
+            (:func:`check_empty_turns`); tool
             results and tool uses that do not pair up (:func:`check_tool_pairs`);
             a thinking budget not below ``max_tokens`` (:func:`check_thinking_budget`);
             a prefill with structured output (the Anthropic SDK documents the two
             as incompatible).
     """
+    if all(m["role"] == "system" for m in body["messages"]):
+        raise ApiError(
+            "invalid_request",
+            "messages holds only system turns: send at least one user message to answer",
+        )
     check_empty_turns(body["messages"])
     check_thinking_budget(body)
     check_tool_pairs(body["messages"])
