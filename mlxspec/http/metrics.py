@@ -223,7 +223,7 @@ class RouteLabels:
                 if isinstance(op, dict)
                 for p in op.get("parameters", [])
             ]
-            wide = {p.get("name") for p in params if p.get("schema", {}).get("format") == "path"}
+            wide = {str(p["name"]) for p in params if p.get("schema", {}).get("format") == "path"}
             routes.append((template.count("{"), template, _template_regex(template, wide)))
         # Literal paths before parameterised ones.
         self._routes = [(regex, template) for _, template, regex in sorted(routes)]
