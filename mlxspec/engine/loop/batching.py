@@ -59,7 +59,10 @@ class BatchLane:
         #: until one leaves (a request's ``started_at``, the end of its queue
         #: time, is its first prefill step).
         self.batch = DecodeBatch(
-            parts.model, parts.prefill_step, max_batch, prefill_rows=min(max_batch, 8)
+            parts.model,
+            parts.prefill_step,
+            max_batch,
+            prefill_rows=min(max_batch, parts.prefill_batch),
         )
         self._cache = parts.prompt_cache
         self._namespace = parts.namespace
