@@ -257,6 +257,18 @@ class Progress:
         #: Finished events in run order: ``{"direct": tok/s}`` or ``{"kind", "run"}``.
         self.done: list[dict] = list((resumed or {}).get("done", []))
         self._current: dict | None = None
+        # the levels of the server run that was cut off: its rerun keeps them, so a
+        # run longer than one call still finishes over several
+        self._carried: dict | None = (resumed or {}).get("under_way")
+
+    def carried(self, kind: str, prompt_tokens: int, concurrency: int) -> dict | None:
+        """A level the resumed run's cut-off ``kind`` run measured already, if any."""
+        if self._carried is None or self._carried["kind"] != kind:
+            return None
+        for level in self._carried["levels"]:
+            if (level["prompt_tokens"], level["concurrency"]) == (prompt_tokens, concurrency):
+                return level
+        return None
 
     def replay(self, index: int) -> dict | None:
         """The ``index``-th finished event of a resumed run, if it got that far."""
@@ -272,7 +284,7 @@ class Progress:
     def finish(self, event: dict) -> None:
         """A baseline or a whole server run ended."""
         self.done.append(event)
-        self._current = None
+        self._current = self._carried = None
         self._write()
 
     def _write(self) -> None:
@@ -512,6 +524,11 @@ def measure_server(
             asyncio.run(run_level(base, prompts[:1], 1, 1, 4, bias, None))  # warm-up
             for conc in args.concurrency:
                 if conc > level_cap(args.cap, kind):
+                    continue
+                kept = progress.carried(kind, n, conc) if progress is not None else None
+                if progress is not None and kept is not None:  # measured before a cut-off
+                    levels.append(kept)
+                    progress.level(kind, kept)
                     continue
                 if args.warm_rounds > 0:  # unmeasured, on prompts the level never sends
                     warm = [build_prompt(tokenizer, n, 1000 + s) for s in range(conc)]
