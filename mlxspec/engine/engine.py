@@ -2,15 +2,15 @@
 
 Requests queue to a single engine thread (as mlx-lm's ``ResponseGenerator``
 does). With ``max_batch > 1`` they join a continuous batch
-(:class:`~.batching.BatchLane`, on mlx-lm's ``BatchGenerator``) between decode
-steps; with ``max_batch == 1`` they run alone to their end on mlx-lm's
-``generate_step`` (the serial lane). A seeded request samples from a random
+(:class:`~.batching.BatchLane`, on mlxspec's own batched decode step,
+:mod:`.decode`) between decode steps; with ``max_batch == 1`` they run alone to
+their end on mlx-lm's ``generate_step`` (the serial lane). A seeded request samples from a random
 stream of its own (:class:`~.sampling.SeededSampler`), so it batches like any
 other (the reference; mlx_lm.server runs seeded requests alone); only a seeded
 one using XTC, whose coin comes from MLX's global stream, runs serially.
 In the batched lane a lone request also decodes on ``generate_step``, a token
-per loop turn, and moves into the batch when another arrives (:mod:`.solo`):
-one row of a ``BatchGenerator`` is slower than ``generate_step``. Either way a
+per loop turn, and moves into the batch when another arrives (:mod:`.solo`).
+Either way a
 :class:`~.rows.Row` detokenizes, matches stop strings and emits :mod:`types`
 events back to the request's event loop. Cancelling a handle stops it at the
 next decode step. The engine thread's loop lives in :mod:`.scheduler`.

@@ -1,6 +1,7 @@
 """mlx_lm.server's flags reach the engine: ``load_engine`` turns a
 ``ServeConfig`` into the loaded model's options (adapter, template, prefill
-step and batch, prompt-cache entries, min_p and template defaults)."""
+step and batch, prompt-cache entries, min_p and template defaults), and the
+batched lane's decode step takes its rows and prefill sizes from them."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from fixtures.tiny_model import build_tiny_adapter
 from mlxspec.cli.main import load_engine
 from mlxspec.config import ServeConfig
+from mlxspec.engine.loop.batching import BatchLane
 from mlxspec.engine.model.loader import ModelLoadError
 
 
@@ -38,6 +40,14 @@ def test_the_flags_reach_the_engine(tiny_model_dir: Path, tmp_path: Path) -> Non
         assert engine.chat_format.chat_template == "{{ messages[0]['content'] }}!"
         assert "+adapter:" in engine.info.weights  # its KV caches are its own
         assert any("lora" in type(m).__name__.lower() for m in engine.model.modules())
+        # --decode-concurrency (--batch) rows decode at once; a prefill chunk holds
+        # --prompt-concurrency rows of --prefill-step-size tokens
+        lane = BatchLane(parts, engine.max_batch, on_done=lambda _handle, _outcome: None)
+        try:
+            got = (lane.batch.max_rows, lane.batch.prefill_step, lane.batch.prefill_tokens)
+            assert got == (4, 64, 2 * 64)
+        finally:
+            lane.close()
     finally:
         engine.close()
 

@@ -55,8 +55,10 @@ class StepTimes:
     """Where a lane's steps spend their time, since start (engine thread
     writes, ``GET /stats`` reads).
 
-    A batched step is one ``BatchGenerator.next()`` call (a prefill chunk and/or
-    one decode step of every running row); a lone request's decode step is one
+    A batched step is one :meth:`~.decode.DecodeBatch.step` (a decode step of
+    every running row queued, a prefill chunk of rows joining, the previous
+    step's tokens read); its ``generate_s`` includes the host's wait for the
+    tokens and ``route_s`` excludes it. A lone request's decode step is one
     ``next()`` of its ``generate_step`` (:mod:`.solo`). Either is followed by
     routing its tokens to the requests (detokenizing, stop strings, logprobs,
     events: :class:`~.rows.Row`). Measured with ``time.perf_counter``, so a
@@ -166,7 +168,7 @@ class LaneParts:
 
 @dataclass
 class Handoff:
-    """A request ready to decode (``BatchGenerator.insert``'s per-row options).
+    """A request ready to decode: what a lane needs to continue it.
 
     Args:
         row (Row): the request's output bookkeeping (keeps counting across a move).
