@@ -40,6 +40,8 @@ ERROR_TABLE: dict[str, ErrorSpec] = {
     "context_length_exceeded": ErrorSpec(400, "invalid_request_error", "context_length_exceeded"),
     "context_over_budget": ErrorSpec(400, "memory_admission", "context_over_budget"),
     "unauthorized": ErrorSpec(401, "authentication_error", "invalid_api_key"),
+    # A WebSocket handshake from a page of another origin (/ws/chat; --allowed-origins).
+    "origin_not_allowed": ErrorSpec(403, "permission_error", "origin_not_allowed"),
     "not_found": ErrorSpec(404, "not_found_error"),
     # A stored Responses object that is unknown, expired or deleted (OpenAI
     # answers these as invalid requests with a 404).
@@ -51,6 +53,8 @@ ERROR_TABLE: dict[str, ErrorSpec] = {
     "request_timeout": ErrorSpec(408, "invalid_request_error", "request_timeout"),
     "payload_too_large": ErrorSpec(413, "invalid_request_error", "payload_too_large"),
     "unsupported_media_type": ErrorSpec(415, "invalid_request_error", "unsupported_media_type"),
+    # A plain GET of a WebSocket route (/ws/chat; RFC 9110 section 15.5.22).
+    "upgrade_required": ErrorSpec(426, "invalid_request_error", "upgrade_required"),
     "queue_full": ErrorSpec(429, "resource_admission", "queue_full"),
     # 499 (nginx's "client closed request"): the client left; never a 500.
     "cancelled": ErrorSpec(499, "request_cancelled", "request_cancelled"),
