@@ -60,6 +60,9 @@ class ServeConfig:
         cpu_weights (str): ``auto``, ``float32`` or ``native``: whether the CPU
             backend holds the weights as float32 for the optimised BLAS
             (:mod:`mlxspec.engine.model.cpu_weights`). Default: ``"auto"``.
+        chat_db (str | None): the web chat's sessions database (SQLite);
+            ``None`` is ``chat.sqlite3`` in mlxspec's cache folder
+            (:func:`mlxspec.http.ws_chat.chat_db_path`). Default: ``None``.
         warmup (bool | None): run each prefill length a prompt-cache hit can
             take once before serving (:mod:`mlxspec.engine.model.warmup`); environment
             ``MLXSPEC_WARMUP``: ``0`` off, ``1`` on, unset or ``auto`` (``None``)
@@ -91,6 +94,7 @@ class ServeConfig:
     grammar: bool = True
     cpu_weights: str = "auto"
     warmup: bool | None = None
+    chat_db: str | None = None
 
 
 SERVE_ENV_DEFAULTS = {"MLX_CUDA_USE_CUDNN_SDPA": "0"}

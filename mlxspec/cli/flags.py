@@ -106,6 +106,13 @@ def _operations_flags(serve: argparse.ArgumentParser) -> None:
         help="comma-separated CORS origins, or '*' (repeatable; default: CORS off)",
     )
     serve.add_argument(
+        "--chat-db",
+        metavar="PATH",
+        default=None,
+        help="the web chat's sessions database (SQLite; default: chat.sqlite3 in "
+        "$MLXSPEC_CACHE_DIR, else ~/.cache/mlxspec)",
+    )
+    serve.add_argument(
         "--max-body-bytes",
         type=parse_bytes,
         default=ServeConfig().max_body_bytes,
@@ -234,4 +241,5 @@ def parse_config(argv: Sequence[str] | None = None) -> ServeConfig:
         grammar=os.environ.get("MLXSPEC_GRAMMAR", "1") != "0",
         cpu_weights=args.cpu_weights,
         warmup=WARMUP_MODES[warmup],
+        chat_db=args.chat_db,
     )

@@ -8,7 +8,8 @@ the engine in the ASGI scope. Every error, from validation, routing, handlers
 or the engine, is rendered through :mod:`mlxspec.errors`.
 
 Around Connexion, outermost first: CORS (only with allowed origins), request
-metrics (:mod:`mlxspec.http.metrics`), and :class:`_WithEngine`. API keys are
+metrics (:mod:`mlxspec.http.metrics`), the web chat's WebSocket
+(:mod:`mlxspec.http.ws_chat`), and :class:`_WithEngine`. API keys are
 checked by Connexion's security middleware (:mod:`mlxspec.http.security`).
 """
 
@@ -42,6 +43,7 @@ from mlxspec.http.dispatch import MIDDLEWARES, prepare_app, remember_body_defini
 from mlxspec.http.metrics import Metrics, RequestMetricsMiddleware, RouteLabels
 from mlxspec.http.paths import METHOD_ORDER, allowed_methods, shadowed_methods, suggest_path
 from mlxspec.http.security import key_refusal, security_options
+from mlxspec.http.ws_chat import ChatSocketMount
 from mlxspec.openapi import served_spec
 from mlxspec.openapi.validation import (
     RequestBodyValidator,
@@ -421,6 +423,7 @@ def create_app(engine: Any, config: Any = None, *, validate_responses: bool = Fa
     app.add_error_handler(Exception, _unexpected)
     metrics = Metrics(engine)
     asgi: Any = _WithEngine(app, engine, config, metrics, spec)
+    asgi = ChatSocketMount(asgi, engine, config, metrics)  # /ws/chat, beside Connexion
     asgi = RequestMetricsMiddleware(asgi, metrics, RouteLabels(spec))
     if config.allowed_origins:
         asgi = ApiCORSMiddleware(
