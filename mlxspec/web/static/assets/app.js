@@ -62,6 +62,7 @@ const handlers = {
     state.ready = frame;
     showModel();
     $("#prompt").disabled = false;
+    if (document.activeElement === document.body) $("#prompt").focus(); // autofocus skipped it while disabled
     if (state.sessionId) connection.send({ type: "open_session", id: state.sessionId });
   },
   sessions(frame) {
@@ -154,7 +155,7 @@ function renderSessions() {
 
 // 16x16 stroke icons, drawn here so no font lacks the glyph.
 const ICONS = {
-  fork: "M5 2.5v5.5a3 3 0 0 0 3 3h0a3 3 0 0 0 3-3V2.5M8 11v2.5M5 2.5h0M11 2.5h0",
+  fork: "M5.5 5.5h7v7h-7zM3.5 10.5v-7h7",
   delete: "M3.5 4.5h9M6.5 4.5V3h3v1.5M5 4.5l.6 8.5h4.8l.6-8.5",
 };
 
@@ -187,7 +188,9 @@ function iconButton(name, label, onClick) {
 
 function showSettingsSummary() {
   const s = state.settings;
-  const parts = Object.entries(s.sampling || {}).map(([k, v]) => `${k} ${v}`);
+  const parts = Object.entries(s.sampling || {})
+    .filter(([, v]) => v != null)
+    .map(([k, v]) => `${k} ${v}`);
   if (s.systemPrompt) parts.unshift("system prompt");
   if (s.thinking != null) parts.push(`thinking ${s.thinking ? "on" : "off"}`);
   if (s.tools?.length) parts.push(`${s.tools.length} tools`);
@@ -226,6 +229,7 @@ function submitPrompt() {
   box.value = "";
   autosize();
   list.pending(text);
+  setRunning(true); // Stop (and Esc) work before the answer's first frame
 }
 
 function autosize() {
