@@ -394,6 +394,8 @@ def test_markdown_code_thinking_and_tool_calls_render_safely(
     assert json.loads(tool.locator("code").inner_text()) == {"city": "Paris"}
     assert watch.frames("tool_end")[-1]["ok"] is False
     assert watch.frames("thinking_delta")
+    answer.locator("details.reasoning summary").click()  # unfolds
+    assert answer.locator("details.reasoning").get_attribute("open") == ""
     shoot(page, "webchat-desktop", tmp_path)
     page.click("#open-settings")
     shoot(page, "webchat-settings", tmp_path)
