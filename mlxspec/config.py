@@ -5,8 +5,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from mlxspec.engine.caches.prompt_cache import DEFAULT_PROMPT_CACHE_BYTES
-from mlxspec.engine.caches.ssd_cache import DEFAULT_SSD_CACHE_BYTES
+from mlxspec.engine import (
+    DEFAULT_PROMPT_CACHE_BYTES,
+    DEFAULT_SSD_CACHE_BYTES,
+    DEFAULT_TEMPLATE_SECONDS,
+    DEFAULT_TEMPLATE_STEPS,
+)
 
 
 @dataclass(frozen=True)
@@ -45,7 +49,19 @@ class ServeConfig:
         max_body_bytes (int): largest request body; a larger one is answered
             413 before anything parses it. Default: 16 MiB.
         allowed_origins (tuple[str, ...]): CORS origins (``"*"`` for any);
-            empty turns CORS off. Default: ``()``.
+            empty turns CORS off; they may also call ``/admin/*``. Default: ``()``.
+        allowed_hosts (tuple[str, ...]): ``Host`` names answered besides
+            ``localhost``, ``127.0.0.1``, ``[::1]`` and ``host`` (``"*"`` for
+            any); checked when ``host`` is a loopback address, or when any are
+            given (:mod:`mlxspec.http.guard`). Default: ``()``.
+        header_timeout (float): seconds a request line and headers may take
+            to arrive (:mod:`mlxspec.http.connections`). Default: ``30.0``.
+        keep_alive_timeout (float): seconds an idle kept-alive connection
+            stays open. Default: ``30.0``.
+        max_header_bytes (int): most bytes of request target and headers; more
+            is a 431. Default: 64 KiB.
+        max_connections (int): most connections open at once; the next gets a
+            503; ``0`` for no cap. Default: ``1000``.
         prompt_cache_bytes (int): RAM budget of the prompt cache (prefix KV
             reuse); ``0`` disables it. Default: 1 GiB.
         ssd_cache (str | None): directory of the prompt cache's SSD tier;
@@ -67,6 +83,16 @@ class ServeConfig:
             take once before serving (:mod:`mlxspec.engine.model.warmup`); environment
             ``MLXSPEC_WARMUP``: ``0`` off, ``1`` on, unset or ``auto`` (``None``)
             when the prompt cache buckets tails (on a GPU). Default: ``None``.
+        allow_request_templates (bool): a request may bring its own chat
+            template (``chat_template_kwargs.chat_template``), rendered within
+            the two bounds below; without it such a request is a 400 (vLLM's
+            ``--trust-request-chat-template``). Default: ``False``.
+        request_template_steps (int): most steps (loop iterations, calls,
+            filters, operators, output pieces) one render of a request's
+            template may take (:mod:`mlxspec.engine.template_sandbox`).
+            Default: ``100000``.
+        request_template_seconds (float): most seconds one render of a
+            request's template may take. Default: ``2.0``.
     """
 
     model: str | None = None
@@ -86,6 +112,12 @@ class ServeConfig:
     api_key: str | None = field(default=None, repr=False)
     allowed_origins: tuple[str, ...] = ()
     max_body_bytes: int = 16 * 2**20
+    # HTTP edge: Host/Origin checks and connection limits.
+    allowed_hosts: tuple[str, ...] = ()
+    header_timeout: float = 30.0
+    keep_alive_timeout: float = 30.0
+    max_header_bytes: int = 64 * 2**10
+    max_connections: int = 1000
     # Prompt cache.
     prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES
     ssd_cache: str | None = None
@@ -94,6 +126,10 @@ class ServeConfig:
     grammar: bool = True
     cpu_weights: str = "auto"
     warmup: bool | None = None
+    # Chat templates from requests.
+    allow_request_templates: bool = False
+    request_template_steps: int = DEFAULT_TEMPLATE_STEPS
+    request_template_seconds: float = DEFAULT_TEMPLATE_SECONDS
     chat_db: str | None = None
 
 

@@ -37,10 +37,15 @@ class ErrorSpec:
 ERROR_TABLE: dict[str, ErrorSpec] = {
     "invalid_request": ErrorSpec(400, "invalid_request_error"),
     "invalid_json": ErrorSpec(400, "invalid_request_error", "invalid_json"),
+    # HTTP framing the server cannot read (RFC 9112 sections 6.1-6.3): a non-numeric
+    # or repeated Content-Length, Content-Length with chunked Transfer-Encoding.
+    "malformed_request": ErrorSpec(400, "invalid_request_error", "malformed_request"),
     "context_length_exceeded": ErrorSpec(400, "invalid_request_error", "context_length_exceeded"),
     "context_over_budget": ErrorSpec(400, "memory_admission", "context_over_budget"),
     "unauthorized": ErrorSpec(401, "authentication_error", "invalid_api_key"),
-    # A WebSocket handshake from a page of another origin (/ws/chat; --allowed-origins).
+    # A Host the server does not answer to (DNS rebinding; --allowed-hosts), an
+    # /admin request or a /ws/chat handshake from a foreign Origin (--allowed-origins).
+    "host_not_allowed": ErrorSpec(403, "permission_error", "host_not_allowed"),
     "origin_not_allowed": ErrorSpec(403, "permission_error", "origin_not_allowed"),
     "not_found": ErrorSpec(404, "not_found_error"),
     # A stored Responses object that is unknown, expired or deleted (OpenAI
@@ -49,17 +54,21 @@ ERROR_TABLE: dict[str, ErrorSpec] = {
     "method_not_allowed": ErrorSpec(405, "invalid_request_error", "method_not_allowed"),
     # A CORS preflight from an origin (or for a method) --allowed-origins refuses.
     "cors_refused": ErrorSpec(400, "invalid_request_error", "cors_refused"),
-    # A body that stopped arriving (RFC 9110 section 15.5.9).
+    # A body or header block that stopped arriving (RFC 9110 section 15.5.9).
     "request_timeout": ErrorSpec(408, "invalid_request_error", "request_timeout"),
     "payload_too_large": ErrorSpec(413, "invalid_request_error", "payload_too_large"),
     "unsupported_media_type": ErrorSpec(415, "invalid_request_error", "unsupported_media_type"),
     # A plain GET of a WebSocket route (/ws/chat; RFC 9110 section 15.5.22).
     "upgrade_required": ErrorSpec(426, "invalid_request_error", "upgrade_required"),
     "queue_full": ErrorSpec(429, "resource_admission", "queue_full"),
+    # The request line and headers over --max-header-bytes (RFC 6585 section 5).
+    "headers_too_large": ErrorSpec(431, "invalid_request_error", "request_headers_too_large"),
     # 499 (nginx's "client closed request"): the client left; never a 500.
     "cancelled": ErrorSpec(499, "request_cancelled", "request_cancelled"),
     "server_error": ErrorSpec(500, "server_error"),
     "unavailable": ErrorSpec(503, "server_error", "unavailable"),
+    # A connection over --max-connections (uvicorn's limit_concurrency answers plain text).
+    "too_many_connections": ErrorSpec(503, "server_error", "too_many_connections"),
 }
 
 #: The only message an internal failure ever shows a client.
@@ -227,3 +236,24 @@ def error_body(err: ApiError, surface: str = "openai") -> dict[str, Any]:
 def error_json(err: ApiError, surface: str = "openai") -> str:
     """``error_body`` serialised compactly, for HTTP bodies and SSE frames."""
     return json.dumps(error_body(err, surface), separators=(",", ":"))
+
+
+async def send_error(scope: Any, send: Any, err: ApiError, close: bool = False) -> None:
+    """Answer ``err`` on an ASGI ``send`` in the envelope of the path's surface,
+    for middleware that answers before Connexion sees the request.
+
+    Args:
+        scope (Scope): the request's ASGI scope (its ``path`` picks the surface).
+        send (Send): the ASGI send channel.
+        err (ApiError): the error; its ``headers`` are sent too.
+        close (bool): ask the client to close the connection. Default: ``False``.
+    """
+    surface = surface_for_path(scope.get("path", ""))
+    payload = error_json(err, surface).encode()
+    headers = [(b"content-type", b"application/json")]
+    headers += [(b"connection", b"close")] if close else []
+    headers += [(k.lower().encode(), v.encode()) for k, v in (err.headers or {}).items()]
+    headers.append((b"content-length", str(len(payload)).encode()))
+    status = error_status(err, surface)
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": payload})

@@ -48,6 +48,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     _admission_flags(serve)
     _operations_flags(serve)
+    _http_edge_flags(serve)
     serve.add_argument(
         "--logprobs-format",
         choices=LOGPROBS_FORMATS,
@@ -59,6 +60,7 @@ def _parser() -> argparse.ArgumentParser:
         "--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"]
     )
     _add_cache_flags(serve)
+    _template_flags(serve)
     return parser
 
 
@@ -120,6 +122,54 @@ def _operations_flags(serve: argparse.ArgumentParser) -> None:
     )
 
 
+def _http_edge_flags(serve: argparse.ArgumentParser) -> None:
+    """Host/Origin checks and connection limits (:mod:`mlxspec.http.guard`,
+    :mod:`mlxspec.http.connections`)."""
+    defaults = ServeConfig()
+    serve.add_argument(
+        "--allowed-hosts",
+        action="append",
+        type=_origins,
+        default=[],
+        help="comma-separated Host names answered besides localhost, 127.0.0.1, [::1] and "
+        "--host, or '*' (repeatable); others get 403. Checked when --host is a loopback "
+        "address or this is given (default: none)",
+    )
+    serve.add_argument(
+        "--header-timeout",
+        type=_positive_float,
+        default=defaults.header_timeout,
+        metavar="SECONDS",
+        help="seconds a request line and headers may take to arrive (default 30)",
+    )
+    serve.add_argument(
+        "--keep-alive-timeout",
+        type=_positive_float,
+        default=defaults.keep_alive_timeout,
+        metavar="SECONDS",
+        help="seconds an idle kept-alive connection stays open (default 30)",
+    )
+    serve.add_argument(
+        "--max-header-bytes",
+        type=parse_bytes,
+        default=defaults.max_header_bytes,
+        help="largest request line plus headers; more gets 431 (default 64K)",
+    )
+    serve.add_argument(
+        "--max-connections",
+        type=_non_negative_int,
+        default=defaults.max_connections,
+        help="most open connections; the next gets 503; 0 = no cap (default 1000)",
+    )
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError("must be a positive number of seconds")
+    return value
+
+
 def _add_cache_flags(serve: argparse.ArgumentParser) -> None:
     """Prompt cache flags (sizes as :func:`parse_bytes` reads them; 0 turns a cache off)."""
     defaults = ServeConfig()
@@ -152,6 +202,38 @@ def _add_cache_flags(serve: argparse.ArgumentParser) -> None:
     )
 
 
+def _template_flags(serve: argparse.ArgumentParser) -> None:
+    """Chat templates that requests bring (``chat_template_kwargs.chat_template``)."""
+    defaults = ServeConfig()
+    serve.add_argument(
+        "--allow-request-templates",
+        action="store_true",
+        default=None,
+        help="let a request bring its own chat template (chat_template_kwargs.chat_template), "
+        "rendered within the two bounds below; default: refused with a 400 "
+        "(env MLXSPEC_ALLOW_REQUEST_TEMPLATES=1)",
+    )
+    serve.add_argument(
+        "--request-template-steps",
+        type=_positive_int,
+        default=defaults.request_template_steps,
+        help="most steps (loop iterations, calls, filters, output pieces) a request's template "
+        f"may take to render (default {defaults.request_template_steps})",
+    )
+    serve.add_argument(
+        "--request-template-seconds",
+        type=_positive_float,
+        default=defaults.request_template_seconds,
+        help="most seconds a request's template may take to render "
+        f"(default {defaults.request_template_seconds:g})",
+    )
+
+
+#: ``MLXSPEC_ALLOW_REQUEST_TEMPLATES`` values and what they mean.
+SWITCH_VALUES = {"1": True, "true": True, "yes": True, "on": True}
+SWITCH_VALUES |= {"0": False, "false": False, "no": False, "off": False, "": False}
+
+
 def _byte_size(text: str) -> int:
     """A cache budget: :func:`parse_bytes`, or ``0`` (off)."""
     return 0 if text.strip() == "0" else parse_bytes(text)
@@ -168,6 +250,13 @@ def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError("must be >= 1")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError("must be a positive number")
     return value
 
 
@@ -207,7 +296,9 @@ def parse_config(argv: Sequence[str] | None = None) -> ServeConfig:
     """Parse ``serve`` arguments into a :class:`ServeConfig` (argparse exits 2 on bad flags).
 
     ``--logprobs-format`` falls back to ``MLXSPEC_LOGPROBS_FORMAT``, then ``mlx``;
-    ``MLXSPEC_WARMUP`` is one of :data:`WARMUP_MODES`.
+    ``MLXSPEC_WARMUP`` is one of :data:`WARMUP_MODES`; without
+    ``--allow-request-templates``, ``MLXSPEC_ALLOW_REQUEST_TEMPLATES`` (one of
+    :data:`SWITCH_VALUES`) decides.
     """
     parser = _parser()
     args = parser.parse_args(argv)
@@ -217,6 +308,9 @@ def parse_config(argv: Sequence[str] | None = None) -> ServeConfig:
     warmup = os.environ.get("MLXSPEC_WARMUP", "auto").strip().lower()
     if warmup not in WARMUP_MODES:
         parser.error("MLXSPEC_WARMUP must be 0, 1 or auto")
+    templates = os.environ.get("MLXSPEC_ALLOW_REQUEST_TEMPLATES", "").strip().lower()
+    if templates not in SWITCH_VALUES:
+        parser.error("MLXSPEC_ALLOW_REQUEST_TEMPLATES must be 1 or 0")
     return ServeConfig(
         model=args.model,
         host=args.host,
@@ -234,10 +328,18 @@ def parse_config(argv: Sequence[str] | None = None) -> ServeConfig:
         api_key=args.api_key or None,  # an empty key would lock every client out
         allowed_origins=tuple(o for group in args.allowed_origins for o in group),
         max_body_bytes=args.max_body_bytes,
+        allowed_hosts=tuple(h for group in args.allowed_hosts for h in group),
+        header_timeout=args.header_timeout,
+        keep_alive_timeout=args.keep_alive_timeout,
+        max_header_bytes=args.max_header_bytes,
+        max_connections=args.max_connections,
         prompt_cache_bytes=args.prompt_cache_bytes,
         ssd_cache=args.ssd_cache,
         ssd_cache_bytes=args.ssd_cache_bytes,
         logprobs_format=logprobs_format,
+        allow_request_templates=args.allow_request_templates or SWITCH_VALUES[templates],
+        request_template_steps=args.request_template_steps,
+        request_template_seconds=args.request_template_seconds,
         grammar=os.environ.get("MLXSPEC_GRAMMAR", "1") != "0",
         cpu_weights=args.cpu_weights,
         warmup=WARMUP_MODES[warmup],

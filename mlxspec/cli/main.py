@@ -122,10 +122,9 @@ def serve(config: ServeConfig) -> int:
     from mlxspec.host import machine
 
     machine.raise_open_files_limit()  # first: before anything imports mlx-lm (see there)
-    import uvicorn
-
     from mlxspec.engine.model.loader import ModelLoadError
     from mlxspec.http.app import create_app
+    from mlxspec.http.connections import uvicorn_config
 
     logging.basicConfig(
         level=config.log_level.upper(), format="%(levelname)s %(name)s: %(message)s"
@@ -162,12 +161,8 @@ def serve(config: ServeConfig) -> int:
         flush=True,
     )
     server = _draining_server(
-        uvicorn.Config(
-            create_app(engine, config),
-            host=config.host,
-            port=config.port,
-            log_level=config.log_level,
-            timeout_graceful_shutdown=DRAIN_TIMEOUT_S,
+        uvicorn_config(
+            create_app(engine, config), config, timeout_graceful_shutdown=DRAIN_TIMEOUT_S
         )
     )
     _signals_force_exit()  # uvicorn's handlers replace these while it serves

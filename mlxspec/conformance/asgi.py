@@ -17,7 +17,7 @@ def chat_post_scope(body_bytes: int) -> dict[str, Any]:
         body_bytes (int): the JSON body's length (its ``Content-Length``).
 
     Returns:
-        dict: the scope, from 127.0.0.1 to host ``bench``.
+        dict: the scope, from 127.0.0.1 to host ``localhost``.
     """
     return {
         "type": "http",
@@ -32,7 +32,7 @@ def chat_post_scope(body_bytes: int) -> dict[str, Any]:
         "headers": [
             (b"content-type", b"application/json"),
             (b"content-length", str(body_bytes).encode()),
-            (b"host", b"bench"),
+            (b"host", b"localhost"),
         ],
         "client": ("127.0.0.1", 1),
         "server": ("127.0.0.1", 80),

@@ -7,8 +7,10 @@ OpenAI-style and Responses streams) and :mod:`mlxspec.conformance.anthropic_cont
 (the Anthropic stream), and must be sent with ``Cache-Control: no-cache``.
 Responses outside any operation follow the conventions of the document's
 description: unknown paths answer 404 and undeclared methods 405 with
-``Allow``, both with an ``ErrorResponse`` body; every error body agrees with
-:data:`mlxspec.errors.ERROR_TABLE`. Paths of the Anthropic surface
+``Allow``, both with an ``ErrorResponse`` body, unless the request was refused
+before routing (:data:`EDGE_KINDS`: a forged ``Host``, stalled or oversized
+headers, a connection over the cap, unreadable framing); every error body
+agrees with :data:`mlxspec.errors.ERROR_TABLE`. Paths of the Anthropic surface
 (``/v1/messages...``) answer ``AnthropicErrorResponse`` bodies instead.
 
 The stream splitters and :class:`ContractViolation` are re-exported here, so
@@ -26,6 +28,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import httpx
+import yaml
 from jsonschema_path import SchemaPath
 from openapi_core.testing import MockRequest, MockResponse
 from openapi_core.validation.response.validators import V31ResponseHeadersValidator
@@ -46,7 +49,7 @@ from mlxspec.conformance.stream_contract import (
     split_event_stream,
     split_named_event_stream,
 )
-from mlxspec.errors import surface_for_path
+from mlxspec.errors import ERROR_TABLE, surface_for_path
 from mlxspec.openapi import load_spec
 
 __all__ = [
@@ -59,8 +62,27 @@ __all__ = [
 
 HOST = "http://mlxspec.test"
 SSE = "text/event-stream"
-#: Routes the app serves outside the document (Connexion's own spec route).
-UNDOCUMENTED_GET = {"/openapi.json"}
+#: Routes the app serves outside the document (Connexion's own spec routes),
+#: with the parser of their body.
+UNDOCUMENTED_GET = {
+    "/openapi.json": json.loads,
+    "/openapi.yaml": functools.partial(
+        yaml.load, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    ),
+}
+#: Error kinds any request may get before it is routed (mlxspec.http.guard,
+#: mlxspec.http.connections): operations declare them, paths outside them too.
+EDGE_KINDS = frozenset(
+    {
+        "malformed_request",
+        "host_not_allowed",
+        "origin_not_allowed",
+        "request_timeout",
+        "headers_too_large",
+        "too_many_connections",
+    }
+)
+_EDGE_ROWS = {(ERROR_TABLE[k].status, ERROR_TABLE[k].code) for k in EDGE_KINDS}
 
 
 @functools.cache
@@ -237,17 +259,43 @@ def _check_outside(
     body: bytes | None,
     where: str,
 ) -> None:
-    """A path no operation declares: Connexion's spec route, or a 404 (401 on a
+    """A path no operation declares: Connexion's spec routes, or a 404 (401 on a
     keyed server) ``ErrorResponse``; never a redirect (trailing slashes included)."""
+    if _is_edge(status, headers, body, where, surface_for_path(path)):
+        return
     if path in UNDOCUMENTED_GET:
         if method != "GET":
             _check_method_not_allowed({"get"}, status, headers, body, where, "openai")
-        elif status != 200 or (body is not None and parse_json(body, where).get("paths") is None):
+        elif status != 200 or (body is not None and not _is_document(path, body)):
             raise fail(where, "the OpenAPI document route must answer 200 with the document")
         return
     if status not in (401, 404):
         raise fail(where, "a path outside the document must answer 404 (or 401 without a key)")
     _check_error_body(status, headers, body, where, surface_for_path(path))
+
+
+def _is_document(path: str, body: bytes) -> bool:
+    try:
+        document = UNDOCUMENTED_GET[path](body)
+    except (ValueError, yaml.YAMLError):
+        return False
+    return isinstance(document, dict) and isinstance(document.get("paths"), dict)
+
+
+def _is_edge(
+    status: int, headers: httpx.Headers, body: bytes | None, where: str, surface: str
+) -> bool:
+    """Whether this is a refusal before routing (:data:`EDGE_KINDS`), checked as such:
+    an error body of the surface whose row is one of those kinds."""
+    if status not in {row[0] for row in _EDGE_ROWS}:
+        return False
+    if body is not None and surface != "anthropic":
+        payload = parse_json(body, where)
+        error = payload.get("error") if isinstance(payload, dict) else None
+        if (status, error.get("code") if isinstance(error, dict) else None) not in _EDGE_ROWS:
+            return False
+    _check_error_body(status, headers, body, where, surface)
+    return True
 
 
 def _check_method_not_allowed(
@@ -260,6 +308,8 @@ def _check_method_not_allowed(
 ) -> None:
     if status == 401:  # a keyed server checks the key before the method
         _check_error_body(status, headers, body, where, surface)
+        return
+    if _is_edge(status, headers, body, where, surface):
         return
     if status != 405:
         raise fail(

@@ -27,7 +27,8 @@ import functools
 import queue
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -37,9 +38,11 @@ from mlxspec.engine.caches.prompt_cache import (
     PromptCache,
 )
 from mlxspec.engine.caches.ssd_cache import DEFAULT_SSD_CACHE_BYTES
+from mlxspec.engine.embedding import Embeddings, embed_texts
 from mlxspec.engine.loop.admission import Admission, AdmissionLimits
 from mlxspec.engine.loop.handles import ExclusiveJob, RequestHandle
-from mlxspec.engine.loop.lanes import LaneParts, StepTimes, default_prefill_step
+from mlxspec.engine.loop.jobs import Exclusive, Generate, Job, Stop
+from mlxspec.engine.loop.lanes import LaneParts, LoopStats, default_prefill_step
 from mlxspec.engine.loop.scheduler import Scheduler
 from mlxspec.engine.model.cpu_weights import CpuWeights, apply_cpu_weights
 from mlxspec.engine.model.fit import ModelMemory, model_memory
@@ -48,6 +51,15 @@ from mlxspec.engine.model.warmup import warm_up_engine
 from mlxspec.engine.prompt import encode_text, normalize_messages, quiet_length_warning, render_chat
 from mlxspec.engine.sampling.grammar import GrammarCache
 from mlxspec.engine.sampling.sampler import GenerationDefaults, read_generation_config
+from mlxspec.engine.scoring import ScoredAnswers, score_answers
+from mlxspec.engine.snapshots import (
+    ChatFormat,
+    FitSnapshot,
+    StatsSnapshot,
+    read_chat_format,
+    read_stats,
+)
+from mlxspec.engine.template_sandbox import TemplateBudget, request_template
 from mlxspec.engine.types import Constraint, GenerationRequest, ModelInfo
 
 T = TypeVar("T")
@@ -111,31 +123,33 @@ class Engine:
         quiet_length_warning(tokenizer)
         self.info = info
         self.defaults = defaults
-        self._jobs: queue.Queue[RequestHandle | ExclusiveJob | None] = queue.Queue()
+        self._jobs: queue.Queue[Job] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._eos = frozenset(tokenizer.eos_token_ids)
         # as mlx_lm.server's XTC special tokens
         self._xtc_special = (*tokenizer.encode("\n"), *sorted(self._eos))
         self._prefill_step = default_prefill_step() if prefill_step is None else prefill_step
         self.grammars = GrammarCache(tokenizer, info.vocab_size, set(self._eos), enabled=grammar)
+        #: What the engine loop counts (outcomes, handoffs, step times).
+        self.loop_stats = LoopStats()
         #: Requests by outcome, updated on the engine thread (read for /stats and tests).
-        self.counters = {"completed": 0, "cancelled": 0, "failed": 0}
+        self.counters = self.loop_stats.outcomes
         #: Requests accepted by :meth:`submit` (each ends in one of ``counters``).
         self.submitted = 0
-        #: Lone requests moved into the batch mid-request (:mod:`.solo`).
-        self.handoffs = 0
         #: Batched-lane step times since start (``GET /stats`` ``batch.steps``).
-        self.step_times = StepTimes()
+        self.step_times = self.loop_stats.steps
         #: Decode steps of requests running alone (``batch.solo_steps``).
-        self.solo_times = StepTimes()
+        self.solo_times = self.loop_stats.solo_steps
         #: Whether :meth:`load` made the weights float32 for the CPU BLAS.
         self.cpu_weights: CpuWeights | None = None
         limits = limits or AdmissionLimits()
         budgets = (limits.memory_budget, limits.kv_budget)
         memory = self.memory if budgets != (None, None) else None
         self.admission = Admission(limits, max_batch, info.context_window, memory)
+        #: Every generation's KV projection from submission to its end (:mod:`.kv_ledger`).
+        self.kv = self.admission.kv
         #: Requests in line for a decode slot under a byte budget (engine thread).
-        self.kv_gate = self.admission.kv_gate
+        self.kv_gate = self.kv.line
         #: Prefix KV reuse across requests (``stats()`` feeds ``GET /stats``).
         self.prompt_cache = prompt_cache if prompt_cache is not None else PromptCache()
         #: Everything that changes KV numbers: the model and its weights (no adapters
@@ -150,7 +164,8 @@ class Engine:
 
     @property
     def lane_parts(self) -> LaneParts:
-        """What the lanes run requests with, from the engine's current prompt cache."""
+        """What the lanes run requests with, from the engine's current prompt cache
+        (the engine thread takes it once, when it starts)."""
         return LaneParts(
             self.model,
             self.tokenizer,
@@ -161,6 +176,11 @@ class Engine:
             self.cache_namespace,
             self.grammars,
         )
+
+    @property
+    def handoffs(self) -> int:
+        """Lone requests moved into the batch mid-request (:mod:`.solo`)."""
+        return self.loop_stats.handoffs
 
     @functools.cached_property
     def memory(self) -> ModelMemory:
@@ -214,7 +234,8 @@ class Engine:
         """
         from mlx_lm import load
 
-        model, tokenizer = load(str(path))
+        # load's annotation also allows the (model, tokenizer, config) of return_config=True.
+        model, tokenizer = load(str(path))[:2]
         converted = apply_cpu_weights(model, cpu_weights)
         info = read_model_info(Path(path), model_id, model, tokenizer, source)
         if converted.float32:  # float32 activations give other KV numbers
@@ -248,18 +269,25 @@ class Engine:
     def close(self, timeout: float = 5.0) -> None:
         """Stop the engine thread after the current request."""
         if self._thread is not None:
-            self._jobs.put(None)
+            self._jobs.put(Stop())
             self._thread.join(timeout)
             self._thread = None
         _LIVE_ENGINES.discard(self)
 
     # Prompt building (runs on the caller's thread; no MLX work).
     def chat_prompt(
-        self, messages: list, tools: list | None = None, template_kwargs: dict | None = None
+        self,
+        messages: list,
+        tools: list | None = None,
+        template_kwargs: dict | None = None,
+        budget: TemplateBudget | None = None,
     ) -> list[int]:
-        """Template and tokenize chat messages. Raises ``PromptError``."""
+        """Template and tokenize chat messages (:func:`~.prompt.render_chat`;
+        ``budget`` bounds a template the request brings). Raises ``PromptError``."""
         normalized = normalize_messages(messages, self.info.id)
-        return render_chat(self.tokenizer, normalized, tools=tools, template_kwargs=template_kwargs)
+        return render_chat(
+            self.tokenizer, normalized, tools=tools, template_kwargs=template_kwargs, budget=budget
+        )
 
     def text_prompt(self, prompt: str) -> list[int]:
         """Tokenize a raw completion prompt (no template)."""
@@ -288,7 +316,7 @@ class Engine:
     @property
     def running_kv_tokens(self) -> int:
         """Tokens of KV cache the running requests project together (``batch.kv_bytes``)."""
-        return self.admission.running_tokens
+        return self.kv.running_tokens
 
     @property
     def in_flight(self) -> int:
@@ -325,16 +353,17 @@ class Engine:
             QueueFullError: the wait queue has no room for ``group`` more requests.
         """
         self.check_fits(len(request.prompt), prompt_param)
-        projected = len(request.prompt) + self.budget(request)
+        budget = self.budget(request)
         if not admitted:
+            projected = len(request.prompt) + budget
             self.admission.admit(
                 len(request.prompt), self.in_flight, prompt_param, projected, count=group
             )
-        handle = RequestHandle(request, asyncio.get_running_loop())
+        job = Generate(RequestHandle(request, asyncio.get_running_loop()), budget)
         self.submitted += 1
-        self.admission.incoming.append(projected)  # taken in the same order as _jobs
-        self._jobs.put(handle)
-        return handle
+        self.kv.submit(job)  # before the engine thread can take it off the queue
+        self._jobs.put(job)
+        return job.handle
 
     async def run_exclusive(self, fn: Callable[[], T]) -> T:
         """Run ``fn()`` on the engine thread between decode steps; await its result.
@@ -358,18 +387,82 @@ class Engine:
             Exception: whatever ``fn`` raised, re-raised in the caller.
         """
         job = ExclusiveJob(fn)
-        self._jobs.put(job)
+        self._jobs.put(Exclusive(job))
         try:
             return await asyncio.wrap_future(job.future)
         except asyncio.CancelledError:
             job.left.set()
             raise
 
+    # What handlers ask beyond prompts and work (:class:`~.interface.EngineProtocol`):
+    # plain answers in place of the admission, counters, memory, tokenizer and caches.
+    @functools.cached_property
+    def chat_format(self) -> ChatFormat:
+        """The tokenizer's chat template text, inferred tool parser and thinking marker."""
+        return read_chat_format(self.tokenizer)
+
+    def request_template(self, template_kwargs: Mapping[str, Any] | None) -> Any:
+        """The template ``chat_template_kwargs`` bring, or ``None``
+        (:func:`~.template_sandbox.request_template`)."""
+        return request_template(self.tokenizer, template_kwargs)
+
+    def decode_tokens(self, ids: Sequence[int]) -> str:
+        """The text of token ids of the served model (special tokens kept)."""
+        return self.tokenizer.decode(list(ids))
+
+    def count_text_tokens(self, text: str) -> int:
+        """Tokens ``text`` encodes to, without special tokens (usage counts)."""
+        return len(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def hold(self, job: str) -> AbstractContextManager[None]:
+        """A place in the admission queue for work that generates nothing, for a
+        ``with`` block (:meth:`Admission.hold`). Raises ``QueueFullError`` naming ``job``."""
+        return self.admission.hold(self.in_flight, job)
+
+    async def score(self, messages: list[dict], answers: Sequence[str]) -> ScoredAnswers:
+        """Score ``answers`` as the reply to ``messages`` (:func:`~.scoring.score_answers`)."""
+        return await score_answers(self, messages, answers)
+
+    async def embed(
+        self,
+        texts: Sequence[str | Sequence[int]],
+        instruction: str | None,
+        dimensions: int | None = None,
+    ) -> Embeddings:
+        """Embed ``texts`` with the served model (:func:`~.embedding.embed_texts`)."""
+        return await embed_texts(self, texts, instruction, dimensions)
+
+    def stats_snapshot(self) -> StatsSnapshot:
+        """Request counters, admission and batch state now (:func:`~.snapshots.read_stats`)."""
+        return read_stats(self)
+
+    def fit_snapshot(self) -> FitSnapshot:
+        """The model's memory facts and the operator's limits."""
+        adm = self.admission
+        return FitSnapshot(self.memory, adm.limits.memory_budget, adm.context_limit)
+
+    def cache_stats(self) -> dict[str, dict[str, Any]]:
+        """``prompt_cache`` (and ``ssd_cache`` with an SSD tier) counters, by section."""
+        sections = {"prompt_cache": self.prompt_cache.stats()}
+        if self.prompt_cache.ssd is not None:
+            sections["ssd_cache"] = self.prompt_cache.ssd.stats()
+        return sections
+
+    def close_cache_session(self, session: str) -> None:
+        """Forget ``session``'s checkpoint association; its entries stay cached."""
+        self.prompt_cache.close_session(session)
+
+    def flush_cache(self, timeout: float) -> dict[str, Any]:
+        """Write every pending SSD snapshot, blocking up to ``timeout`` seconds
+        (:meth:`PromptCache.flush`); the report says whether all are ``durable``."""
+        return self.prompt_cache.flush(timeout)
+
     # Engine thread.
     def _run(self) -> None:
         if self.warmup:
             warm_up_engine(self.model, self.info.context_window, self._prefill_step, self.max_batch)
-        Scheduler(self, self._jobs).run()
+        # The loop gets only what it runs with, never the engine itself.
+        Scheduler(self._jobs, self.lane_parts, self.kv, self.loop_stats, self.max_batch).run()
 
     def budget(self, req: GenerationRequest) -> int:
         """Tokens ``req`` may generate: its ``max_tokens`` capped by the room left

@@ -10,7 +10,9 @@ a :class:`PromptError`, never silently dropped.
 
 Building a prompt is CPU work proportional to its size (a multi-megabyte body
 takes seconds), so handlers run it through :func:`off_loop` on a few
-dedicated threads instead of the event loop.
+dedicated threads instead of the event loop (:func:`template_off_loop` when
+the request brings its own chat template, rendered within a budget by
+:mod:`.template_sandbox`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
+from mlxspec.engine.template_sandbox import TemplateBudget, render_template, request_template
 from mlxspec.engine.types import PromptError
 
 T = TypeVar("T")
@@ -58,6 +61,31 @@ async def off_loop(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(_BUILDERS, functools.partial(fn, *args, **kwargs))
+
+
+#: Threads that render templates requests bring (:mod:`.template_sandbox`):
+#: apart from :data:`_BUILDERS`, so a flood of them never queues the
+#: prompts of requests that use the model's template.
+TEMPLATE_THREADS = 2
+_TEMPLATE_RENDERERS = concurrent.futures.ThreadPoolExecutor(TEMPLATE_THREADS, "mlxspec-template")
+
+
+async def template_off_loop(fn: Callable[..., T], *args: Any) -> T:
+    """:func:`off_loop` on the threads for requests that bring their own
+    chat template (``fn`` renders one).
+
+    Args:
+        fn (Callable[..., T]): the work.
+        *args: positional arguments of ``fn``.
+
+    Returns:
+        T: what ``fn`` returned.
+
+    Raises:
+        Exception: whatever ``fn`` raised.
+    """
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(_TEMPLATE_RENDERERS, functools.partial(fn, *args))
 
 
 _MEDIA_PARTS = {"image_url", "image", "input_audio", "audio", "audio_url", "video_url", "video"}
@@ -133,6 +161,7 @@ def render_chat(
     *,
     tools: list | None = None,
     template_kwargs: Mapping[str, Any] | None = None,
+    budget: TemplateBudget | None = None,
 ) -> list[int]:
     """Render messages with the chat template and tokenize, as mlx_lm.server does.
 
@@ -141,33 +170,41 @@ def render_chat(
     ``continue_final_message`` among ``template_kwargs`` the last message (an
     assistant prefill) is left open for the model to continue, instead of
     closed and followed by a new generation prompt (transformers'
-    ``apply_chat_template`` option, as vLLM exposes it).
+    ``apply_chat_template`` option, as vLLM exposes it). A template the
+    request brings (``chat_template`` among ``template_kwargs``, other than
+    the name of one of the model's) renders within ``budget``
+    (:mod:`.template_sandbox`); the model's own renders unbounded.
 
     Args:
         tokenizer: an ``mlx_lm`` ``TokenizerWrapper`` (or HF tokenizer).
         messages (list[dict]): output of :func:`normalize_messages`.
         tools (list | None): OpenAI tool definitions for the template. Default: ``None``.
         template_kwargs (Mapping | None): extra template variables. Default: ``None``.
+        budget (TemplateBudget | None): the bounds of a request's template.
+            Default: ``None`` (:class:`~.template_sandbox.TemplateBudget`'s defaults).
 
     Returns:
         list[int]: prompt token ids.
 
     Raises:
-        PromptError: the model has no chat template, ``messages`` is empty, the
-            template failed or rendered nothing (a model cannot continue an
-            empty prompt).
+        PromptError: the model has no chat template (and the request brings
+            none), ``messages`` is empty, the template failed or rendered
+            nothing (a model cannot continue an empty prompt).
+        TemplateBoundError: a request's template ran past ``budget``.
     """
-    if not getattr(tokenizer, "chat_template", None):
+    kwargs = dict(template_kwargs or {})
+    source = request_template(tokenizer, kwargs)
+    template = source if source is not None else getattr(tokenizer, "chat_template", None)
+    if source is None and not template:
         raise PromptError("model has no chat template; use /v1/completions", param="messages")
     if not messages:  # e.g. a Responses body with `input: []` (templates raise their own words)
         raise PromptError("the conversation is empty: send at least one message", param="messages")
-    if not template_renders_tools(tokenizer.chat_template):
+    if not template_renders_tools(template):
         # The template knows no tools: calls and results in the history become
         # text in the syntax the tool instruction teaches.
         messages = with_tool_history(messages)
         if tools:
             messages, tools = with_tool_instruction(messages, tools), None
-    kwargs = dict(template_kwargs or {})
     taken = sorted(RESERVED_TEMPLATE_ARGS.intersection(kwargs))
     if taken:
         raise PromptError(
@@ -177,13 +214,18 @@ def render_chat(
         )
     continuing = bool(kwargs.get("continue_final_message"))
     try:
-        text = tokenizer.apply_chat_template(
-            messages,
-            tools=tools or None,
-            add_generation_prompt=not continuing,
-            tokenize=False,
-            **kwargs,
-        )
+        if source is None:
+            text = tokenizer.apply_chat_template(
+                messages,
+                tools=tools or None,
+                add_generation_prompt=not continuing,
+                tokenize=False,
+                **kwargs,
+            )
+        else:
+            text = _render_request_template(tokenizer, source, budget, messages, tools, kwargs)
+    except PromptError:  # the budget, or a template that is no Jinja
+        raise
     except Exception as exc:  # jinja2 TemplateError, TypeError from bad values
         if continuing:  # transformers' message would quote the whole rendered prompt
             raise PromptError(
@@ -195,6 +237,29 @@ def render_chat(
     if not tokens:  # e.g. a chat_template_kwargs "chat_template" that renders nothing
         raise PromptError("the chat template rendered an empty prompt", param="messages")
     return tokens
+
+
+def _render_request_template(
+    tokenizer: Any,
+    source: Any,
+    budget: TemplateBudget | None,
+    messages: list[dict],
+    tools: list | None,
+    kwargs: dict[str, Any],
+) -> str:
+    """``apply_chat_template``'s text for a request's own template, in the sandbox."""
+    variables = {k: v for k, v in kwargs.items() if k != "chat_template"}
+    continuing = bool(variables.pop("continue_final_message", False))
+    special = dict(getattr(tokenizer, "special_tokens_map", None) or {})
+    return render_template(
+        source,
+        budget or TemplateBudget(),
+        messages,
+        tools=tools or None,
+        add_generation_prompt=not continuing,
+        continue_final_message=continuing,
+        variables={**special, **variables},  # as transformers: the request's win
+    )
 
 
 #: ``apply_chat_template`` parameters the server sets itself: a client value

@@ -23,13 +23,12 @@ async def close_cache_session(body: dict[str, Any] | None = None) -> Any:
     session = session_key(body or {}, request_headers())
     if session is None:
         return {"closed": False}, 200, JSON
-    current_engine().prompt_cache.close_session(session)
+    current_engine().close_cache_session(session)
     return {"closed": True}, 200, JSON
 
 
 async def flush_cache() -> Any:
     """Write every pending SSD snapshot; 200 when all are durable, else 503
     with the counters that say why. Runs off the event loop (it waits on disk)."""
-    cache = current_engine().prompt_cache
-    report = await asyncio.to_thread(cache.flush, FLUSH_TIMEOUT_S)
+    report = await asyncio.to_thread(current_engine().flush_cache, FLUSH_TIMEOUT_S)
     return report, 200 if report["durable"] else 503, JSON

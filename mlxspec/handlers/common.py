@@ -23,7 +23,7 @@ from mlxspec.engine import (
     Cancelled,
     Constraint,
     Delta,
-    Engine,
+    EngineProtocol,
     Failed,
     Finished,
     GenerationDefaults,
@@ -63,7 +63,7 @@ SAMPLER_FIELDS = (
 SESSION_FIELDS = ("session_id", "prompt_cache_key")
 
 
-def current_engine() -> Engine:
+def current_engine() -> EngineProtocol:
     """The engine serving this request (placed in the ASGI scope by the app)."""
     return scope["state"]["engine"]
 

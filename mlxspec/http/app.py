@@ -7,9 +7,10 @@ dispatches by ``operationId`` (``createChatCompletion`` ->
 the engine in the ASGI scope. Every error, from validation, routing, handlers
 or the engine, is rendered through :mod:`mlxspec.errors`.
 
-Around Connexion, outermost first: CORS (only with allowed origins), request
-metrics (:mod:`mlxspec.http.metrics`), the web chat's WebSocket
-(:mod:`mlxspec.http.ws_chat`), and :class:`_WithEngine`. API keys are
+Around Connexion, outermost first: the ``Host``/``Origin`` checks
+(:mod:`mlxspec.http.guard`), CORS (only with allowed origins), request metrics
+(:mod:`mlxspec.http.metrics`), the web chat's WebSocket (:mod:`mlxspec.http.ws_chat`),
+and :class:`_WithEngine`. API keys are
 checked by Connexion's security middleware (:mod:`mlxspec.http.security`).
 """
 
@@ -36,12 +37,19 @@ from mlxspec.engine import (
     EngineRequestError,
     QueueFullError,
 )
-from mlxspec.errors import ApiError, error_json, error_status, surface_for_path
+from mlxspec.errors import ApiError, error_json, error_status, send_error, surface_for_path
 from mlxspec.handlers.responses.store import ResponseStore
 from mlxspec.http.cors import ApiCORSMiddleware
 from mlxspec.http.dispatch import MIDDLEWARES, prepare_app, remember_body_definitions
+from mlxspec.http.guard import RequestGuard
 from mlxspec.http.metrics import Metrics, RequestMetricsMiddleware, RouteLabels
-from mlxspec.http.paths import METHOD_ORDER, allowed_methods, shadowed_methods, suggest_path
+from mlxspec.http.paths import (
+    METHOD_ORDER,
+    allowed_methods,
+    post_takes_body,
+    shadowed_methods,
+    suggest_path,
+)
 from mlxspec.http.security import key_refusal, security_options
 from mlxspec.http.ws_chat import ChatSocketMount
 from mlxspec.openapi import served_spec
@@ -63,6 +71,9 @@ _STATUS_KINDS = {
     415: "unsupported_media_type",
 }
 
+
+#: The 415 message of a POST body sent without ``Content-Type``.
+NO_TYPE = "a request body needs a Content-Type: send application/json"
 
 #: Connexion's 415 detail for a body that is not JSON; group 1 is the media type.
 _CONNEXION_415 = re.compile(r"Invalid Content-type \((.*)\), expected ")
@@ -195,11 +206,11 @@ def _unexpected(req: ConnexionRequest, exc: Exception) -> ConnexionResponse:
 class _WithEngine:
     """ASGI wrapper: puts the engine, config, metrics and Responses store (one
     per app) into ``scope["state"]``, reads each POST body whole (up to
-    ``--max-body-bytes``) and normalises its headers (:func:`_post_headers`: a
-    body sent without ``Content-Type`` is JSON, the only type the API takes, as
-    curl users often omit the header and mlx_lm.server ignores it), and ignores
-    ``Content-Type`` on GET/HEAD, which carry no body (Connexion would otherwise
-    try to parse a form)."""
+    ``--max-body-bytes``), refuses a non-empty one without ``Content-Type`` (415:
+    a browser page can send such a body cross-origin without a preflight, see
+    :mod:`mlxspec.http.guard`; a POST without a body needs no type), normalises the
+    headers (:func:`_post_headers`), and ignores ``Content-Type`` on GET/HEAD,
+    which carry no body (Connexion would otherwise try to parse a form)."""
 
     def __init__(
         self, app: Any, engine: Any, config: Any, metrics: Metrics, spec: dict[str, Any]
@@ -208,6 +219,7 @@ class _WithEngine:
         self.response_store = ResponseStore()
         # Concrete paths a templated route also matches (see literal_methods).
         self.literal = shadowed_methods(spec)
+        self.takes_body = post_takes_body(spec)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -221,7 +233,7 @@ class _WithEngine:
             if methods is not None and method not in methods and method != "OPTIONS":
                 allow = ", ".join(m for m in METHOD_ORDER if m in methods)
                 err = ApiError("method_not_allowed", "method not allowed", headers={"Allow": allow})
-                await _send_error(scope, send, err)
+                await send_error(scope, send, err)
                 return
             if method in ("GET", "HEAD"):
                 kept = [(k, v) for k, v in headers if k != b"content-type"]
@@ -240,11 +252,31 @@ class _WithEngine:
                         f"{BODY_IDLE_TIMEOUT_S:g} s and must average {BODY_MIN_RATE} bytes/s "
                         "after that",
                     )
-                    await _send_error(scope, send, gone, close=True)
+                    await send_error(scope, send, gone, close=True)
                     return
-                scope = {**scope, "headers": _post_headers(headers, len(body))}
+                headers = _post_headers(headers, len(body))
+                if body and (why := self._type_refusal(scope["path"], headers)) is not None:
+                    await send_error(scope, send, ApiError("unsupported_media_type", why))
+                    return
+                scope = {**scope, "headers": headers}
                 receive = _replay(body, receive)
         await self.app(scope, receive, send)
+
+    def _type_refusal(self, path: str, headers: list[tuple[bytes, bytes]]) -> str | None:
+        """Why a POST body with these (normalised) headers is refused 415, or
+        ``None``: it has no ``Content-Type``, or is not JSON on a route that takes
+        no body. Connexion refuses other types on the routes that declare a body;
+        a path without a POST operation is left to routing (404, 405)."""
+        takes_body = self.takes_body(path)
+        if takes_body is None:
+            return None
+        media = next((v for k, v in headers if k == b"content-type"), b"")
+        if not media:  # absent or empty (Connexion would read the body as JSON)
+            return NO_TYPE
+        kind = media.partition(b";")[0].decode("latin-1")
+        if not takes_body and kind != "application/json":
+            return f"{path} takes no request body: send none, or send application/json"
+        return None
 
 
 def _post_headers(headers: list[tuple[bytes, bytes]], length: int) -> list[tuple[bytes, bytes]]:
@@ -255,7 +287,10 @@ def _post_headers(headers: list[tuple[bytes, bytes]], length: int) -> list[tuple
       Connexion's validator map matches ``*/*json`` case-sensitively and skips
       validation for ``application/JSON`` (the handler then got raw bytes: a
       500), and it refuses ``application/json ; charset=utf-8``. Absent, it is
-      ``application/json``, the only type the API takes.
+      ``application/json`` for an empty body (Connexion then answers "request
+      body is required" where the route needs one, and passes ``None`` where
+      not) and stays absent otherwise (:meth:`_WithEngine._type_refusal`
+      refuses such a body).
     - ``Content-Length`` is the body's length and ``Transfer-Encoding`` is
       dropped: the body is whole now, and Connexion takes a request without a
       length for one without a body (a chunked upload was "request body is
@@ -268,17 +303,18 @@ def _post_headers(headers: list[tuple[bytes, bytes]], length: int) -> list[tuple
     Returns:
         list[tuple[bytes, bytes]]: the headers to pass on.
     """
-    out, media = [], b"application/json"
-    seen_type = False
+    out, media = [], None
     for key, value in headers:
-        if key == b"content-type" and not seen_type:
-            seen_type = True
+        if key == b"content-type" and media is None:
             kind, _, params = value.partition(b";")
             parts = [kind.strip().lower()] + [p.strip() for p in params.split(b";") if p.strip()]
             media = b"; ".join(parts)
         elif key not in (b"content-type", b"content-length", b"transfer-encoding"):
             out.append((key, value))
-    return [*out, (b"content-type", media), (b"content-length", str(length).encode())]
+    if media is None and length == 0:  # no body: the empty JSON body, "required" where it is
+        media = b"application/json"
+    typed = [(b"content-type", media)] if media is not None else []
+    return [*out, *typed, (b"content-length", str(length).encode())]
 
 
 #: Seconds a request body may stop arriving before the request is answered 408
@@ -362,21 +398,7 @@ def _replay(body: bytes, receive: Receive) -> Receive:
 
 async def _too_large(scope: Scope, send: Send, limit: int | None) -> None:
     err = ApiError("payload_too_large", f"request body exceeds {limit} bytes")
-    await _send_error(scope, send, err, close=True)
-
-
-async def _send_error(scope: Scope, send: Send, err: ApiError, close: bool = False) -> None:
-    """Answer ``err`` in the envelope of the path's surface, before Connexion
-    sees the request (``close``: ask the client to close the connection)."""
-    surface = surface_for_path(scope.get("path", ""))
-    payload = error_json(err, surface).encode()
-    headers = [(b"content-type", b"application/json")]
-    headers += [(b"connection", b"close")] if close else []
-    headers += [(k.lower().encode(), v.encode()) for k, v in (err.headers or {}).items()]
-    headers.append((b"content-length", str(len(payload)).encode()))
-    status = error_status(err, surface)
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": payload})
+    await send_error(scope, send, err, close=True)
 
 
 def create_app(engine: Any, config: Any = None, *, validate_responses: bool = False) -> Any:
@@ -396,7 +418,7 @@ def create_app(engine: Any, config: Any = None, *, validate_responses: bool = Fa
     config = config or ServeConfig()
     enable_openapi_31()
     remember_body_definitions()
-    spec = served_spec(config.logprobs_format)
+    spec = served_spec(config.logprobs_format, config.allow_request_templates)
     security_map = security_options(spec, config.api_key)
     app = connexion.AsyncApp("mlxspec", security_map=security_map, middlewares=MIDDLEWARES)
     prepare_app(app)  # handlers decorated once, not per request; no slash redirects
@@ -433,4 +455,4 @@ def create_app(engine: Any, config: Any = None, *, validate_responses: bool = Fa
             allow_headers=["*"],
             expose_headers=["Retry-After"],
         )
-    return asgi
+    return RequestGuard(asgi, config)

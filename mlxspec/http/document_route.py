@@ -14,6 +14,7 @@ still use Connexion's resolved copy.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from connexion.jsonifier import Jsonifier
@@ -44,17 +45,22 @@ class DocumentAPI(SwaggerUIAPI):
         raw = self.specification.raw
         return {**raw, "servers": [{"url": prefix}]} if prefix else raw
 
-    def _encode(self, request: Request, media_type: str) -> bytes:
+    async def _encode(self, request: Request, media_type: str) -> bytes:
+        # The first encoding runs in a worker thread: PyYAML's pure-Python dumper
+        # takes about a second on a small CPU, and both routes are public.
         key = (self._base_path_for_prefix(request), media_type)
         if key not in self._encoded:
-            self._encoded[key] = _DUMPS[media_type](self._spec_for_prefix(request)).encode()
+            spec = self._spec_for_prefix(request)
+            text = await asyncio.to_thread(_DUMPS[media_type], spec)
+            self._encoded[key] = text.encode()
         return self._encoded[key]
 
     async def _get_openapi_json(self, request: Request) -> Response:
-        return Response(self._encode(request, "application/json"), media_type="application/json")
+        body = await self._encode(request, "application/json")
+        return Response(body, media_type="application/json")
 
     async def _get_openapi_yaml(self, request: Request) -> Response:
-        return Response(self._encode(request, "text/yaml"), media_type="text/yaml")
+        return Response(await self._encode(request, "text/yaml"), media_type="text/yaml")
 
 
 class DocumentMiddleware(SwaggerUIMiddleware):

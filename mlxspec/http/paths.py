@@ -12,7 +12,14 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["METHOD_ORDER", "allowed_methods", "literal_methods", "shadowed_methods", "suggest_path"]
+__all__ = [
+    "METHOD_ORDER",
+    "allowed_methods",
+    "post_takes_body",
+    "literal_methods",
+    "shadowed_methods",
+    "suggest_path",
+]
 
 #: The order methods are listed in an ``Allow`` header.
 METHOD_ORDER = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
@@ -80,6 +87,37 @@ def _methods(item: dict[str, Any]) -> set[str]:
     """A path item's methods, ``HEAD`` with ``GET`` (Starlette answers it)."""
     methods = {m.upper() for m in item if m.upper() in METHOD_ORDER}
     return methods | {"HEAD"} if "GET" in methods else methods
+
+
+def post_takes_body(spec: dict[str, Any]) -> Callable[[str], bool | None]:
+    """A function telling whether a ``POST`` to a path reaches an operation that
+    declares a ``requestBody`` (``True``), one that declares none
+    (``/admin/cache/flush``, ``.../cancel``: ``False``), or no operation (``None``).
+
+    Connexion reads no body on the second kind, so it refuses no ``Content-Type``
+    there either; the app does. A concrete path wins over a template.
+
+    Args:
+        spec (dict): the served OpenAPI document.
+
+    Returns:
+        Callable[[str], bool | None]: the answer for a request path.
+    """
+    paths = spec.get("paths", {})
+    posts = [
+        (t, rx, "requestBody" in paths[t]["post"])
+        for t, rx, methods in _path_patterns(spec)
+        if "POST" in methods
+    ]
+    literal = {t: body for t, _, body in posts if "{" not in t}
+    templated = [(rx, body) for t, rx, body in posts if "{" in t]
+
+    def takes_body(path: str) -> bool | None:
+        if path in literal:
+            return literal[path]
+        return next((body for rx, body in templated if rx.match(path)), None)
+
+    return takes_body
 
 
 def suggest_path(spec: dict[str, Any]) -> Callable[[str, str], str | None]:

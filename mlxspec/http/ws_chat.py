@@ -5,13 +5,15 @@ Connexion routes HTTP only, so :class:`ChatSocketMount` takes the ASGI
 document's ``openChatSocket`` operation, a 426). The handshake applies the
 API's rules, in this order:
 
+- **Host**: the HTTP edge's rule (:mod:`mlxspec.http.guard`, which passes
+  WebSocket scopes through): on a loopback bind a ``Host`` other than
+  ``localhost``, ``127.0.0.1``, ``[::1]``, the bind address or an
+  ``--allowed-hosts`` name is ``403 host_not_allowed`` (DNS rebinding).
 - **Origin** (cross-site WebSocket hijacking: browsers let any page open a
   socket to any server, and send its cookies): a browser's ``Origin`` must be
-  the server's own, or one of ``--allowed-origins``. Own means the origin's
-  host and port are the ``Host`` the request came to, and on a loopback bind
-  that ``Host`` is ``localhost``, ``127.0.0.1``, ``[::1]``, the bind address or
-  an ``--allowed-hosts`` name (a DNS-rebinding page reaches 127.0.0.1 under
-  its own name). Refused: ``403 origin_not_allowed``, before the upgrade.
+  the server's own (its host and port are the ``Host`` the request came to)
+  or one of ``--allowed-origins``. Refused: ``403 origin_not_allowed``, before
+  the upgrade.
 - **API key**: a handshake ``Authorization: Bearer`` or ``x-api-key`` header
   that is wrong is a ``401``; without one, the socket opens, the server sends
   ``auth_required`` and the first frame must be ``auth`` with the key (a
@@ -27,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import hmac
-import ipaddress
 import logging
 from pathlib import Path
 from typing import Any
@@ -37,11 +38,12 @@ from connexion.context import _scope as connexion_scope
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from mlxspec.engine.model.loader import cache_dir
+from mlxspec.engine import cache_dir
 from mlxspec.errors import ApiError, error_json
 from mlxspec.handlers.webchat.frames import FrameError, dump_frame, error_frame, read_frame
 from mlxspec.handlers.webchat.sessions import ChatStore
 from mlxspec.handlers.webchat.socket import ChatHub, ChatSocket
+from mlxspec.http.guard import RequestGuard
 from mlxspec.http.security import key_refusal
 
 __all__ = ["CHAT_PATH", "CLOSE_UNAUTHORIZED", "ChatSocketMount", "chat_db_path", "origin_refusal"]
@@ -73,8 +75,6 @@ CLOSE_UNAUTHORIZED = 4401
 CLOSE_INTERNAL = 1011
 #: Seconds a keyed server waits for the ``auth`` frame.
 AUTH_TIMEOUT_S = 30.0
-#: Names every server answers to, with any port (RFC 6761 section 6.3).
-LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
 
 
 def chat_db_path(config: Any) -> Path:
@@ -84,33 +84,16 @@ def chat_db_path(config: Any) -> Path:
     return Path(configured).expanduser() if configured else cache_dir() / "chat.sqlite3"
 
 
-def _host_name(value: str) -> str:
-    """The name of a ``Host`` or URL authority: lower case, no port; IPv6 in brackets."""
-    value = value.strip().lower()
-    if value.startswith("["):
-        return value[: value.find("]") + 1] if "]" in value else value
-    if value.count(":") > 1:  # a bare IPv6 bind address
-        return f"[{value}]"
-    return value.partition(":")[0].rstrip(".")
-
-
-def _binds_loopback(host: str) -> bool:
-    if host.lower().rstrip(".") == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
 def origin_refusal(headers: Headers, config: Any) -> str | None:
-    """Why a handshake's ``Origin`` may not open the socket (see the module
-    docstring), or ``None``.
+    """Why a handshake's ``Origin`` may not open the socket, or ``None``.
+
+    The ``Host`` itself was checked first (:class:`~mlxspec.http.guard.RequestGuard`'s
+    rule: on a loopback bind, a rebound name is refused there), so an origin
+    whose host and port are that ``Host`` is the server's own page.
 
     Args:
         headers (Headers): the handshake's headers.
-        config (ServeConfig): ``host``, ``allowed_origins`` and, when the server
-            has them, ``allowed_hosts``.
+        config (ServeConfig): ``allowed_origins``.
 
     Returns:
         str | None: the refusal's message; ``None`` to go on (also for a client
@@ -123,12 +106,7 @@ def origin_refusal(headers: Headers, config: Any) -> str | None:
     if "*" in allowed or origin.rstrip("/") in allowed:
         return None
     parts, host = urlsplit(origin), headers.get("host", "")
-    same = parts.scheme in ("http", "https") and parts.netloc.lower() == host.strip().lower()
-    if same and _binds_loopback(config.host):
-        extra = getattr(config, "allowed_hosts", ())
-        names = LOOPBACK_NAMES | {_host_name(config.host)} | {_host_name(h) for h in extra}
-        same = "*" in extra or _host_name(host) in names
-    if same:
+    if parts.scheme in ("http", "https") and parts.netloc.lower() == host.strip().lower():
         return None
     return f"Origin {origin!r} may not open {CHAT_PATH}: allow it with --allowed-origins"
 
@@ -146,6 +124,8 @@ class ChatSocketMount:
     def __init__(self, app: ASGIApp, engine: Any, config: Any, metrics: Any) -> None:
         self.app, self.engine, self.config, self.metrics = app, engine, config, metrics
         self._hub: ChatHub | None = None
+        # The HTTP edge's Host rule, which passes WebSocket scopes on untouched.
+        self.guard = RequestGuard(app, config)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "websocket":
@@ -156,6 +136,9 @@ class ChatSocketMount:
         headers = Headers(scope=scope)
         if scope.get("path") != CHAT_PATH:
             await _deny(scope, send, ApiError("not_found", "not found"))
+            return
+        if (refused := self.guard.refusal(scope)) is not None:  # a Host not answered
+            await _deny(scope, send, refused)
             return
         if (refusal := origin_refusal(headers, self.config)) is not None:
             await _deny(scope, send, ApiError("origin_not_allowed", refusal))
@@ -187,8 +170,8 @@ class ChatSocketMount:
         """The sockets' shared state, the database opened on first use."""
         if self._hub is None:
             store = await asyncio.to_thread(ChatStore, chat_db_path(self.config))
-            admission = getattr(self.engine, "admission", None)
-            window = getattr(admission, "enforced_context", None) or self.engine.info.context_window
+            cap = self.engine.stats_snapshot().enforced_context  # the operator's, if any
+            window = cap or self.engine.info.context_window
             if self._hub is None:  # another connection may have opened it meanwhile
                 self._hub = ChatHub(self.engine, store, window)
             else:

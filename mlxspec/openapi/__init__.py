@@ -49,35 +49,45 @@ def load_spec() -> dict[str, Any]:
 #: Overlay key: schema keywords that replace their siblings when the server
 #: runs with ``--logprobs-format openai`` (OpenAI's wider ``top_logprobs``).
 LOGPROBS_OPENAI_KEY = "x-mlxspec-logprobs-openai"
+#: Overlay key: schema keywords that replace their siblings when the server
+#: runs without ``--allow-request-templates`` (``chat_template`` refused).
+REQUEST_TEMPLATES_OFF_KEY = "x-mlxspec-request-templates-off"
 
 
-def served_spec(logprobs_format: str = "mlx") -> dict[str, Any]:
+def served_spec(logprobs_format: str = "mlx", request_templates: bool = False) -> dict[str, Any]:
     """The document a server with these settings serves and validates with.
 
-    One document describes both logprobs formats: a schema may carry
-    ``x-mlxspec-logprobs-openai``, a mapping of keywords that override its own
-    when ``logprobs_format`` is ``"openai"`` (e.g. ``top_logprobs``'s
-    ``maximum: 20`` instead of mlx-lm's 11). The overlay keys are removed
-    either way, so the served document states the live rules only.
+    One document describes every setting: a schema may carry overlays, each a
+    mapping of keywords that override its own under one setting:
+    ``x-mlxspec-logprobs-openai`` when ``logprobs_format`` is ``"openai"``
+    (e.g. ``top_logprobs``'s ``maximum: 20`` instead of mlx-lm's 11), and
+    ``x-mlxspec-request-templates-off`` unless ``request_templates`` (a
+    request's ``chat_template_kwargs.chat_template`` must be null). The
+    overlay keys are removed either way, so the served document states the
+    live rules only.
 
     Args:
         logprobs_format (str): ``"mlx"`` or ``"openai"``. Default: ``"mlx"``.
+        request_templates (bool): ``--allow-request-templates``. Default: ``False``.
 
     Returns:
         dict[str, Any]: a fresh copy of the document, ``$ref`` unresolved.
     """
     spec = load_spec()
-    _overlay(spec, logprobs_format == "openai")
+    active = {LOGPROBS_OPENAI_KEY: logprobs_format == "openai"}
+    active[REQUEST_TEMPLATES_OFF_KEY] = not request_templates
+    _overlay(spec, active)
     return spec
 
 
-def _overlay(node: Any, apply: bool) -> None:
+def _overlay(node: Any, active: dict[str, bool]) -> None:
     if isinstance(node, dict):
-        extra = node.pop(LOGPROBS_OPENAI_KEY, None)
-        if apply and isinstance(extra, dict):
-            node.update(copy.deepcopy(extra))
+        for key, apply in active.items():
+            extra = node.pop(key, None)
+            if apply and isinstance(extra, dict):
+                node.update(copy.deepcopy(extra))
         for value in node.values():
-            _overlay(value, apply)
+            _overlay(value, active)
     elif isinstance(node, list):
         for value in node:
-            _overlay(value, apply)
+            _overlay(value, active)

@@ -362,7 +362,7 @@ class PromptCache:
     def _kept(self, key: tuple) -> list[Any] | None:
         """The kept RAM cache for ``(namespace, tokens)``, or ``None``."""
         with self._lock:
-            entry = self._entries.get(key)  # type: ignore[call-overload]
+            entry = self._entries.get(key)
         return entry.cache if entry is not None else None
 
     def stats(self) -> dict[str, Any]:

@@ -1,2 +1,2 @@
-"""The decode loop: admission, the scheduler, the solo and batched lanes,
-rows, stop matching and the solo -> batch handoff."""
+"""The decode loop: admission, the typed job queue, the KV ledger, the scheduler,
+the solo and batched lanes, rows, stop matching and the solo -> batch handoff."""

@@ -11,23 +11,22 @@ Two rules, both from the reference ("Errors" of the chat route):
   ceiling, not a promise). Without a cap nothing is refused or shortened beyond
   the model's own context window.
 
-A byte budget also bounds the requests together: :class:`KvGate` keeps a
-request in line for a decode slot until the KV cache the running requests
-project (prompt plus generation budget, each) leaves room for its own
-(the reference's ``batch.kv_bytes`` / ``kv_budget_bytes``).
+A byte budget also bounds the requests together: a request waits in line for
+a decode slot until the KV cache the running requests project (prompt plus
+generation budget, each) leaves room for its own (the reference's
+``batch.kv_bytes`` / ``kv_budget_bytes``); :class:`~.kv_ledger.KvLedger`
+holds those projections, and admission asks it how many would wait.
 
-Runs on the submitting thread (the event loop); no MLX work. :class:`KvGate`
-is the engine thread's.
+Runs on the submitting thread (the event loop); no MLX work.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
 
+from mlxspec.engine.loop.kv_ledger import KvLedger
 from mlxspec.engine.model.fit import ModelMemory
 from mlxspec.engine.types import ContextLengthError, EngineRequestError
 
@@ -113,19 +112,15 @@ class Admission:
         if self.enforced_context is not None and self.enforced_context < 2:
             raise BudgetTooSmallError(_too_small(limits, memory))
         #: Tokens of KV cache the running requests may project together, or
-        #: ``None`` without a byte budget (:class:`KvGate`).
+        #: ``None`` without a byte budget.
         self.kv_room = min(rooms) if rooms else None
         #: Bytes one token of KV cache takes (``0`` when unknown: no byte budget).
         self.kv_bytes_per_token = memory.kv_bytes_per_token if memory is not None else 0
+        #: Every generation's KV projection, submitted to ended, under :attr:`kv_room`.
+        self.kv = KvLedger(self.kv_room)
         #: Requests in line for a decode slot under :attr:`kv_room` (the engine
         #: thread fills and empties it; they count as waiting).
-        self.kv_gate = KvGate(self.kv_room)
-        #: Projections of requests submitted but not yet taken into
-        #: :attr:`kv_gate` (appended on submit, taken by the engine thread).
-        self.incoming: deque[int] = deque()
-        #: Tokens of KV cache the running requests project together (the engine
-        #: thread keeps it; ``GET /stats`` ``batch.kv_bytes``).
-        self.running_tokens = 0
+        self.kv_gate = self.kv.line
 
     @property
     def context_limit(self) -> int:
@@ -236,24 +231,9 @@ class Admission:
 
     def kv_waiting(self, projected: int, count: int = 1) -> int:
         """How many requests would wait in the KV line once ``count`` more, each
-        projecting ``projected`` tokens, join it (``0`` without a byte budget).
-
-        A prediction made on the submitting thread: the requests ahead (in
-        :attr:`kv_gate`, then those submitted but not yet taken in by the engine
-        thread, :attr:`incoming`) are packed first come first served on top of
-        :attr:`running_tokens`, as :class:`KvGate` will start them; several
-        requests arriving within one engine step are counted this way before
-        the engine has seen any of them.
-        """
-        if self.kv_room is None:
-            return 0
-        running, waiting = self.running_tokens, 0
-        for tokens in [*self.kv_gate.projections(), *list(self.incoming), *[projected] * count]:
-            if waiting == 0 and (running == 0 or running + tokens <= self.kv_room):
-                running += tokens
-            else:
-                waiting += 1
-        return waiting
+        projecting ``projected`` tokens, join it (``0`` without a byte budget;
+        :meth:`~.kv_ledger.KvLedger.waiting_after`)."""
+        return self.kv.waiting_after(projected, count)
 
     def _check_queue(
         self, in_flight: int, projected: int | None = None, count: int = 1, job: str | None = None
@@ -290,58 +270,6 @@ class Admission:
         under :attr:`context_limit` (never below 1: :meth:`admit` checked the prompt)."""
         room = self.context_limit - prompt_tokens
         return max(1, room if max_tokens is None else min(max_tokens, room))
-
-
-class KvGate:
-    """Requests in line for a decode slot under a KV budget, first come first served.
-
-    A request's projection is its prompt plus its generation budget, in tokens
-    of KV cache. The head of the line starts when nothing runs, or when the
-    running requests' projections plus its own stay within ``room``; the
-    requests behind it wait their turn (no overtaking, so a long request is not
-    starved by short ones). Without a room every request starts at once.
-
-    Args:
-        room (int | None): tokens of KV cache the running requests may project
-            together (:attr:`Admission.kv_room`); ``None`` for no limit.
-    """
-
-    def __init__(self, room: int | None) -> None:
-        self.room = room
-        self._line: deque[tuple[Any, int]] = deque()
-
-    def __len__(self) -> int:
-        return len(self._line)
-
-    def push(self, handle: Any, tokens: int) -> None:
-        """Put ``handle`` at the end of the line, projecting ``tokens`` of KV cache."""
-        self._line.append((handle, tokens))
-
-    def pop_ready(self, running: int) -> tuple[Any, int] | None:
-        """The head of the line and its projection if it may start now, else ``None``.
-
-        Args:
-            running (int): tokens the running requests project together.
-        """
-        if not self._line:
-            return None
-        tokens = self._line[0][1]
-        if self.room is not None and running > 0 and running + tokens > self.room:
-            return None
-        return self._line.popleft()
-
-    def projections(self) -> list[int]:
-        """The projections of the requests in line, head first (a snapshot)."""
-        return [tokens for _, tokens in list(self._line)]
-
-    def drop_cancelled(self) -> int:
-        """Take cancelled requests (``handle.cancelled``) out of the line; returns how many."""
-        if not self._line:  # the common case, once per engine loop turn
-            return 0
-        kept = deque(item for item in self._line if not item[0].cancelled)
-        dropped = len(self._line) - len(kept)
-        self._line = kept
-        return dropped
 
 
 def _requests(n: int) -> str:

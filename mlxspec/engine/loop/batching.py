@@ -20,13 +20,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from mlxspec.engine.loop.handles import flush_wakeups
-from mlxspec.engine.loop.lanes import Handoff, LaneParts, StepTimes
+from mlxspec.engine.loop.lanes import Handoff, LaneParts, StepTimes, start_request
 from mlxspec.engine.loop.rows import Row
-from mlxspec.engine.sampling.sampler import build_logits_processors, build_sampler
 from mlxspec.engine.types import Failed
 
 if TYPE_CHECKING:
-    from mlxspec.engine.engine import RequestHandle
+    from mlxspec.engine.loop.handles import RequestHandle
 
 
 class BatchLane:
@@ -37,8 +36,9 @@ class BatchLane:
             grammar compiler of the engine; ``parts.prefill_step`` prompt tokens
             are prefilled per :meth:`step`, so cancellation is seen between chunks.
         max_batch (int): most sequences decoding at once.
-        on_done (Callable[[str], None]): called with ``"completed"`` or
-            ``"cancelled"`` when a request leaves the batch.
+        on_done (Callable[[RequestHandle, str], None]): called with the
+            request's handle and ``"completed"``, ``"cancelled"`` or
+            ``"failed"`` when it leaves the batch (not on :meth:`close`).
         times (StepTimes | None): where step times add up (the engine keeps one
             across lanes). Default: ``None`` (a lane-own one).
     """
@@ -47,7 +47,7 @@ class BatchLane:
         self,
         parts: LaneParts,
         max_batch: int,
-        on_done: Callable[[str], None],
+        on_done: Callable[[RequestHandle, str], None],
         times: StepTimes | None = None,
     ) -> None:
         from mlx_lm.generate import BatchGenerator
@@ -63,10 +63,6 @@ class BatchLane:
             prefill_step_size=parts.prefill_step,
         )
         self._rows: dict[int, Row] = {}
-        #: uid -> tokens of KV cache the row may reach (prompt + generation budget).
-        self._projected: dict[int, int] = {}
-        #: Their sum: tokens of KV cache the rows may reach together.
-        self.projected_tokens = 0
         #: Rows whose request has not started: mlx-lm's generator holds a row
         #: beyond its ``completion_batch_size`` until one leaves, and the request's
         #: ``started_at`` (the end of its queue time) is its first prefill step.
@@ -79,26 +75,10 @@ class BatchLane:
 
     def add(self, handle: RequestHandle, max_tokens: int) -> None:
         """Queue ``handle``'s request into the batch with a budget of ``max_tokens`` (>= 1)."""
-        req, parts = handle.request, self._parts
+        req = handle.request
         if req.shared_prefill:
             self._prefill_once(req.prompt, req.session)
-        cache, cached = self._cache.fetch(self._namespace, req.prompt, req.session)
-        grammar = None if parts.grammars is None else parts.grammars.for_request(req.constraint)
-        row = Row(
-            handle, parts.tokenizer, parts.eos, lane="batched", cached=cached, grammar=grammar
-        )
-        self.adopt(
-            Handoff(
-                row=row,
-                feed=list(req.prompt[cached:]),
-                held=list(req.prompt[:cached]),
-                cache=cache,
-                max_tokens=max_tokens,
-                sampler=build_sampler(req.sampling, list(parts.xtc_special)),
-                # The grammar mask goes last: after penalties and logit_bias.
-                processors=build_logits_processors(req.logits) + ([grammar] if grammar else []),
-            )
-        )
+        self.adopt(start_request(handle, self._parts, max_tokens, "batched"))
 
     def adopt(self, handoff: Handoff) -> None:
         """Continue a request in the batch: a new one (:meth:`add`) or one that
@@ -111,22 +91,20 @@ class BatchLane:
         (uid,) = self._gen.insert(
             [handoff.feed],
             max_tokens=[handoff.max_tokens],
-            caches=[handoff.cache],
+            # mlx-lm's annotation wants a list per row; None is a fresh cache (its own default).
+            caches=[handoff.cache],  # type: ignore[list-item]
             all_tokens=[handoff.held],
             samplers=[handoff.sampler],
-            logits_processors=[handoff.processors],
+            logits_processors=[handoff.chain],
         )
         self._rows[uid] = handoff.row
         if handoff.row.handle.started_at is None:
             self._unstarted.add(uid)
-        self._projected[uid] = len(handoff.held) + len(handoff.feed) + handoff.max_tokens
-        self.projected_tokens += self._projected[uid]
 
-    def _forget(self, uid: int) -> None:
-        """Drop row ``uid`` and its share of :attr:`projected_tokens`."""
-        del self._rows[uid]
+    def _forget(self, uid: int) -> RequestHandle:
+        """Drop row ``uid``; returns its request's handle."""
         self._unstarted.discard(uid)
-        self.projected_tokens -= self._projected.pop(uid)
+        return self._rows.pop(uid).handle
 
     def _prefill_once(self, prompt: tuple[int, ...], session: str | None) -> None:
         """Keep the KV cache of ``prompt[:-1]`` in the prompt cache unless it is
@@ -157,8 +135,7 @@ class BatchLane:
         if gone:
             self._keep(self._gen.remove(gone, return_prompt_caches=self._cache.enabled))
             for uid in gone:
-                self._forget(uid)
-                self._on_done("cancelled")
+                self._on_done(self._forget(uid), "cancelled")
         if not self._rows:
             return
         began, start = time.monotonic(), time.perf_counter()
@@ -197,8 +174,7 @@ class BatchLane:
             flush_wakeups()  # the rows served so far need not wait for the removal
             self._gen.remove(finished)
         for uid in finished:
-            self._forget(uid)
-            self._on_done("completed")
+            self._on_done(self._forget(uid), "completed")
 
     def _keep_finished(self, r: Any) -> None:
         """Keep the KV cache of the row ending at response ``r``: the generator
@@ -219,15 +195,15 @@ class BatchLane:
             self._parts.keep(tokens, cache, session)
 
     def fail_all(self, message: str) -> int:
-        """Fail every request in the batch with ``message``; returns how many."""
-        for row in self._rows.values():
-            row.handle.emit(Failed(message))
-        failed = len(self._rows)
+        """Fail every request in the batch with ``message`` (each ends through
+        ``on_done``); returns how many."""
+        rows = list(self._rows.values())
         self._rows.clear()
         self._unstarted.clear()
-        self._projected.clear()
-        self.projected_tokens = 0
-        return failed
+        for row in rows:
+            row.handle.emit(Failed(message))
+            self._on_done(row.handle, "failed")
+        return len(rows)
 
     def close(self) -> None:
         """Release the generator (wired-memory limit) and cancel what is left."""
@@ -235,6 +211,4 @@ class BatchLane:
             row.handle.cancel()
         self._rows.clear()
         self._unstarted.clear()
-        self._projected.clear()
-        self.projected_tokens = 0
         self._gen.close()

@@ -1,5 +1,5 @@
 """What a caller holds for queued engine work: a generation's event stream, or
-one exclusive MLX job (both run on the engine thread, :mod:`.generator`), and
+one exclusive MLX job (both run on the engine thread, :mod:`.scheduler`), and
 :func:`coalesced_wakeups`, which batches the event loop wake-ups of one engine step."""
 
 from __future__ import annotations
@@ -175,7 +175,8 @@ class ExclusiveJob:
     """
 
     def __init__(self, fn: Callable[[], Any]) -> None:
-        self.fn, self.future = fn, concurrent.futures.Future()
+        self.fn = fn
+        self.future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         self.left = threading.Event()
         self._steps: Any = None
 

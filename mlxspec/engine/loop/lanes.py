@@ -1,25 +1,32 @@
-"""What the engine's lanes share: the model's parts, the prefill chunk size and the
-hand-over of a running request.
+"""What the engine's lanes share: the model's parts, the prefill chunk size, how a
+request starts, the loop's counters and the hand-over of a running request.
 
 :class:`LaneParts` is what both lanes need to start a request (model,
-tokenizer, stop tokens, prompt cache, grammar compiler). :class:`Handoff` is a
-request ready to continue decoding in the batch (:meth:`~.batching.BatchLane.adopt`):
-either a new request (its prompt tail after a prompt-cache hit) or a
-:class:`~.solo.SoloRun` moved over mid-generation with its KV cache, logits
-processors and :class:`~.rows.Row`.
+tokenizer, stop tokens, prompt cache, grammar compiler), and
+:func:`start_request` is the one place a request starts: its best cached
+prefix, grammar, :class:`~.rows.Row`, sampler and logits processors. A
+:class:`Handoff` is a request ready to decode: either a new one (its prompt
+tail after a prompt-cache hit), which the solo lane decodes from and the batch
+adopts (:meth:`~.batching.BatchLane.adopt`), or a :class:`~.solo.SoloRun`
+moved over mid-generation with its KV cache, logits processors and row.
+:class:`LoopStats` is what the loop counts for ``GET /stats``.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from mlxspec.engine.caches.kv import cache_length
 from mlxspec.engine.caches.prompt_cache import CacheNamespace, PromptCache
 from mlxspec.engine.loop.rows import Row
-from mlxspec.engine.sampling.grammar import GrammarCache
+from mlxspec.engine.sampling.grammar import GrammarCache, GrammarProcessor
+from mlxspec.engine.sampling.sampler import build_logits_processors, build_sampler
+
+if TYPE_CHECKING:
+    from mlxspec.engine.loop.handles import RequestHandle
 
 log = logging.getLogger("mlxspec.engine")
 
@@ -90,6 +97,29 @@ class StepTimes:
         self.route_s += route_s
 
 
+#: How a request can end; each one submitted ends in exactly one.
+OUTCOMES = ("completed", "cancelled", "failed")
+
+
+@dataclass
+class LoopStats:
+    """What the engine loop counts since start (the engine thread writes, ``GET
+    /stats`` reads them through the engine).
+
+    Attributes:
+        outcomes (dict[str, int]): requests ended, by outcome (:data:`OUTCOMES`).
+        handoffs (int): lone requests moved into the batch mid-request (:mod:`.solo`).
+        steps (StepTimes): batched-lane steps (``batch.steps``).
+        solo_steps (StepTimes): decode steps of requests running alone
+            (``batch.solo_steps``).
+    """
+
+    outcomes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
+    handoffs: int = 0
+    steps: StepTimes = field(default_factory=StepTimes)
+    solo_steps: StepTimes = field(default_factory=StepTimes)
+
+
 @dataclass(frozen=True)
 class LaneParts:
     """The engine's pieces a lane needs to run requests (engine thread only).
@@ -131,7 +161,7 @@ class LaneParts:
 
 @dataclass
 class Handoff:
-    """A request ready to decode in the batch (``BatchGenerator.insert``'s per-row options).
+    """A request ready to decode (``BatchGenerator.insert``'s per-row options).
 
     Args:
         row (Row): the request's output bookkeeping (keeps counting across a move).
@@ -141,9 +171,12 @@ class Handoff:
             the logits processors' context.
         cache (list | None): per-layer KV cache holding ``held``; ``None`` when
             ``held`` is empty.
-        max_tokens (int): tokens the batch may still generate, at least one.
+        max_tokens (int): tokens it may still generate, at least one.
         sampler (Callable): mlx-lm sampler.
-        processors (list[Callable]): mlx-lm logits processors, grammar last.
+        processors (list[Callable]): mlx-lm logits processors (penalties,
+            ``logit_bias``), without the grammar.
+        grammar (GrammarProcessor | None): the request's grammar mask, which runs
+            after ``processors``. Default: ``None``.
     """
 
     row: Row
@@ -153,3 +186,44 @@ class Handoff:
     max_tokens: int
     sampler: Callable
     processors: list[Callable]
+    grammar: GrammarProcessor | None = None
+
+    @property
+    def chain(self) -> list[Callable]:
+        """Every logits processor in order: the grammar mask goes last, after
+        penalties and ``logit_bias``."""
+        return [*self.processors, *([self.grammar] if self.grammar is not None else [])]
+
+
+def start_request(handle: RequestHandle, parts: LaneParts, budget: int, lane: str) -> Handoff:
+    """Start a request: the steps both lanes take before its first prefill.
+
+    Fetches the best kept prefix of the prompt from the prompt cache, builds the
+    grammar for its constraint, its :class:`~.rows.Row`, its sampler and its
+    logits processors (mlx-lm's ``make_sampler`` and ``make_logits_processors``,
+    through :mod:`~mlxspec.engine.sampling.sampler`).
+
+    Args:
+        handle (RequestHandle): the request.
+        parts (LaneParts): the engine's parts.
+        budget (int): tokens it may generate (>= 1).
+        lane (str): ``"serial"`` or ``"batched"``, reported in ``Finished``.
+
+    Returns:
+        Handoff: the request before any token was fed: ``held`` is the cached
+        prefix (``cache`` holds it, ``None`` on a miss) and ``feed`` the rest of
+        the prompt.
+    """
+    req = handle.request
+    cache, cached = parts.prompt_cache.fetch(parts.namespace, req.prompt, req.session)
+    grammar = None if parts.grammars is None else parts.grammars.for_request(req.constraint)
+    return Handoff(
+        row=Row(handle, parts.tokenizer, parts.eos, lane=lane, cached=cached, grammar=grammar),
+        feed=list(req.prompt[cached:]),
+        held=list(req.prompt[:cached]),
+        cache=cache,
+        max_tokens=budget,
+        sampler=build_sampler(req.sampling, list(parts.xtc_special)),
+        processors=build_logits_processors(req.logits),
+        grammar=grammar,
+    )

@@ -10,15 +10,15 @@ logprob entry is sent with the text it wrote (:class:`~.stops.HeldLogprobs`).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from mlxspec.engine.loop.stops import HeldLogprobs, StopMatcher
 from mlxspec.engine.types import Delta, Finished, GenerationRequest, TokenLogprob, TopLogprob
 
 if TYPE_CHECKING:
-    from mlxspec.engine.engine import RequestHandle
+    from mlxspec.engine.loop.handles import RequestHandle
     from mlxspec.engine.sampling.grammar import GrammarProcessor
 
 
@@ -112,7 +112,8 @@ def token_logprob(
         ids = mx.argpartition(-logprobs, kth=top_k - 1)[:top_k]
         values = logprobs[ids]
         order = mx.argsort(-values)
-        ids_l, vals_l = ids[order].tolist(), values[order].tolist()
+        ids_l = cast(list[int], ids[order].tolist())  # [top_k]
+        vals_l = cast(list[float], values[order].tolist())
         pieces = tokenizer.convert_ids_to_tokens(ids_l)
         top = tuple(
             TopLogprob(i, p, finite_logprob(v), piece_bytes(detok, tokenizer, i, p))
@@ -133,7 +134,7 @@ class Row:
     Args:
         handle (RequestHandle): where events go.
         tokenizer: an mlx-lm ``TokenizerWrapper``.
-        eos (set[int]): end-of-sequence token ids.
+        eos (Collection[int]): end-of-sequence token ids.
         lane (str): ``"serial"`` or ``"batched"``, reported in ``Finished``.
         grammar (GrammarProcessor | None): the request's grammar, which also
             ends it (``"stop"``) once only a stop token may follow. Default: ``None``.
@@ -145,7 +146,7 @@ class Row:
         self,
         handle: RequestHandle,
         tokenizer: Any,
-        eos: set[int],
+        eos: Collection[int],
         lane: str = "serial",
         grammar: GrammarProcessor | None = None,
         cached: int = 0,
@@ -192,7 +193,7 @@ class Row:
         self._detok.add_token(token)
         segment = self._detok.last_segment
         text = self._stops.feed(segment)
-        lps = ()
+        lps: tuple[TokenLogprob, ...] = ()
         if self._held is not None:
             lps = self._held.push(entry, segment, text, stopped=self._stops.stopped, end=False)
         if text or entry is not None:

@@ -27,18 +27,11 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from mlxspec.engine.loop.lanes import Handoff, LaneParts, StepTimes
-from mlxspec.engine.loop.rows import Row
-from mlxspec.engine.sampling.sampler import (
-    build_logits_processors,
-    build_sampler,
-    needs_global_seed,
-    penalty_window,
-    with_history,
-)
+from mlxspec.engine.loop.lanes import Handoff, LaneParts, StepTimes, start_request
+from mlxspec.engine.sampling.sampler import needs_global_seed, penalty_window, with_history
 
 if TYPE_CHECKING:
-    from mlxspec.engine.engine import RequestHandle
+    from mlxspec.engine.loop.handles import RequestHandle
 
 
 class _Lookahead:
@@ -77,25 +70,19 @@ class SoloRun:
     ) -> None:
         from mlx_lm.models.cache import make_prompt_cache
 
-        req = handle.request
         self.handle, self._parts, self._budget = handle, parts, budget
         #: Where this run's decode steps are timed (the engine's, for ``GET /stats``).
         self.times = StepTimes() if times is None else times
         #: ``"completed"`` or ``"cancelled"`` once the request ended.
         self.outcome = "completed"
-        grammar = None if parts.grammars is None else parts.grammars.for_request(req.constraint)
-        self._grammar = grammar
-        cache, cached = parts.prompt_cache.fetch(parts.namespace, req.prompt, req.session)
-        self._cache = cache if cache is not None else make_prompt_cache(parts.model)
-        self._fed = cached  # prompt tokens the KV cache holds before generation starts
+        start = start_request(handle, parts, budget, lane)
+        self.row, self._grammar, self._processors = start.row, start.grammar, start.processors
+        self._cache = start.cache if start.cache is not None else make_prompt_cache(parts.model)
+        self._fed = len(start.held)  # prompt tokens the KV cache holds before generation starts
         #: The prompt plus every token handed to the row.
-        self._tokens = list(req.prompt)
-        self.row = Row(
-            handle, parts.tokenizer, parts.eos, lane=lane, cached=cached, grammar=grammar
-        )
+        self._tokens = list(handle.request.prompt)
         self.row.before_finish = self._keep
-        self._processors = build_logits_processors(req.logits)
-        self._sampler = _Lookahead(build_sampler(req.sampling, list(parts.xtc_special)))
+        self._sampler = _Lookahead(start.sampler)
         self._steps: Any = None
 
     def step(self) -> bool:
@@ -149,7 +136,6 @@ class SoloRun:
             if self._push(int(token.item()), logprobs.squeeze(0)):
                 return None
             feed, held = self._tokens[-1:], self._tokens[:-1]
-        grammar = [self._grammar] if self._grammar is not None else []
         self.row.before_finish = None  # the batch keeps the KV cache from now on
         return Handoff(
             row=self.row,
@@ -158,7 +144,8 @@ class SoloRun:
             cache=self._cache if held else None,
             max_tokens=self._budget - self.row.count,
             sampler=self._sampler.sampler,
-            processors=[*self._processors, *grammar],
+            processors=self._processors,
+            grammar=self._grammar,
         )
 
     def cancel(self) -> None:
@@ -251,8 +238,9 @@ def run_alone(
     """
     import mlx.core as mx
 
-    if needs_global_seed(handle.request.sampling):
-        mx.random.seed(handle.request.sampling.seed)
+    seed = handle.request.sampling.seed
+    if seed is not None and needs_global_seed(handle.request.sampling):
+        mx.random.seed(seed)
     run = SoloRun(handle, parts, budget, lane="serial", times=times)
     while not run.step():
         if between is not None:

@@ -18,7 +18,7 @@ import shutil
 import tempfile
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
@@ -158,9 +158,11 @@ def _read_gguf(path: Path) -> tuple[dict[str, mx.array], dict[str, Any]]:
     if not path.is_file():
         raise GGUFError(f"GGUF file not found: {path}")
     try:
-        weights, meta = mx.load(str(path), format="gguf", return_metadata=True)
+        loaded = mx.load(str(path), format="gguf", return_metadata=True)
     except (RuntimeError, ValueError, OSError) as e:
         raise GGUFError(f"cannot read GGUF file {path}: {e}") from e
+    # mx.load's stub has one return type for every format; with metadata it is this pair.
+    weights, meta = cast(tuple[dict[str, mx.array], dict[str, Any]], loaded)
     arch = _meta(meta, "general.architecture", None)
     if arch not in _ARCHITECTURES:
         raise GGUFError(
@@ -238,7 +240,7 @@ def _quantization(tensors: dict[str, mx.array]) -> dict[str, Any] | None:
             params[module] = {"group_size": _GGUF_GROUP_SIZE, "bits": bits}
         elif name.endswith(".weight") and array.ndim == 2 and f"{module}.scales" not in tensors:
             params[module] = False
-    packed = [(p["group_size"], p["bits"]) for p in params.values() if p]
+    packed = [(p["group_size"], p["bits"]) for p in params.values() if isinstance(p, dict)]
     if not packed:
         return None
     group_size, bits = Counter(packed).most_common(1)[0][0]

@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from mlxspec.engine import Engine
+from mlxspec.engine import EngineProtocol
 from mlxspec.handlers.chat.choices import (
     ChoiceStream,
     cancel_all,
@@ -65,7 +65,7 @@ async def create_chat_completion(body: dict[str, Any]) -> Any:
     return body_out, 200, {**JSON, **warning}
 
 
-async def open_turns(engine: Engine, body: dict[str, Any]) -> list[Turn]:
+async def open_turns(engine: EngineProtocol, body: dict[str, Any]) -> list[Turn]:
     """Template once and submit the body's ``n`` choices (see :mod:`.choices`)."""
     n = choice_count(body)
     first = await open_turn(engine, body, group=n)  # admits all n choices, or none

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from dataclasses import replace
 from typing import Any, TypeVar
 
-from mlxspec.engine import Engine, Finished, GenerationRequest, RequestHandle
+from mlxspec.engine import EngineProtocol, Finished, GenerationRequest, RequestHandle
 from mlxspec.handlers.common import usage
 from mlxspec.http import sse
 
@@ -41,7 +41,7 @@ def choice_request(request: GenerationRequest, index: int) -> GenerationRequest:
 
 
 def submit_choices(
-    engine: Engine,
+    engine: EngineProtocol,
     first: GenerationRequest,
     first_handle: RequestHandle,
     n: int,
@@ -54,7 +54,7 @@ def submit_choices(
     counted its cancelled members as cancelled generations).
 
     Args:
-        engine (Engine): the serving engine.
+        engine (EngineProtocol): the serving engine.
         first (GenerationRequest): choice 0's request.
         first_handle (RequestHandle): choice 0's handle.
         n (int): the number of choices.

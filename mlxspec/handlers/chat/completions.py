@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mlxspec.engine import (
-    Engine,
+    EngineProtocol,
     Finished,
     GenerationRequest,
     RequestHandle,
@@ -92,7 +92,7 @@ async def create_completion(body: dict[str, Any]) -> Any:
     return out, 200, {**JSON, **warning}
 
 
-def prompt_tokens(engine: Engine, prompt: str | list) -> list[int]:
+def prompt_tokens(engine: EngineProtocol, prompt: str | list) -> list[int]:
     """The token ids of a validated ``prompt`` (a prompt thread's work).
 
     The document admits OpenAI's shapes of one prompt: a string, tokenized as
@@ -100,7 +100,7 @@ def prompt_tokens(engine: Engine, prompt: str | list) -> list[int]:
     one-element list holding either (the batch form with one entry).
 
     Args:
-        engine (Engine): the serving engine (its tokenizer and vocabulary size).
+        engine (EngineProtocol): the serving engine (its text prompts and vocabulary size).
         prompt (str | list): the body's ``prompt``.
 
     Returns:

@@ -21,7 +21,7 @@ from typing import Any
 
 from connexion.context import scope
 
-from mlxspec.engine import Engine, PromptError
+from mlxspec.engine import EngineProtocol, PromptError
 from mlxspec.errors import ApiError
 from mlxspec.handlers.common import JSON, current_engine, now
 from mlxspec.handlers.responses.input import assistant_message, to_chat_body
@@ -72,8 +72,7 @@ async def create_response(body: dict[str, Any]) -> Any:
     try:
         turn = await open_turn(engine, chat, prompt_param="input")
     except PromptError as exc:
-        # its param indexes the translated chat messages, which the client never saw
-        raise ApiError("invalid_request", exc.message, param="input") from exc
+        raise _input_error(exc) from exc
     builder = ResponseBuilder(_skeleton(body, turn, conversation, engine), _token_counter(engine))
     keep = _keeper(store, conversation, builder, stored)
     response_id, view = builder.response["id"], _view(builder, turn)
@@ -159,8 +158,16 @@ async def count_response_input_tokens(body: dict[str, Any]) -> Any:
     try:
         tokens = await count_prompt(engine, chat)
     except PromptError as exc:
-        raise ApiError("invalid_request", exc.message, param="input") from exc
+        raise _input_error(exc) from exc
     return {"object": "response.input_tokens", "input_tokens": tokens}, 200, JSON
+
+
+def _input_error(exc: PromptError) -> ApiError:
+    """A chat prompt error in the Responses body's terms: its param indexes the
+    translated chat messages, which the client never saw (``input``), unless
+    it names ``chat_template_kwargs``, a field of both bodies."""
+    shared = (exc.param or "").startswith("chat_template_kwargs")
+    return ApiError("invalid_request", exc.message, param=exc.param if shared else "input")
 
 
 def _previous(store: ResponseStore, body: dict[str, Any]) -> Conversation | None:
@@ -324,7 +331,7 @@ def _keeper(
 
 
 def _skeleton(
-    body: dict[str, Any], turn: Turn, conversation: Conversation, engine: Engine
+    body: dict[str, Any], turn: Turn, conversation: Conversation, engine: EngineProtocol
 ) -> dict[str, Any]:
     """The response fields known before generation: ids and the echoed request."""
     sampling = turn.request.sampling
@@ -353,11 +360,11 @@ def _skeleton(
     }
 
 
-def _token_counter(engine: Engine) -> Callable[[str], int]:
+def _token_counter(engine: EngineProtocol) -> Callable[[str], int]:
     """Tokens in a text by the served tokenizer, for ``reasoning_tokens``
     (the think markers themselves are not counted)."""
 
     def count(text: str) -> int:
-        return len(engine.tokenizer.encode(text, add_special_tokens=False))
+        return engine.count_text_tokens(text)
 
     return count

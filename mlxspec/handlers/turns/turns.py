@@ -20,13 +20,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlxspec.engine import (
+    ChatFormat,
     Constraint,
     Delta,
-    Engine,
+    EngineProtocol,
     Finished,
     GenerationRequest,
     RequestHandle,
-    off_loop,
+    TemplateBudget,
 )
 from mlxspec.handlers.common import (
     cancel_on_disconnect,
@@ -48,6 +49,7 @@ from mlxspec.handlers.turns.parser import (
     TurnParser,
 )
 from mlxspec.handlers.turns.structured import structured_output, warning_header, with_system_note
+from mlxspec.handlers.turns.templates import build_prompt, template_budget
 from mlxspec.handlers.turns.tool_options import (
     TurnOptions,
     forcing_constraint,
@@ -80,23 +82,23 @@ class Turn:
 
 
 @functools.lru_cache(maxsize=8)
-def _choice(engine: Engine) -> ParserChoice:
-    """The served model's parser formats, detected once per engine."""
-    return detect(engine.tokenizer)
+def _choice(chat_format: ChatFormat) -> ParserChoice:
+    """The served model's parser formats, detected once per chat format."""
+    return detect(chat_format)
 
 
-def _opens_thinking(engine: Engine, prompt: list[int], choice: ParserChoice) -> bool:
+def _opens_thinking(engine: EngineProtocol, prompt: list[int], choice: ParserChoice) -> bool:
     """True when the rendered prompt ends inside an open thinking channel
     (templates that write ``<think>`` into the generation prompt)."""
     if choice.reasoning is None:
         return False
     parser = reasoning_parser_class(choice.reasoning)
-    tail = engine.tokenizer.decode(list(prompt[-16:]))
+    tail = engine.decode_tokens(prompt[-16:])
     return tail.rfind(parser.start) > tail.rfind(parser.end)
 
 
 async def open_turn(
-    engine: Engine, body: Mapping[str, Any], prompt_param: str = "messages", group: int = 1
+    engine: EngineProtocol, body: Mapping[str, Any], prompt_param: str = "messages", group: int = 1
 ) -> Turn:
     """Template an OpenAI-shaped chat body (off the event loop) and submit it.
 
@@ -110,7 +112,7 @@ async def open_turn(
     Either way ``Turn.warning`` holds the ``Warning`` header.
 
     Args:
-        engine (Engine): the serving engine.
+        engine (EngineProtocol): the serving engine.
         body (Mapping): an OpenAI chat completion body (other surfaces translate
             to this shape first); ``messages``, ``tools``, ``chat_template_kwargs``,
             the structured-output and the sampling fields are read.
@@ -123,8 +125,13 @@ async def open_turn(
     Returns:
         Turn: the submitted request.
 
+    A template the body brings (``chat_template_kwargs.chat_template``, on a
+    server that allows it) renders within the server's bounds, counted by
+    admission and stopped when the client leaves (:mod:`.templates`).
+
     Raises:
-        PromptError: the template cannot render the messages.
+        PromptError: the template cannot render the messages
+            (``TemplateBoundError``: a request's template over the bounds).
         ContextLengthError: the prompt does not fit.
         ApiError: an invalid or unenforceable ``tool_choice`` (400).
         EngineRequestError, QueueFullError: as ``Engine.submit``.
@@ -153,25 +160,29 @@ class _Prepared:
     warning: dict[str, str]
 
 
-async def _prepare(engine: Engine, body: Mapping[str, Any]) -> _Prepared:
+async def _prepare(engine: EngineProtocol, body: Mapping[str, Any]) -> _Prepared:
     """Compile the turn's grammars, take the degrade path where one fails, and
     render the prompt (see :func:`open_turn`)."""
     run, warning = await structured_output(engine, dict(body), chat=True)
     options = turn_options(run)
-    choice = _choice(engine)
-    prompt, thinking = await off_loop(_render, engine, run, options, choice)
+    choice = _choice(engine.chat_format)
+    budget = template_budget(engine, run)
+    prompt, thinking = await build_prompt(
+        engine, budget, _render, engine, run, options, choice, budget
+    )
     forced = bool(options.tools) and options.tool_choice not in ("auto", "none")
     constraint = forcing_constraint(options, choice, thinking) if forced else None
     if constraint is not None:
         reason = await asyncio.to_thread(engine.grammar_problem, constraint)
         if reason is not None:
             run = with_system_note(run, forcing_instruction(options))
-            prompt, thinking = await off_loop(_render, engine, run, options, choice)
+            args = (engine, run, options, choice, budget)
+            prompt, thinking = await build_prompt(engine, budget, _render, *args)
             constraint, warning = None, warning_header(reason)
     return _Prepared(run, prompt, thinking, options, choice, forced, constraint, warning)
 
 
-async def count_prompt(engine: Engine, body: Mapping[str, Any]) -> int:
+async def count_prompt(engine: EngineProtocol, body: Mapping[str, Any]) -> int:
     """Tokens of the prompt :func:`open_turn` would submit for ``body``: the same
     template, tools, template variables and degrade-path instruction (a grammar
     that does not compile is described in a system message), without generating.
@@ -184,13 +195,19 @@ async def count_prompt(engine: Engine, body: Mapping[str, Any]) -> int:
 
 
 def _render(
-    engine: Engine, body: Mapping[str, Any], options: TurnOptions, choice: ParserChoice
+    engine: EngineProtocol,
+    body: Mapping[str, Any],
+    options: TurnOptions,
+    choice: ParserChoice,
+    budget: TemplateBudget | None,
 ) -> tuple[list[int], bool]:
     """The prompt tokens of ``body`` and whether they leave the thinking channel
-    open (a prompt thread's work: see :func:`~mlxspec.engine.off_loop`)."""
+    open (a prompt thread's work: see :func:`.templates.build_prompt`)."""
     tools = list(options.tools) if options.tools and options.tool_choice != "none" else None
-    kwargs = template_kwargs(body, str(getattr(engine.tokenizer, "chat_template", "") or ""))
-    prompt = engine.chat_prompt(body["messages"], tools, kwargs)
+    own = engine.request_template(body.get("chat_template_kwargs"))
+    template = own if own is not None else engine.chat_format.chat_template
+    kwargs = template_kwargs(body, str(template or ""))
+    prompt = engine.chat_prompt(body["messages"], tools, kwargs, budget)
     return prompt, _opens_thinking(engine, prompt, choice)
 
 

@@ -50,7 +50,7 @@ class ChatHub:
     def __init__(self, engine: Any, store: ChatStore, context_window: int) -> None:
         self.engine, self.store, self.context_window = engine, store, context_window
         self.sockets: set[ChatSocket] = set()
-        self.thinking = detect(engine.tokenizer).reasoning is not None
+        self.thinking = detect(engine.chat_format).reasoning is not None
 
     async def call(self, method: str, *args: Any) -> Any:
         """``store.<method>(*args)`` off the event loop (a commit fsyncs)."""
