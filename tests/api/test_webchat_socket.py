@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -290,6 +291,19 @@ def test_a_rebound_name_is_not_the_servers_own_origin(chat_server: LiveServer) -
     with pytest.raises(InvalidStatus) as refused:
         connect(url, sock=sock, origin=f"http://evil.example:{chat_server.port}", open_timeout=10)
     assert refused.value.response.status_code == 403
+    assert json.loads(refused.value.response.body)["error"]["code"] == "host_not_allowed"
+
+
+def test_an_open_socket_outlives_the_header_and_keep_alive_timeouts(
+    tiny_engine: Any, tmp_path: Path
+) -> None:
+    # mlxspec serve's connection limits bound a request's head, not an upgraded socket
+    config = ServeConfig(chat_db=str(tmp_path / "db"), header_timeout=1, keep_alive_timeout=1)
+    with LiveServer(create_app(tiny_engine, config), config) as server:
+        with ChatClient(server.base) as chat:
+            time.sleep(2.5)
+            chat.send({"type": "list_sessions"})
+            assert chat.first("sessions")["items"] == []
 
 
 def test_allowed_origins_let_a_page_in(tiny_engine: Any, tmp_path: Path) -> None:
