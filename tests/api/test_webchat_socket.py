@@ -21,9 +21,8 @@ from websockets.sync.client import connect
 
 from mlxspec.config import ServeConfig
 from mlxspec.conformance.httpx_checks import checking_client
-from mlxspec.handlers.webchat.sessions import ChatStore
 from mlxspec.http.app import create_app
-from mlxspec.http.ws_chat import CLOSE_UNAUTHORIZED, chat_db_path
+from mlxspec.http.ws_chat import CLOSE_UNAUTHORIZED
 from tests.conftest import LiveServer
 from tests.webchat_client import ChatClient, stats, wait_for, ws_url
 
@@ -341,22 +340,3 @@ def test_another_websocket_path_is_a_404(chat_server: LiveServer) -> None:
     with pytest.raises(InvalidStatus) as refused:
         connect(ws_url(chat_server.base) + "/x", open_timeout=10)
     assert refused.value.response.status_code == 404
-
-
-# ---------------------------------------------------------------------- store
-
-
-def test_the_store_is_wal_and_private(tmp_path: Path) -> None:
-    store = ChatStore(tmp_path / "deep" / "chat.sqlite3")
-    assert store.journal_mode() == "wal"
-    assert (store.path.stat().st_mode & 0o777) == 0o600
-    assert (store.path.parent.stat().st_mode & 0o777) == 0o700
-    store.close()
-
-
-def test_the_default_database_is_in_the_cache_folder(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("MLXSPEC_CACHE_DIR", str(tmp_path))
-    assert chat_db_path(ServeConfig()) == tmp_path / "chat.sqlite3"
-    assert chat_db_path(ServeConfig(chat_db="~/x.db")) == Path.home() / "x.db"

@@ -57,6 +57,8 @@ CREATE INDEX IF NOT EXISTS sessions_by_update ON sessions(updated DESC);
 
 #: Characters of the first user message a session's title keeps.
 TITLE_CHARS = 60
+#: Sessions a list holds (older ones stay stored, and open by id).
+LIST_LIMIT = 500
 
 
 @dataclass(frozen=True)
@@ -235,13 +237,15 @@ class ChatStore:
             )
         return sid
 
-    def list(self) -> list[SessionSummary]:
-        """Every session, the most recently changed first."""
+    def list(self, limit: int = LIST_LIMIT) -> list[SessionSummary]:
+        """The most recently changed sessions first, at most ``limit`` of them
+        (every ``sessions`` frame carries the list)."""
         with self._lock:
             rows = self._db.execute(
                 "SELECT s.id, s.title, s.created, s.updated, COUNT(m.seq) FROM sessions s "
                 "LEFT JOIN messages m ON m.session_id = s.id GROUP BY s.id "
-                "ORDER BY s.updated DESC, s.rowid DESC"
+                "ORDER BY s.updated DESC, s.rowid DESC LIMIT ?",
+                (limit,),
             ).fetchall()
         return [SessionSummary(*row) for row in rows]
 

@@ -202,6 +202,7 @@ function setRunning(running) {
   $("#send").hidden = running;
   $("#stop").hidden = !running;
   document.body.classList.toggle("running", running);
+  $("#messages").setAttribute("aria-busy", String(running)); // read the answer once it is whole
 }
 
 function resetStrip() {
