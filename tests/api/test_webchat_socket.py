@@ -21,6 +21,7 @@ from websockets.sync.client import connect
 
 from mlxspec.config import ServeConfig
 from mlxspec.conformance.httpx_checks import checking_client
+from mlxspec.handlers.webchat.sessions import ChatStore
 from mlxspec.http.app import create_app
 from mlxspec.http.ws_chat import CLOSE_UNAUTHORIZED
 from tests.conftest import LiveServer
@@ -211,6 +212,36 @@ def test_regenerate_edit_fork_and_delete(chat_server: LiveServer) -> None:
         chat.send({"type": "delete_session", "id": fork["sessionId"]})
         error = chat.first("error")
         assert error["message"] == f"no chat session {fork['sessionId']!r}"
+
+
+def test_a_turn_sent_the_moment_turn_end_arrives_is_taken(
+    chat_server: LiveServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The page's Regenerate may follow turn_end at once: by then the answer is
+    stored and the socket free (it was refused while a slow disk still wrote
+    the answer)."""
+    append = ChatStore.append
+
+    def slow_append(self: ChatStore, *args: Any) -> Any:
+        time.sleep(0.3)  # a slow fsync: the answer's write outlasts a frame's trip
+        return append(self, *args)
+
+    monkeypatch.setattr(ChatStore, "append", slow_append)
+    with ChatClient(chat_server.base) as chat:
+        short(chat, 3)
+        chat.send({"type": "prompt", "text": "quick"})
+        sid = chat.until("turn_end")[0]["sessionId"]
+        for _ in range(3):
+            chat.send({"type": "regenerate"})  # before this turn's context frame
+            frames = chat.until("turn_end")
+            assert not [f for f in frames if f["type"] == "error"], frames
+            history = next(f for f in frames if f["type"] == "history")
+            assert [m["role"] for m in history["items"]] == ["user"]
+        chat.until("context")
+        chat.send({"type": "open_session", "id": sid})
+        items = chat.until("history")[-1]["items"]
+        assert [m["role"] for m in items] == ["user", "assistant"]
+        assert items[1]["meta"]["finishReason"] == "length"
 
 
 def test_settings_reach_the_engine_request(chat_server: LiveServer) -> None:

@@ -150,7 +150,7 @@ class ChatSocket:
     async def dispatch(self, frame: dict[str, Any]) -> None:
         """Run one valid frame (``auth`` after the handshake is a no-op)."""
         kind = frame["type"]
-        running = self.task is not None and not self.task.done()
+        running = self.turn is not None  # until its answer is stored and turn_end sent
         if kind in _TURNS and running:
             raise ApiError("invalid_request", "a turn is running: abort it first")
         if kind in _LEAVING and running:
@@ -251,11 +251,15 @@ class ChatSocket:
         self.task = asyncio.ensure_future(self._run(self.turn, session.summary.id, keep))
 
     async def _run(self, turn: SocketTurn, session_id: str, keep: int) -> None:
+        ended = False  # turn_end sent: a later failure must not send a second one
         try:
-            answer = await turn.run()
+            answer, end = await turn.run()
             if answer is not None:
                 # keep: the answer follows exactly the messages it was asked with
                 await self.hub.call("append", session_id, answer, keep)
+            self.turn = None  # stored: the next turn may start once turn_end is seen
+            ended = True
+            await self.send(end)
             tokens = turn.context_tokens
             if tokens is None:
                 tokens = await self._count(await self._session(session_id))
@@ -265,6 +269,8 @@ class ChatSocket:
         except Exception:
             log.exception("web chat turn failed")
             await self.send(error_frame(ApiError.internal()))
+            if not ended:
+                await self.send({"type": "turn_end", "finishReason": "error"})
         finally:
             if self.turn is turn:
                 self.turn = None

@@ -5,8 +5,8 @@ A session's messages and settings become an OpenAI chat body
 templates and submits exactly as it does for ``POST /v1/chat/completions``;
 :class:`SocketTurn` renders the :data:`~mlxspec.handlers.turns.parser.ChatEvent`
 stream as frames (``turn_start``, ``text_delta``, ``thinking_delta``,
-``tool_start``/``tool_end``, ``turn_end``) and returns the answer to store,
-as far as it got when the turn was aborted.
+``tool_start``/``tool_end``) and returns the answer to store, as far as it
+got when the turn was aborted, with the ``turn_end`` frame to send after it.
 """
 
 from __future__ import annotations
@@ -160,22 +160,23 @@ class SocketTurn:
         if self._turn is not None:
             self._turn.handle.cancel()
 
-    async def run(self) -> ChatMessage | None:
-        """Run the turn to its end.
+    async def run(self) -> tuple[ChatMessage | None, dict[str, Any]]:
+        """Run the turn to its end, all but its ``turn_end`` frame (the socket
+        sends that once the answer is stored, so a client that saw it may
+        start the next turn at once).
 
         Returns:
-            ChatMessage | None: the assistant's answer (``meta`` holds
-            ``finishReason``, ``lane``, ``usage``, ``stats``), partial when
-            aborted; ``None`` when the turn could not start (an ``error`` frame
-            said why).
+            tuple[ChatMessage | None, dict]: the assistant's answer (``meta``
+            holds ``finishReason``, ``lane``, ``usage``, ``stats``), partial
+            when aborted, or ``None`` when the turn could not start (an
+            ``error`` frame said why); and the ``turn_end`` frame.
         """
         started = time.monotonic()
         try:
             self._turn = turn = await open_turn(self.engine, self.body)
         except (ApiError, EngineRequestError, QueueFullError) as exc:
             await self.send(error_frame(as_api_error(exc)))
-            await self.send({"type": "turn_end", "finishReason": "error"})
-            return None
+            return None, {"type": "turn_end", "finishReason": "error"}
         if self._aborted:  # the abort came while the prompt was templated
             turn.handle.cancel()
         sampling = sampling_view(turn.request)
@@ -223,7 +224,7 @@ class SocketTurn:
 
     async def _finish(
         self, finished: Finished | None, reason: str, started: float, sampling: dict[str, Any]
-    ) -> ChatMessage:
+    ) -> tuple[ChatMessage, dict[str, Any]]:
         meta: dict[str, Any] = {"finishReason": reason, "sampling": sampling}
         end: dict[str, Any] = {"type": "turn_end", "finishReason": reason}
         if finished is not None:
@@ -238,13 +239,12 @@ class SocketTurn:
             meta.update(lane=finished.lane, usage=usage(finished), stats=stats)
             end.update(lane=finished.lane, usage=meta["usage"], stats=stats)
             self.context_tokens = finished.prompt_tokens + finished.completion_tokens
-        await self.send(end)
         calls = tuple(
             {"id": cid, "type": "function", "function": {"name": name, "arguments": "".join(args)}}
             for cid, name, args in self._calls.values()
         )
         reasoning = "".join(self._reasoning) or None
-        return ChatMessage("assistant", "".join(self._text), reasoning, calls, meta)
+        return ChatMessage("assistant", "".join(self._text), reasoning, calls, meta), end
 
 
 def _args(fragments: list[str]) -> Any:
