@@ -8,13 +8,14 @@ import asyncio
 from typing import Any
 
 from mlxspec.engine import FLUSH_TIMEOUT_S
-from mlxspec.handlers.common import JSON, current_engine, request_headers, session_key
+from mlxspec.handlers.context import JSON, current_engine, request_headers
+from mlxspec.handlers.requests import session_key
 
 
 async def close_cache_session(body: dict[str, Any] | None = None) -> Any:
     """Forget a session's checkpoint association; its entries stay cached.
 
-    The session is read as the generation routes read it (:func:`.common.session_key`:
+    The session is read as the generation routes read it (:func:`.requests.session_key`:
     body ``session_id``, ``prompt_cache_key``, then the affinity headers), so a
     client that labels its requests with a header closes the session the same way.
     ``closed`` says whether a session id was supplied, as the reference answers,

@@ -20,7 +20,7 @@ from starlette.responses import Response
 
 from mlxspec import __version__
 from mlxspec.engine import FitSnapshot, ModelInfo, ModelMemory, StatsSnapshot
-from mlxspec.handlers.common import current_engine
+from mlxspec.handlers.context import current_engine
 from mlxspec.host import machine
 from mlxspec.http.metrics import CONTENT_TYPE
 

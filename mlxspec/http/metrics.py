@@ -5,7 +5,7 @@ process-global one: tests build many apps). Four feeds fill it:
 
 * :class:`RequestMetricsMiddleware` counts every HTTP response by the route
   template of the OpenAPI document, method and status;
-* :class:`GenerationWatch`, driven by ``handlers.common.outputs`` (which sees
+* :class:`GenerationWatch`, driven by ``handlers.events.outputs`` (which sees
   every event of every surface), times the first token (TTFT, split into the
   queue time before the engine started the request and the prefill time
   after) and the gaps between tokens, and counts prompt, generated and
@@ -223,7 +223,7 @@ class RouteLabels:
                 if isinstance(op, dict)
                 for p in op.get("parameters", [])
             ]
-            wide = {p.get("name") for p in params if p.get("schema", {}).get("format") == "path"}
+            wide = {str(p["name"]) for p in params if p.get("schema", {}).get("format") == "path"}
             routes.append((template.count("{"), template, _template_regex(template, wide)))
         # Literal paths before parameterised ones.
         self._routes = [(regex, template) for _, template, regex in sorted(routes)]

@@ -13,7 +13,7 @@ from typing import Any
 
 from mlxspec.engine import PromptError
 from mlxspec.errors import ApiError
-from mlxspec.handlers.common import JSON, current_engine, until_disconnect
+from mlxspec.handlers.context import JSON, current_engine
 from mlxspec.handlers.decisions.wire import (
     DecisionRequest,
     answer_texts,
@@ -22,6 +22,7 @@ from mlxspec.handlers.decisions.wire import (
     question_messages,
     render_answer,
 )
+from mlxspec.handlers.events import until_disconnect
 
 
 async def create_decision(body: dict[str, Any]) -> Any:

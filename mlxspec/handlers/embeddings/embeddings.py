@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from mlxspec.errors import ApiError
-from mlxspec.handlers.common import JSON, current_engine, current_metrics, until_disconnect
+from mlxspec.handlers.context import JSON, current_engine, current_metrics
+from mlxspec.handlers.events import until_disconnect
 
 
 async def create_embedding(body: dict[str, Any]) -> Any:

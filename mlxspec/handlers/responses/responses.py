@@ -23,7 +23,7 @@ from connexion.context import scope
 
 from mlxspec.engine import EngineProtocol, PromptError
 from mlxspec.errors import ApiError
-from mlxspec.handlers.common import JSON, current_engine, now
+from mlxspec.handlers.context import JSON, current_engine, now
 from mlxspec.handlers.responses.input import assistant_message, to_chat_body
 from mlxspec.handlers.responses.output import Frame, ResponseBuilder, item_id, turn_as_events
 from mlxspec.handlers.responses.store import Conversation, ResponseStore, Running, StoredResponse
@@ -121,7 +121,7 @@ async def _run_in_background(
         async for _ in _frames(turn, builder, keep):
             pass
     except ApiError as exc:
-        cancelled = exc.spec.status == 499  # the engine request was cancelled
+        cancelled = exc.kind == "cancelled"  # the engine request was cancelled
         builder.stop("cancelled" if cancelled else "failed")
         if not cancelled:
             builder.fail(exc)  # sets ``error``

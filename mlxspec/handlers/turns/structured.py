@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mlxspec.engine import Constraint, EngineProtocol
-from mlxspec.handlers.common import STRUCTURED_FIELDS, to_constraint
+from mlxspec.handlers.requests import STRUCTURED_FIELDS, to_constraint
 
 #: Longest ``Warning`` header value sent (reasons can quote a whole grammar).
 MAX_WARNING = 400

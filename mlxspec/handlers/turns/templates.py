@@ -21,8 +21,13 @@ from typing import Any, TypeVar
 
 from connexion.context import scope
 
-from mlxspec.engine import EngineProtocol, TemplateBudget, off_loop, template_off_loop
-from mlxspec.handlers.common import until_disconnect
+from mlxspec.engine import (
+    EngineProtocol,
+    TemplateBudget,
+    off_loop,
+    template_off_loop,
+)
+from mlxspec.handlers.events import until_disconnect
 
 T = TypeVar("T")
 

@@ -25,7 +25,7 @@ from mlxspec.engine import (
     QueueFullError,
 )
 from mlxspec.errors import ApiError
-from mlxspec.handlers.common import usage
+from mlxspec.handlers.chat.choices import usage
 from mlxspec.handlers.turns.parser import (
     ReasoningDelta,
     TextDelta,
