@@ -204,23 +204,25 @@ def test_a_message_streams_into_the_page(open_page: Any, web: LiveServer) -> Non
         }"""
     )
     page.click("#open-settings")  # an answer long enough to watch it grow (~1 s)
-    page.fill("#setting-max_tokens", "150")
+    page.fill("#setting-max_tokens", "300")
     page.click("#settings-save")
     ask(page, watch, "Hello there")
     deltas = "".join(f["delta"] for f in watch.frames("text_delta"))
     assert len(watch.frames("text_delta")) > 1 and deltas.strip()
     painted = [text.strip() for text in page.evaluate("window.painted") if text.strip()]
-    assert len(set(painted)) > 1, painted  # it grew on screen, paint after paint
+    # it was on screen before it was whole: a paint showed a part of the answer
+    # (how many paints depends on the machine's load: the page paints once a frame)
+    assert painted and any(len(text) < len(deltas.strip()) for text in painted), painted
     assert all(deltas.startswith(text) for text in painted)
     assert page.inner_text(".msg.assistant .body") == deltas
     assert page.inner_text("#stat-lane") == "batched"
     assert page.inner_text("#stat-tps").endswith("tok/s")
     assert page.inner_text("#stat-ttft").endswith("ms")
     assert page.inner_text("#stat-context").endswith(
-        "/ 4096 tokens (" + str(watch.frames("context")[-1]["percent"]) + "%)"
+        f"/ 4096 tokens ({watch.frames('context')[-1]['percent']:g}%)"  # as JS prints 8.0
     )
     assert page.inner_text("#session-list .session .title") == "Hello there"
-    assert "150 tokens · cut at max tokens" in page.inner_text(".msg.assistant .meta")
+    assert "300 tokens · cut at max tokens" in page.inner_text(".msg.assistant .meta")
 
 
 def test_stop_mid_answer_cancels_the_request(open_page: Any, web: LiveServer) -> None:
