@@ -19,12 +19,14 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
+from fixtures.tool_models import build_tool_model
 from mlxspec.config import ServeConfig
 from mlxspec.conformance.httpx_checks import checking_client
 from mlxspec.handlers.webchat.sessions import ChatStore
 from mlxspec.http.app import create_app
 from mlxspec.http.ws_chat import CLOSE_UNAUTHORIZED
 from tests.conftest import LiveServer
+from tests.fakes import FakeEngine
 from tests.webchat_client import ChatClient, stats, wait_for, ws_url
 
 KEY = "sekret"
@@ -371,3 +373,22 @@ def test_another_websocket_path_is_a_404(chat_server: LiveServer) -> None:
     with pytest.raises(InvalidStatus) as refused:
         connect(ws_url(chat_server.base) + "/x", open_timeout=10)
     assert refused.value.response.status_code == 404
+
+
+def test_set_thinking_reaches_the_template(tmp_path: Path) -> None:
+    """``set_thinking`` is the template's ``enable_thinking``: off, the Qwen3-style
+    template closes the channel; on, it opens it; the switch is kept with the session."""
+    engine = FakeEngine.from_dir(build_tool_model(tmp_path / "think", "think"), "think")
+    engine.script = ["</think>\n\nfine"]
+    with LiveServer(create_app(engine, ServeConfig(chat_db=str(tmp_path / "db")))) as server:
+        with ChatClient(server.base) as chat:
+            assert chat.greeting["ready"]["thinking"] is True  # the page shows the switch
+            chat.send({"type": "set_thinking", "enabled": False})
+            turn = chat.turn({"type": "prompt", "text": "hi"})
+            assert engine.prompts[-1].endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+            history = next(f for f in turn["frames"] if f["type"] == "history")
+            assert history["settings"]["thinking"] is False
+            chat.send({"type": "set_thinking", "enabled": True})
+            turn = chat.turn({"type": "regenerate"})
+            assert engine.prompts[-1].endswith("<|im_start|>assistant\n<think>\n")
+            assert turn["text"] == "fine"

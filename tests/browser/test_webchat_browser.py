@@ -206,7 +206,7 @@ def test_a_message_streams_into_the_page(open_page: Any, web: LiveServer) -> Non
     page.click("#open-settings")  # an answer long enough to watch it grow (~1 s)
     page.fill("#setting-max_tokens", "300")
     page.click("#settings-save")
-    ask(page, watch, "Hello there")
+    end = ask(page, watch, "Hello there")
     deltas = "".join(f["delta"] for f in watch.frames("text_delta"))
     assert len(watch.frames("text_delta")) > 1 and deltas.strip()
     painted = [text.strip() for text in page.evaluate("window.painted") if text.strip()]
@@ -216,6 +216,7 @@ def test_a_message_streams_into_the_page(open_page: Any, web: LiveServer) -> Non
     assert all(deltas.startswith(text) for text in painted)
     assert page.inner_text(".msg.assistant .body") == deltas
     assert page.inner_text("#stat-lane") == "batched"
+    assert page.inner_text("#stat-cached") == str(end["stats"]["cachedTokens"])
     assert page.inner_text("#stat-tps").endswith("tok/s")
     assert page.inner_text("#stat-ttft").endswith("ms")
     assert page.inner_text("#stat-context").endswith(
