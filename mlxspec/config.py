@@ -78,6 +78,9 @@ class ServeConfig:
         cpu_weights (str): ``auto``, ``float32`` or ``native``: whether the CPU
             backend holds the weights as float32 for the optimised BLAS
             (:mod:`mlxspec.engine.model.cpu_weights`). Default: ``"auto"``.
+        chat_db (str | None): the web chat's sessions database (SQLite);
+            ``None`` is ``chat.sqlite3`` in mlxspec's cache folder
+            (:func:`mlxspec.http.ws_chat.chat_db_path`). Default: ``None``.
         warmup (bool | None): run each prefill length a prompt-cache hit can
             take once before serving (:mod:`mlxspec.engine.model.warmup`); environment
             ``MLXSPEC_WARMUP``: ``0`` off, ``1`` on, unset or ``auto`` (``None``)
@@ -156,6 +159,8 @@ class ServeConfig:
     prefill_step: int | None = None
     prompt_concurrency: int = 8
     prompt_cache_size: int | None = None
+    # The web chat's sessions database (--chat-db); None: ~/.cache/mlxspec/.
+    chat_db: str | None = None
 
     @property
     def template_defaults(self) -> dict[str, Any]:

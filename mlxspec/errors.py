@@ -55,7 +55,7 @@ ERROR_TABLE: dict[str, ErrorSpec] = {
     "context_over_budget": ErrorSpec(400, "memory_admission", "context_over_budget"),
     "unauthorized": ErrorSpec(401, "authentication_error", "invalid_api_key"),
     # A Host the server does not answer to (DNS rebinding; --allowed-hosts), an
-    # /admin request from a foreign Origin (--allowed-origins).
+    # /admin request or a /ws/chat handshake from a foreign Origin (--allowed-origins).
     "host_not_allowed": ErrorSpec(403, "permission_error", "host_not_allowed"),
     "origin_not_allowed": ErrorSpec(403, "permission_error", "origin_not_allowed"),
     "not_found": ErrorSpec(404, "not_found_error"),
@@ -69,6 +69,8 @@ ERROR_TABLE: dict[str, ErrorSpec] = {
     "request_timeout": ErrorSpec(408, "invalid_request_error", "request_timeout"),
     "payload_too_large": ErrorSpec(413, "invalid_request_error", "payload_too_large"),
     "unsupported_media_type": ErrorSpec(415, "invalid_request_error", "unsupported_media_type"),
+    # A plain GET of a WebSocket route (/ws/chat; RFC 9110 section 15.5.22).
+    "upgrade_required": ErrorSpec(426, "invalid_request_error", "upgrade_required"),
     "queue_full": ErrorSpec(429, "resource_admission", "queue_full"),
     # The request line and headers over --max-header-bytes (RFC 6585 section 5).
     "headers_too_large": ErrorSpec(431, "invalid_request_error", "request_headers_too_large"),

@@ -125,6 +125,13 @@ def _operations_flags(serve: argparse.ArgumentParser) -> None:
         help="comma-separated CORS origins, or '*' (repeatable; default: CORS off)",
     )
     serve.add_argument(
+        "--chat-db",
+        metavar="PATH",
+        default=None,
+        help="the web chat's sessions database (SQLite; default: chat.sqlite3 in "
+        "$MLXSPEC_CACHE_DIR, else ~/.cache/mlxspec)",
+    )
+    serve.add_argument(
         "--max-body-bytes",
         type=parse_bytes,
         default=ServeConfig().max_body_bytes,
@@ -366,4 +373,5 @@ def parse_config(argv: Sequence[str] | None = None) -> ServeConfig:
         prefill_step=args.prefill_step_size,
         prompt_concurrency=args.prompt_concurrency,
         prompt_cache_size=args.prompt_cache_size,
+        chat_db=args.chat_db,
     )

@@ -173,6 +173,7 @@ def serve(config: ServeConfig) -> int:
         f"at {url}/v1",
         flush=True,
     )
+    print(f"mlxspec: web chat at {url}/", flush=True)
     server = _draining_server(
         uvicorn_config(
             create_app(engine, config), config, timeout_graceful_shutdown=DRAIN_TIMEOUT_S

@@ -14,7 +14,8 @@ import json
 from typing import Any
 
 from jsonschema_path import SchemaPath
-from openapi_core import OpenAPI
+from openapi_core import Config, OpenAPI
+from openapi_core.deserializing.media_types.util import json_loads, plain_loads
 from openapi_core.validation.schemas import oas31_schema_validators_factory
 from openapi_core.validation.schemas.exceptions import InvalidSchemaValue
 
@@ -41,10 +42,17 @@ class ContractViolation(AssertionError):
     """A response that breaks the contract of the OpenAPI document."""
 
 
+#: Text media types the web chat's routes answer, read as text (openapi-core reads
+#: only text/html and text/plain so; other types reach ``type: string`` as bytes).
+_TEXT_TYPES = ("text/javascript", "text/css", "image/svg+xml")
+
+
 @functools.cache
 def api() -> OpenAPI:
     """The document as openapi-core's :class:`OpenAPI`, built once."""
-    return OpenAPI.from_dict(load_spec())
+    text = {media: plain_loads for media in _TEXT_TYPES}
+    readers = {**text, "application/manifest+json": json_loads}
+    return OpenAPI.from_dict(load_spec(), config=Config(extra_media_type_deserializers=readers))
 
 
 def fail(where: str, message: str) -> ContractViolation:

@@ -22,6 +22,7 @@ from mlxspec.engine.loop.admission import (
     QueueFullError,
 )
 from mlxspec.engine.model.fit import ModelMemory
+from mlxspec.engine.model.loader import cache_dir
 from mlxspec.engine.prompt import off_loop, template_off_loop, token_prompt
 from mlxspec.engine.sampling.sampler import GenerationDefaults
 from mlxspec.engine.scoring import ScoredAnswers, score_answers
@@ -88,6 +89,7 @@ __all__ = [
     "TemplateBudget",
     "TokenLogprob",
     "TopLogprob",
+    "cache_dir",
     "embed_texts",
     "off_loop",
     "request_template",

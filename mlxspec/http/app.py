@@ -9,7 +9,8 @@ or the engine, is rendered through :mod:`mlxspec.errors`.
 
 Around Connexion, outermost first: the ``Host``/``Origin`` checks
 (:mod:`mlxspec.http.guard`), CORS (only with allowed origins), request metrics
-(:mod:`mlxspec.http.metrics`), and :class:`_WithEngine`. API keys are
+(:mod:`mlxspec.http.metrics`), the web chat's WebSocket (:mod:`mlxspec.http.ws_chat`),
+and :class:`_WithEngine`. API keys are
 checked by Connexion's security middleware (:mod:`mlxspec.http.security`).
 """
 
@@ -53,6 +54,7 @@ from mlxspec.http.paths import (
     suggest_path,
 )
 from mlxspec.http.security import key_refusal, security_options
+from mlxspec.http.ws_chat import ChatSocketMount
 from mlxspec.openapi import served_spec
 from mlxspec.openapi.validation import (
     RequestBodyValidator,
@@ -422,6 +424,7 @@ def create_app(engine: Any, config: Any = None, *, validate_responses: bool = Fa
     app.add_error_handler(Exception, _error)
     metrics = Metrics(engine)
     asgi: Any = _WithEngine(app, engine, config, metrics, spec)
+    asgi = ChatSocketMount(asgi, engine, config, metrics)  # /ws/chat, beside Connexion
     asgi = RequestMetricsMiddleware(asgi, metrics, RouteLabels(spec))
     if config.allowed_origins:
         asgi = ApiCORSMiddleware(

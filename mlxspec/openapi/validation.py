@@ -58,7 +58,7 @@ def enable_openapi_31() -> None:
     from connexion.exceptions import InvalidSpecification
     from connexion.spec import OpenAPISpecification
 
-    stock = OpenAPISpecification._validate_spec.__func__  # type: ignore[attr-defined]
+    stock = OpenAPISpecification._validate_spec.__func__
 
     def _validate_spec(cls: type, spec: dict) -> None:
         if str(spec.get("openapi", "")).startswith("3.1"):
@@ -69,7 +69,7 @@ def enable_openapi_31() -> None:
         else:
             stock(cls, spec)
 
-    OpenAPISpecification._validate_spec = classmethod(_validate_spec)  # type: ignore[method-assign]
+    OpenAPISpecification._validate_spec = classmethod(_validate_spec)
     _patched = True
 
 

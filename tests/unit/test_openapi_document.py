@@ -28,6 +28,8 @@ EDGE_CODES = {"403", "408", "431", "503"}
 GENERATION_CODES = {"200", "400", "401", "413", "415", "429", "499", "500"}
 #: GET routes behind the API key (all but /health).
 READ_CODES = {"200", "400", "401", "500"}
+#: The web chat's page routes.
+WEB = "mlxspec.handlers.webchat.pages"
 #: Scoring and embeddings: no generation queue, so no 429.
 OPERATIONS = [
     # method, path, operationId, router controller, tag, response codes
@@ -157,7 +159,18 @@ OPERATIONS = [
         "embeddings",
         GENERATION_CODES,
     ),
+    # The web chat: public shell routes (the socket asks for the key itself).
+    ("get", "/", "getWebApp", WEB, "web", {"200", "400", "500"}),
+    ("get", "/assets/{asset}", "getWebAsset", WEB, "web", {"200", "400", "404", "500"}),
+    ("get", "/manifest.webmanifest", "getWebManifest", WEB, "web", {"200", "400", "500"}),
+    ("get", "/sw.js", "getServiceWorker", WEB, "web", {"200", "400", "500"}),
+    ("get", "/chat", "redirectChatPage", WEB, "web", {"302", "400", "500"}),
+    ("get", "/status", "redirectStatusPage", WEB, "web", {"302", "400", "500"}),
+    ("get", "/ws/chat", "openChatSocket", WEB, "web", {"101", "400", "403", "426", "500"}),
 ]
+
+#: Responses that are a status and headers only (a redirect, the WebSocket upgrade).
+HEADER_ONLY = {"101", "302"}
 
 #: Non-2xx responses that carry another body than an ``ErrorResponse``: the
 #: reference answers a not-yet-durable flush with the flush report itself, and
@@ -285,6 +298,9 @@ def test_operation_routing_and_responses(
     for code in codes:
         response, _ = _resolve(op["responses"][code])
         assert response["description"]
+        if code in HEADER_ONLY:
+            assert "content" not in response, f"{operation_id} {code} has a body"
+            continue
         assert response["content"], f"{operation_id} {code} has no content"
         for media_type, media in response["content"].items():
             assert "schema" in media, f"{operation_id} {code} {media_type} has no schema"

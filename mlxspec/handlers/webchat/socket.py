@@ -1,0 +1,349 @@
+"""The ``/ws/chat`` protocol: one connection's frames, sessions and turns.
+
+:class:`ChatSocket` reads client frames (:mod:`.frames`) and answers them
+(reference, "Web chat WebSocket (``/ws/chat``)"). Its state is the session it
+shows: ``None`` for a blank chat, which becomes a stored session at its first
+``prompt``, with the settings chosen meanwhile. A turn runs as a task beside
+the frame loop, so ``abort`` (or the socket closing) reaches it while it
+streams; frames that leave the session (``new_session``, ``open_session``, ...)
+stop a running turn first, keeping what it wrote. Sessions are shared through
+:class:`ChatHub`: another socket's list follows each change, and a socket
+showing a session another one just answered reloads its history.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from mlxspec.errors import ApiError
+from mlxspec.handlers.turns.turns import count_prompt
+from mlxspec.handlers.webchat.frames import FrameError, dump_frame, error_frame, read_frame
+from mlxspec.handlers.webchat.sessions import ChatMessage, ChatStore, Session, SessionSettings
+from mlxspec.handlers.webchat.turn import SAMPLING_FIELDS, SocketTurn, as_api_error, chat_body
+from mlxspec.parsers import detect
+
+__all__ = ["ChatHub", "ChatSocket"]
+
+log = logging.getLogger("mlxspec.webchat")
+
+#: Frames that show another session: a running turn is stopped first.
+_LEAVING = frozenset({"new_session", "open_session", "fork_session", "delete_session"})
+#: Frames that start a turn: refused while one runs.
+_TURNS = frozenset({"prompt", "regenerate", "edit_resend"})
+
+
+class ChatHub:
+    """What the sockets of one app share: the engine, the store, each other.
+
+    Args:
+        engine (Engine): the serving engine.
+        store (ChatStore): the sessions database.
+        context_window (int): tokens one turn may take (the operator's cap,
+            else the model's window).
+    """
+
+    def __init__(self, engine: Any, store: ChatStore, context_window: int) -> None:
+        self.engine, self.store, self.context_window = engine, store, context_window
+        self.sockets: set[ChatSocket] = set()
+        self.thinking = detect(engine.chat_format).reasoning is not None
+
+    async def call(self, method: str, *args: Any) -> Any:
+        """``store.<method>(*args)`` off the event loop (a commit fsyncs)."""
+        return await asyncio.to_thread(getattr(self.store, method), *args)
+
+    async def changed(self, origin: ChatSocket, session_id: str | None = None) -> None:
+        """Tell the other sockets the list changed; those showing ``session_id``
+        get its history again."""
+        for socket in list(self.sockets - {origin}):
+            await socket.send_sessions()
+            if session_id is not None and socket.session_id == session_id:
+                await socket.send_history()
+
+
+class ChatSocket:
+    """One ``/ws/chat`` connection after its handshake (and key check).
+
+    Args:
+        hub (ChatHub): the app's shared state.
+        send_text (Callable): sends a text message; raises once the socket is closed.
+    """
+
+    def __init__(self, hub: ChatHub, send_text: Any) -> None:
+        self.hub = hub
+        self._send_text = send_text
+        self._lock = asyncio.Lock()
+        self.closed = False
+        self.session_id: str | None = None
+        self.settings = SessionSettings()
+        self.next_turn: dict[str, Any] = {}
+        self.turn: SocketTurn | None = None
+        self.task: asyncio.Task[None] | None = None
+
+    async def send(self, frame: dict[str, Any]) -> None:
+        """Send one frame; after the client left, nothing (and the turn stops)."""
+        if self.closed:
+            return
+        async with self._lock:
+            try:
+                await self._send_text(dump_frame(frame))
+            except Exception:  # the socket closed under us (any ASGI server's way)
+                self.closed = True
+        if self.closed and self.turn is not None:
+            self.turn.abort()
+
+    async def open(self) -> None:
+        """Greet a new connection: ``ready``, ``sessions``, an empty ``history``."""
+        self.hub.sockets.add(self)
+        engine = self.hub.engine
+        defaults = engine.defaults
+        await self.send(
+            {
+                "type": "ready",
+                "model": engine.info.id,
+                "vision": False,
+                "audio": False,
+                "thinking": self.hub.thinking,
+                "genDefaults": {
+                    "temperature": defaults.temperature,
+                    "top_p": defaults.top_p,
+                    "top_k": defaults.top_k,
+                    "max_tokens": defaults.max_tokens,
+                },
+                "transcription": False,
+                "contextWindow": self.hub.context_window,
+            }
+        )
+        await self.send_sessions()
+        await self.send_history()
+
+    async def close(self) -> None:
+        """The client left: stop the running turn (its slot is freed at the next
+        decode step) and wait until its partial answer is stored."""
+        self.closed = True
+        self.hub.sockets.discard(self)
+        await self.stop_turn()
+
+    async def stop_turn(self) -> None:
+        """Abort the running turn, if any, and wait for it to end."""
+        if self.turn is not None:
+            self.turn.abort()
+        if self.task is not None:
+            with contextlib.suppress(Exception):
+                await self.task
+
+    async def receive(self, message: Mapping[str, Any]) -> None:
+        """Answer one client message (an ASGI ``websocket.receive``); a bad
+        frame or a refused one is an ``error`` frame, never a closed socket."""
+        try:
+            frame = read_frame(message)
+            await self.dispatch(frame)
+        except FrameError as exc:
+            await self.send(error_frame(exc.error))
+        except ApiError as exc:
+            await self.send(error_frame(exc))
+
+    async def dispatch(self, frame: dict[str, Any]) -> None:
+        """Run one valid frame (``auth`` after the handshake is a no-op)."""
+        kind = frame["type"]
+        running = self.turn is not None  # until its answer is stored and turn_end sent
+        if kind in _TURNS and running:
+            raise ApiError("invalid_request", "a turn is running: abort it first")
+        if kind in _LEAVING and running:
+            await self.stop_turn()
+        handler = getattr(self, f"_on_{kind}", None)
+        if handler is not None:
+            await handler(frame)
+
+    # ---------------------------------------------------------------- frames
+
+    async def _on_abort(self, frame: dict[str, Any]) -> None:
+        if self.turn is not None:
+            self.turn.abort()
+
+    async def _on_list_sessions(self, frame: dict[str, Any]) -> None:
+        await self.send_sessions()
+
+    async def _on_new_session(self, frame: dict[str, Any]) -> None:
+        self.session_id, self.settings, self.next_turn = None, SessionSettings(), {}
+        await self.send_history()
+        await self.send_sessions()
+
+    async def _on_open_session(self, frame: dict[str, Any]) -> None:
+        session = await self._session(frame["id"])
+        self.session_id, self.settings, self.next_turn = frame["id"], session.settings, {}
+        await self.send_history(session)
+        await self.send_sessions()
+
+    async def _on_fork_session(self, frame: dict[str, Any]) -> None:
+        new = await self.hub.call("fork", frame["id"])
+        if new is None:
+            raise _unknown(frame["id"])
+        await self._on_open_session({"id": new})
+        await self.hub.changed(self)
+
+    async def _on_delete_session(self, frame: dict[str, Any]) -> None:
+        if not await self.hub.call("delete", frame["id"]):
+            raise _unknown(frame["id"])
+        if self.session_id == frame["id"]:
+            self.session_id, self.next_turn = None, {}
+            await self.send_history()
+        await self.send_sessions()
+        await self.hub.changed(self)
+
+    async def _on_set_system_prompt(self, frame: dict[str, Any]) -> None:
+        text = frame["text"] or None
+        await self._save(dataclasses.replace(self.settings, system_prompt=text))
+
+    async def _on_set_thinking(self, frame: dict[str, Any]) -> None:
+        await self._save(dataclasses.replace(self.settings, thinking=frame["enabled"]))
+
+    async def _on_set_tools(self, frame: dict[str, Any]) -> None:
+        tools = tuple(frame["tools"] or ())
+        await self._save(dataclasses.replace(self.settings, tools=tools))
+
+    async def _on_set_sampling(self, frame: dict[str, Any]) -> None:
+        fields = {k: frame[k] for k in SAMPLING_FIELDS if k in frame}
+        if frame.get("scope") == "next_turn":
+            self.next_turn.update({k: v for k, v in fields.items() if v is not None})
+            return
+        sampling = {**self.settings.sampling, **fields}
+        sampling = {k: v for k, v in sampling.items() if v is not None}  # null: the default
+        await self._save(dataclasses.replace(self.settings, sampling=sampling))
+
+    async def _on_prompt(self, frame: dict[str, Any]) -> None:
+        if frame.get("images"):
+            raise ApiError("invalid_request", "this model takes no images", param="images")
+        if self.session_id is None:
+            self.session_id = await self.hub.call("create", self.settings)
+        user = ChatMessage("user", frame["text"])
+        await self.hub.call("append", self.session_id, user)
+        session = await self._session(self.session_id)
+        await self._start(session, len(session.messages))
+
+    async def _on_regenerate(self, frame: dict[str, Any]) -> None:
+        session = await self._current()
+        last = _last_user(session)
+        await self.hub.call("truncate", session.summary.id, last + 1)
+        await self._start(await self._session(session.summary.id), last + 1)
+
+    async def _on_edit_resend(self, frame: dict[str, Any]) -> None:
+        session = await self._current()
+        last = _last_user(session)
+        await self.hub.call("append", session.summary.id, ChatMessage("user", frame["text"]), last)
+        await self._start(await self._session(session.summary.id), last + 1)
+
+    # --------------------------------------------------------------- helpers
+
+    async def _start(self, session: Session, keep: int) -> None:
+        """Send the history the turn answers, then start it as a task (its
+        ``context`` follows the answer)."""
+        await self.send_history(session, context=False)
+        await self.send_sessions()
+        await self.hub.changed(self)
+        body = chat_body(session.summary.id, self.settings, session.messages, self.next_turn)
+        self.next_turn = {}
+        self.turn = SocketTurn(self.hub.engine, body, session.summary.id, self.send)
+        self.task = asyncio.ensure_future(self._run(self.turn, session.summary.id, keep))
+
+    async def _run(self, turn: SocketTurn, session_id: str, keep: int) -> None:
+        ended = False  # turn_end sent: a later failure must not send a second one
+        try:
+            answer, end = await turn.run()
+            if answer is not None:
+                # keep: the answer follows exactly the messages it was asked with
+                await self.hub.call("append", session_id, answer, keep)
+            self.turn = None  # stored: the next turn may start once turn_end is seen
+            ended = True
+            await self.send(end)
+            tokens = turn.context_tokens
+            if tokens is None:
+                tokens = await self._count(await self._session(session_id))
+            await self.send_context(tokens)
+            await self.send_sessions()
+            await self.hub.changed(self, session_id)
+        except Exception:
+            log.exception("web chat turn failed")
+            await self.send(error_frame(ApiError.internal()))
+            if not ended:
+                await self.send({"type": "turn_end", "finishReason": "error"})
+        finally:
+            if self.turn is turn:
+                self.turn = None
+
+    async def _save(self, settings: SessionSettings) -> None:
+        self.settings = settings
+        if self.session_id is not None:
+            await self.hub.call("set_settings", self.session_id, settings)
+
+    async def _session(self, session_id: str) -> Session:
+        session = await self.hub.call("get", session_id)
+        if session is None:
+            raise _unknown(session_id)
+        return session
+
+    async def _current(self) -> Session:
+        if self.session_id is None:
+            raise ApiError("invalid_request", "this chat has no messages yet")
+        return await self._session(self.session_id)
+
+    async def _count(self, session: Session | None) -> int:
+        """Tokens the conversation takes as the next prompt (0 for a blank chat)."""
+        if session is None or not session.messages:
+            return 0
+        body = chat_body(session.summary.id, session.settings, session.messages)
+        try:
+            return await count_prompt(self.hub.engine, body)
+        except Exception as exc:  # a template that cannot render: say so, count nothing
+            await self.send(error_frame(as_api_error(exc)))
+            return 0
+
+    async def send_sessions(self) -> None:
+        """Send the conversation list (``sessions``)."""
+        items = [s.wire() for s in await self.hub.call("list")]
+        await self.send({"type": "sessions", "items": items, "activeId": self.session_id})
+
+    async def send_history(self, session: Session | None = None, context: bool = True) -> None:
+        """Send the shown session's messages and settings (``history``), then
+        (with ``context``) its ``context``."""
+        if session is None and self.session_id is not None:
+            session = await self.hub.call("get", self.session_id)
+            if session is None:  # deleted by another socket
+                self.session_id = None
+        if session is not None:
+            self.settings = session.settings
+        items = [m.wire() for m in session.messages] if session is not None else []
+        await self.send(
+            {
+                "type": "history",
+                "sessionId": self.session_id,
+                "settings": self.settings.wire(),
+                "items": items,
+            }
+        )
+        if context:
+            await self.send_context(await self._count(session))
+
+    async def send_context(self, tokens: int) -> None:
+        """Send the context use (``context``)."""
+        window = self.hub.context_window
+        percent = round(100 * tokens / window, 1)
+        await self.send(
+            {"type": "context", "tokens": tokens, "contextWindow": window, "percent": percent}
+        )
+
+
+def _unknown(session_id: str) -> ApiError:
+    return ApiError("not_found", f"no chat session {session_id!r}", param="id")
+
+
+def _last_user(session: Session) -> int:
+    """The index of the session's last user message."""
+    for i in range(len(session.messages) - 1, -1, -1):
+        if session.messages[i].role == "user":
+            return i
+    raise ApiError("invalid_request", "this chat has no user message to answer")

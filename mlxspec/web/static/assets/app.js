@@ -1,0 +1,326 @@
+// The web chat: wiring between the socket, the conversation view, the session
+// list, the composer, the stats strip and the dialogs. Plain ES modules, no
+// build step; everything is same-origin.
+
+import { MessageList } from "./messages.js";
+import { SettingsDialog, askKey, modelInfo, showStatus } from "./panels.js";
+import { ChatConnection } from "./socket.js";
+
+const $ = (selector) => document.querySelector(selector);
+
+const state = {
+  ready: null,
+  model: { id: null, context: null },
+  sessionId: null,
+  settings: { systemPrompt: null, sampling: {}, thinking: null, tools: [] },
+  items: [],
+  sessions: [],
+  running: false,
+  live: null,
+};
+
+const list = new MessageList($("#messages"), {
+  onEdit: (text) => send({ type: "edit_resend", text }),
+  onRegenerate: () => send({ type: "regenerate" }),
+  modelName: () => state.model.id || state.ready?.model || "Model",
+});
+
+const settingsDialog = new SettingsDialog($("#settings-dialog"), (chosen) => {
+  send({ type: "set_system_prompt", text: chosen.systemPrompt });
+  send({ type: "set_sampling", scope: "session", ...chosen.sampling });
+  if (state.ready?.thinking) send({ type: "set_thinking", enabled: chosen.thinking });
+  send({ type: "set_tools", tools: chosen.tools });
+  state.settings = chosen;
+  showSettingsSummary();
+});
+
+const connection = new ChatConnection({
+  onFrame,
+  onState: (s) => {
+    const chip = $("#connection");
+    chip.dataset.state = s;
+    chip.textContent = { connecting: "connecting…", open: "", closed: "offline, reconnecting…" }[s];
+    if (s !== "open") setRunning(false);
+  },
+  askKey: (message) => askKey($("#key-dialog"), message),
+});
+
+function send(frame) {
+  if (!connection.send(frame)) notice("Not connected: the message was not sent.");
+}
+
+function notice(text) {
+  const box = $("#notice");
+  box.textContent = text;
+  box.hidden = !text;
+}
+
+// ------------------------------------------------------------------- frames
+
+const handlers = {
+  ready(frame) {
+    state.ready = frame;
+    showModel();
+    $("#prompt").disabled = false;
+    if (document.activeElement === document.body) $("#prompt").focus(); // autofocus skipped it while disabled
+    if (state.sessionId) connection.send({ type: "open_session", id: state.sessionId });
+  },
+  sessions(frame) {
+    state.sessions = frame.items;
+    renderSessions();
+  },
+  history(frame) {
+    state.sessionId = frame.sessionId;
+    state.settings = frame.settings;
+    state.items = frame.items;
+    list.render(state.items, state.running);
+    renderSessions();
+    showSettingsSummary();
+    if (!frame.sessionId) resetStrip();
+  },
+  turn_start(frame) {
+    setRunning(true);
+    state.live = list.startAnswer();
+    $("#strip").dataset.sampling = JSON.stringify(frame.sampling);
+  },
+  text_delta: (frame) => state.live?.text_delta(frame.delta),
+  thinking_delta: (frame) => state.live?.thinking_delta(frame.delta),
+  tool_start: (frame) => state.live?.tool_start(frame),
+  tool_end: (frame) => state.live?.tool_end(frame),
+  turn_end(frame) {
+    if (state.live) {
+      state.items.push(state.live.finish(frame));
+      state.live = null;
+    }
+    setRunning(false);
+    list.render(state.items);
+    showStrip(frame);
+  },
+  context(frame) {
+    const meter = $("#context-meter");
+    meter.max = frame.contextWindow;
+    meter.value = frame.tokens;
+    $("#stat-context").textContent = `${frame.tokens} / ${frame.contextWindow} tokens (${frame.percent}%)`;
+  },
+  error(frame) {
+    notice(frame.message);
+  },
+};
+
+function onFrame(frame) {
+  if (frame.type !== "error") notice("");
+  handlers[frame.type]?.(frame);
+}
+
+// ---------------------------------------------------------------- rendering
+
+function showModel() {
+  const id = state.model.id || state.ready?.model || "";
+  const context = state.model.context || state.ready?.contextWindow;
+  $("#model-name").textContent = id;
+  $("#model-context").textContent = context ? `context ${context.toLocaleString()}` : "";
+  document.title = id ? `${id} · mlxspec` : "mlxspec chat";
+}
+
+function renderSessions() {
+  const ul = $("#session-list");
+  ul.replaceChildren();
+  for (const s of state.sessions) {
+    const li = document.createElement("li");
+    li.className = s.id === state.sessionId ? "active" : "";
+    const open = document.createElement("button");
+    open.type = "button";
+    open.className = "session";
+    open.dataset.id = s.id;
+    open.setAttribute("aria-current", s.id === state.sessionId ? "page" : "false");
+    const title = document.createElement("span");
+    title.className = "title";
+    title.textContent = s.title;
+    const when = document.createElement("small");
+    when.textContent = `${new Date(s.updated * 1000).toLocaleString()} · ${s.messages} messages`;
+    open.append(title, when);
+    open.addEventListener("click", () => {
+      send({ type: "open_session", id: s.id });
+      closeSidebarOnPhone();
+    });
+    const fork = iconButton("fork", `Fork “${s.title}”`, () => send({ type: "fork_session", id: s.id }));
+    const del = iconButton("delete", `Delete “${s.title}”`, () => {
+      if (confirm(`Delete “${s.title}”?`)) send({ type: "delete_session", id: s.id });
+    });
+    li.append(open, fork, del);
+    ul.append(li);
+  }
+  $("#no-sessions").hidden = state.sessions.length > 0;
+}
+
+// 16x16 stroke icons, drawn here so no font lacks the glyph.
+const ICONS = {
+  fork: "M5.5 5.5h7v7h-7zM3.5 10.5v-7h7",
+  delete: "M3.5 4.5h9M6.5 4.5V3h3v1.5M5 4.5l.6 8.5h4.8l.6-8.5",
+};
+
+function icon(name) {
+  const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
+  svg.setAttribute("viewBox", "0 0 16 16");
+  svg.setAttribute("width", "16");
+  svg.setAttribute("height", "16");
+  svg.setAttribute("aria-hidden", "true");
+  const path = document.createElementNS("http://www.w3.org/2000/svg", "path");
+  path.setAttribute("d", ICONS[name]);
+  path.setAttribute("fill", "none");
+  path.setAttribute("stroke", "currentColor");
+  path.setAttribute("stroke-width", "1.5");
+  path.setAttribute("stroke-linecap", "round");
+  svg.append(path);
+  return svg;
+}
+
+function iconButton(name, label, onClick) {
+  const b = document.createElement("button");
+  b.type = "button";
+  b.className = `icon ${name}`;
+  b.append(icon(name));
+  b.title = label;
+  b.setAttribute("aria-label", label);
+  b.addEventListener("click", onClick);
+  return b;
+}
+
+function showSettingsSummary() {
+  const s = state.settings;
+  const parts = Object.entries(s.sampling || {})
+    .filter(([, v]) => v != null)
+    .map(([k, v]) => `${k} ${v}`);
+  if (s.systemPrompt) parts.unshift("system prompt");
+  if (s.thinking != null) parts.push(`thinking ${s.thinking ? "on" : "off"}`);
+  if (s.tools?.length) parts.push(`${s.tools.length} tools`);
+  $("#settings-summary").textContent = parts.length ? parts.join(", ") : "server defaults";
+}
+
+function setRunning(running) {
+  state.running = running;
+  $("#send").hidden = running;
+  $("#stop").hidden = !running;
+  document.body.classList.toggle("running", running);
+  $("#messages").setAttribute("aria-busy", String(running)); // read the answer once it is whole
+}
+
+function resetStrip() {
+  for (const id of ["#stat-tps", "#stat-ttft", "#stat-cached", "#stat-lane"]) $(id).textContent = "—";
+}
+
+function showStrip(end) {
+  const stats = end.stats || {};
+  $("#stat-tps").textContent = stats.tokensPerSecond != null ? `${stats.tokensPerSecond.toFixed(1)} tok/s` : "—";
+  $("#stat-ttft").textContent = stats.ttftMs != null ? `${Math.round(stats.ttftMs)} ms` : "—";
+  $("#stat-cached").textContent = stats.cachedTokens != null ? `${stats.cachedTokens}` : "—";
+  $("#stat-lane").textContent = end.lane || "—";
+}
+
+// ----------------------------------------------------------------- composer
+
+function submitPrompt() {
+  const box = $("#prompt");
+  const text = box.value;
+  if (!text.trim() || state.running) return;
+  if (!connection.send({ type: "prompt", text })) {
+    notice("Not connected: the message was not sent.");
+    return;
+  }
+  box.value = "";
+  autosize();
+  list.pending(text);
+  setRunning(true); // Stop (and Esc) work before the answer's first frame
+}
+
+function autosize() {
+  const box = $("#prompt");
+  box.style.height = "auto";
+  box.style.height = `${Math.min(box.scrollHeight, 240)}px`;
+}
+
+function stop() {
+  send({ type: "abort" });
+}
+
+function newChat() {
+  send({ type: "new_session" });
+  closeSidebarOnPhone();
+  $("#prompt").focus();
+}
+
+function closeSidebarOnPhone() {
+  if (matchMedia("(max-width: 720px)").matches) toggleSidebar(false);
+}
+
+function toggleSidebar(open) {
+  const shown = open ?? !document.body.classList.contains("sidebar-open");
+  document.body.classList.toggle("sidebar-open", shown);
+  $("#toggle-sidebar").setAttribute("aria-expanded", String(shown));
+}
+
+function onPaste(event) {
+  const images = [...(event.clipboardData?.items || [])].filter((i) => i.type.startsWith("image/"));
+  if (!images.length) return;
+  event.preventDefault();
+  // Room for vision models: ready.vision says whether pasted images can be sent.
+  notice(state.ready?.vision ? "Images are not supported by this page yet." : "This model takes no images.");
+}
+
+function route() {
+  const status = location.hash === "#status";
+  $("#chat-view").hidden = status;
+  $("#status-view").hidden = !status;
+  if (status) showStatus($("#status-view"));
+}
+
+// -------------------------------------------------------------------- start
+
+function wire() {
+  const box = $("#prompt");
+  $("#composer").addEventListener("submit", (event) => {
+    event.preventDefault();
+    submitPrompt();
+  });
+  box.addEventListener("keydown", (event) => {
+    if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+      event.preventDefault();
+      submitPrompt();
+    } else if (event.key === "Escape" && state.running) {
+      event.preventDefault();
+      stop();
+    }
+  });
+  box.addEventListener("input", autosize);
+  box.addEventListener("paste", onPaste);
+  $("#stop").addEventListener("click", stop);
+  $("#new-chat").addEventListener("click", newChat);
+  $("#toggle-sidebar").addEventListener("click", () => toggleSidebar());
+  $("#open-settings").addEventListener("click", () =>
+    settingsDialog.open(state.settings, state.ready?.genDefaults, state.ready?.thinking),
+  );
+  document.addEventListener("keydown", (event) => {
+    const mod = event.ctrlKey || event.metaKey;
+    if (mod && event.shiftKey && event.key.toLowerCase() === "o") {
+      event.preventDefault();
+      newChat();
+    } else if (event.key === "/" && document.activeElement === document.body) {
+      event.preventDefault();
+      box.focus();
+    }
+  });
+  window.addEventListener("hashchange", route);
+}
+
+async function start() {
+  wire();
+  route();
+  connection.connect();
+  state.model = await modelInfo();
+  showModel();
+  if ("serviceWorker" in navigator && window.isSecureContext) {
+    navigator.serviceWorker.register("/sw.js").catch(() => {});
+  }
+}
+
+start();
