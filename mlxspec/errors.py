@@ -67,6 +67,16 @@ ERROR_TABLE: dict[str, ErrorSpec] = {
     "unavailable": ErrorSpec(503, "server_error", "unavailable"),
     # A connection over --max-connections (uvicorn's limit_concurrency answers plain text).
     "too_many_connections": ErrorSpec(503, "server_error", "too_many_connections"),
+    # Speech to text (reference "POST /v1/audio/transcriptions" and "Streaming
+    # transcription sessions"): undecodable audio or a clip under 0.1 s is a 400,
+    # a take over --max-audio-seconds a 413, no Whisper checkpoint (or no chat
+    # model on a transcription-only server) a 503.
+    "invalid_audio": ErrorSpec(400, "invalid_request_error", "invalid_audio"),
+    "audio_too_long": ErrorSpec(413, "invalid_request_error", "audio_too_long"),
+    "session_not_found": ErrorSpec(404, "not_found_error", "session_not_found"),
+    "session_finished": ErrorSpec(409, "invalid_request_error", "session_finished"),
+    "too_many_sessions": ErrorSpec(429, "resource_admission", "too_many_sessions"),
+    "model_unavailable": ErrorSpec(503, "server_error", "model_unavailable"),
 }
 
 #: The only message an internal failure ever shows a client.
