@@ -64,8 +64,15 @@ SESSION_FIELDS = ("session_id", "prompt_cache_key")
 
 
 def current_engine() -> Engine:
-    """The engine serving this request (placed in the ASGI scope by the app)."""
-    return scope["state"]["engine"]
+    """The engine serving this request (placed in the ASGI scope by the app).
+
+    Raises:
+        ApiError: 503 ``model_unavailable`` on a transcription-only server.
+    """
+    engine = scope["state"]["engine"]
+    if engine is None:
+        raise ApiError("model_unavailable", "this server serves transcription only (no chat model)")
+    return engine
 
 
 def to_generation_request(

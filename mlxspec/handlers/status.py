@@ -30,9 +30,13 @@ TYPICAL_CONTEXT = 8192
 
 
 async def get_stats() -> dict[str, Any]:
-    """Server, admission, batch, request and cache state (reference ``GET /stats``)."""
-    engine = current_engine()
+    """Server, admission, batch, request and cache state (reference ``GET /stats``);
+    with a Whisper service, its ``transcription`` block."""
     state = scope["state"]
+    transcriber = state.get("transcriber")
+    if state.get("engine") is None and transcriber is not None:
+        return transcription_only_stats(transcriber)
+    engine = current_engine()
     body = {
         "server": _server(engine),
         "admission": _admission(engine),
@@ -49,7 +53,21 @@ async def get_stats() -> dict[str, Any]:
     store = state.get("response_store")
     if callable(getattr(store, "stats", None)):
         body["response_store"] = store.stats()
+    if transcriber is not None:
+        body["transcription"] = transcriber.block()
     return body
+
+
+def transcription_only_stats(transcriber: Any) -> dict[str, Any]:
+    """``/stats`` of ``serve <whisper checkpoint>``: the server and its ``transcription``."""
+    server = {
+        "owner": "serve",
+        "version": __version__,
+        "model": transcriber.model_id,
+        "started_at": transcriber.created,
+        "uptime_s": round(max(0.0, time.time() - transcriber.created), 3),
+    }
+    return {"server": server, "transcription": transcriber.block()}
 
 
 def _requests(engine: Any) -> dict[str, int]:

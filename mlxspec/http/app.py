@@ -26,6 +26,7 @@ from connexion.datastructures import MediaTypeDict
 from connexion.exceptions import ProblemException
 from connexion.lifecycle import ConnexionRequest, ConnexionResponse
 from connexion.resolver import Resolver
+from connexion.validators import MultiPartFormDataValidator
 from starlette.exceptions import HTTPException
 from starlette.types import Receive, Scope, Send
 
@@ -211,9 +212,16 @@ class _WithEngine:
     which carry no body (Connexion would otherwise try to parse a form)."""
 
     def __init__(
-        self, app: Any, engine: Any, config: Any, metrics: Metrics, spec: dict[str, Any]
+        self,
+        app: Any,
+        engine: Any,
+        config: Any,
+        metrics: Metrics,
+        spec: dict[str, Any],
+        extra: dict[str, Any] | None = None,
     ) -> None:
         self.app, self.engine, self.config, self.metrics = app, engine, config, metrics
+        self.extra = extra or {}  # other services' state (the Whisper service)
         self.response_store = ResponseStore()
         # Concrete paths a templated route also matches (see literal_methods).
         self.literal = shadowed_methods(spec)
@@ -225,6 +233,7 @@ class _WithEngine:
             state["engine"], state["config"] = self.engine, self.config
             state["metrics"] = self.metrics
             state["response_store"] = self.response_store
+            state.update(self.extra)
             headers = scope.get("headers", [])
             method = scope.get("method")
             methods = self.literal.get(scope.get("path", ""))
@@ -399,7 +408,13 @@ async def _too_large(scope: Scope, send: Send, limit: int | None) -> None:
     await send_error(scope, send, err, close=True)
 
 
-def create_app(engine: Any, config: Any = None, *, validate_responses: bool = False) -> Any:
+def create_app(
+    engine: Any,
+    config: Any = None,
+    *,
+    validate_responses: bool = False,
+    transcriber: Any = None,
+) -> Any:
     """Build the ASGI app serving the OpenAPI document's routes.
 
     Args:
@@ -409,6 +424,9 @@ def create_app(engine: Any, config: Any = None, *, validate_responses: bool = Fa
             and ``allowed_origins`` apply here. Default: ``None`` (defaults).
         validate_responses (bool): validate JSON responses against the document
             (a non-conforming response becomes a 500). Default: ``False``.
+        transcriber (WhisperService | None): the Whisper service of
+            ``/v1/audio/*``; ``None`` answers those routes 503. ``engine`` may be
+            ``None`` beside one (a transcription-only server). Default: ``None``.
 
     Returns:
         An ASGI application for uvicorn.
@@ -424,7 +442,12 @@ def create_app(engine: Any, config: Any = None, *, validate_responses: bool = Fa
         spec,
         resolver=SnakeCaseResolver(),
         validator_map={
-            "body": MediaTypeDict({"*/*json": RequestBodyValidator}),
+            "body": MediaTypeDict(
+                {
+                    "*/*json": RequestBodyValidator,
+                    "multipart/form-data": MultiPartFormDataValidator,
+                }
+            ),
             "response": MediaTypeDict({"*/*json": ResponseBodyValidator}),
         },
         validate_responses=validate_responses,
@@ -442,7 +465,7 @@ def create_app(engine: Any, config: Any = None, *, validate_responses: bool = Fa
     app.add_error_handler(HTTPException, problem)
     app.add_error_handler(Exception, _unexpected)
     metrics = Metrics(engine)
-    asgi: Any = _WithEngine(app, engine, config, metrics, spec)
+    asgi: Any = _WithEngine(app, engine, config, metrics, spec, _audio_state(transcriber, config))
     asgi = RequestMetricsMiddleware(asgi, metrics, RouteLabels(spec))
     if config.allowed_origins:
         asgi = ApiCORSMiddleware(
@@ -453,3 +476,13 @@ def create_app(engine: Any, config: Any = None, *, validate_responses: bool = Fa
             expose_headers=["Retry-After"],
         )
     return RequestGuard(asgi, config)
+
+
+def _audio_state(transcriber: Any, config: Any) -> dict[str, Any]:
+    """The Whisper service and its dictation sessions, for the audio handlers."""
+    if transcriber is None:
+        return {}
+    from mlxspec.engine.audio import Sessions
+
+    sessions = Sessions(transcriber, getattr(config, "max_audio_seconds", None))
+    return {"transcriber": transcriber, "transcription_sessions": sessions}
