@@ -87,6 +87,13 @@ class ServeConfig:
             Default: ``100000``.
         request_template_seconds (float): most seconds one render of a
             request's template may take. Default: ``2.0``.
+        whisper_model (str | None): the Whisper checkpoint of ``/v1/audio/*``
+            (:func:`mlxspec.engine.audio.resolve_whisper`); ``None`` picks the
+            installed default. Default: ``None``.
+        whisper_idle_unload (float): seconds after the last take before the
+            Whisper weights are released. Default: ``300``.
+        whisper_resident (bool): never release them. Default: ``False``.
+        max_audio_seconds (float | None): longest take; longer is a 413. Default: ``3600``.
     """
 
     model: str | None = None
@@ -124,6 +131,11 @@ class ServeConfig:
     allow_request_templates: bool = False
     request_template_steps: int = DEFAULT_TEMPLATE_STEPS
     request_template_seconds: float = DEFAULT_TEMPLATE_SECONDS
+    # Speech to text.
+    whisper_model: str | None = None
+    whisper_idle_unload: float = 300.0
+    whisper_resident: bool = False
+    max_audio_seconds: float | None = 3600.0
 
 
 SERVE_ENV_DEFAULTS = {"MLX_CUDA_USE_CUDNN_SDPA": "0"}

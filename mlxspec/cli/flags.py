@@ -9,6 +9,7 @@ import os
 import re
 from collections.abc import Sequence
 
+from mlxspec.cli.audio_flags import add_audio_flags, audio_config
 from mlxspec.config import ServeConfig
 
 LOGPROBS_FORMATS = ("mlx", "openai")
@@ -61,6 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     _add_cache_flags(serve)
     _template_flags(serve)
+    add_audio_flags(serve)
     return parser
 
 
@@ -336,4 +338,5 @@ def parse_config(argv: Sequence[str] | None = None) -> ServeConfig:
         grammar=os.environ.get("MLXSPEC_GRAMMAR", "1") != "0",
         cpu_weights=args.cpu_weights,
         warmup=WARMUP_MODES[warmup],
+        **audio_config(args),
     )

@@ -265,6 +265,6 @@ def result_of(
         vocabulary=take.vocabulary,
         vad=None if spans is None else spans.to_json(),
         load_ms=load_ms,
-        transcribe_ms=(time.perf_counter() - started) * 1000,
+        transcribe_ms=max(0.0, (time.perf_counter() - started) * 1000 - load_ms),
         task=take.options.task,
     )
