@@ -126,7 +126,13 @@ class WhisperService:
         folder = self.checkpoint.mlx_folder(self.cache_root)
         dtype = mx.float16 if self.fp16 else mx.float32
         model = load_model(str(folder), dtype=dtype)
-        model.update(tree_map(lambda a: a.astype(dtype), model.parameters()))
+        floating = mx.floating  # the alignment heads are integer indices: kept as they are
+        model.update(
+            tree_map(
+                lambda a: a.astype(dtype) if mx.issubdtype(a.dtype, floating) else a,
+                model.parameters(),
+            )
+        )
         mx.eval(model.parameters())
         dims = json.loads((folder / "config.json").read_text())
         if (heads := alignment_heads(folder, dims)) is not None:

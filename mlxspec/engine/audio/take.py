@@ -26,7 +26,6 @@ from mlx_whisper.audio import (
     pad_or_trim,
 )
 from mlx_whisper.decoding import DecodingOptions, DecodingResult
-from mlx_whisper.timing import add_word_timestamps
 from mlx_whisper.tokenizer import get_tokenizer
 
 from mlxspec.engine.audio.beam import BeamDecodingTask
@@ -161,9 +160,9 @@ class Take:
             self.all_tokens = list(self.prompt_tokens)
         return self._tokenizer
 
-    def _detect_language(self, mel: mx.array) -> str:
-        segment = pad_or_trim(mel, N_FRAMES, axis=-2).astype(self.dtype)
-        _, probs = self.model.detect_language(segment)
+    def _detect_language(self, features: mx.array) -> str:
+        """The most probable language of the first window (its encoded features)."""
+        _, probs = self.model.detect_language(features[0])
         return max(probs, key=probs.get)
 
     def _decode(self, segment: mx.array) -> DecodingResult:
@@ -202,14 +201,18 @@ class Take:
             return None
         mel = self._mel_now()
         content_frames = self.content_frames
-        if self.language is None:
-            self.language = self._detect_language(mel)
-        tokenizer = self._tokenizer_for(self.language)
         seek = self.seek
         segment_size = min(N_FRAMES, content_frames - seek)
         mel_segment = pad_or_trim(mel[seek : seek + segment_size], N_FRAMES, axis=-2)
         mel_segment = mel_segment.astype(self.dtype)
-        result = self._decode(mel_segment)
+        # encode once: language detection and every rung of the ladder reuse it
+        # (mlx-whisper's decode skips its encoder when given encoded features)
+        features = self.model.encoder(mel_segment[None])
+        mx.eval(features)
+        if self.language is None:
+            self.language = self._detect_language(features)
+        tokenizer = self._tokenizer_for(self.language)
+        result = self._decode(features[0])
         threshold = self.options.no_speech_threshold
         if threshold is not None and result.no_speech_prob > threshold:
             if result.avg_logprob <= _LOGPROB_THRESHOLD:  # silent: skip the window
@@ -217,6 +220,9 @@ class Take:
                 return []
         current, self.seek = self._split(result, seek, segment_size, tokenizer)
         if self.options.word_timestamps and current:
+            # numba (its DTW) and scipy load only when word timings are asked for
+            from mlx_whisper.timing import add_word_timestamps
+
             words_in = [dict(s) for s in current]
             add_word_timestamps(
                 segments=words_in,

@@ -125,7 +125,7 @@ def _stream(
     def on_error(err: ApiError) -> list[tuple[str, Any]]:
         from mlxspec.errors import openai_error_body
 
-        return [("error", openai_error_body(err))]
+        return [("error", {"type": "error", **openai_error_body(err)})]
 
     events = sse.with_keepalive(_events(service, audio, options, fmt, started))
     return sse.named_events(events, on_error)
