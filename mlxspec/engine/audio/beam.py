@@ -85,7 +85,7 @@ class BeamDecodingTask(DecodingTask):
             logits_all = self.inference.logits(inputs, beams_features)
             if step == 0 and tokenizer.no_speech is not None:
                 at_sot = mx.softmax(logits_all[0, self.sot_index], axis=-1)
-                no_speech = float(at_sot[tokenizer.no_speech].item())
+                no_speech = float(np.array(at_sot[tokenizer.no_speech]))
             logits = logits_all[:, -1]
             current = mx.array(tokens)
             for logit_filter in self.logit_filters:

@@ -23,7 +23,7 @@ import numpy as np
 __all__ = ["CT2Error", "CT2Model", "read_model_bin"]
 
 #: CTranslate2's ``DataType`` enum order (``include/ctranslate2/types.h``).
-_DTYPES = {
+_DTYPES: dict[int, np.dtype] = {
     0: np.dtype("<f4"),
     1: np.dtype("i1"),
     2: np.dtype("<i2"),
@@ -122,7 +122,7 @@ def read_model_bin(parts: Sequence[Path]) -> CT2Model:
         dtype = _DTYPES.get(dtype_id)
         if dtype is None:
             raise CT2Error(f"variable {name} has unknown dtype {dtype_id}")
-        array = np.frombuffer(r.take(nbytes), dtype=dtype)
+        array = np.frombuffer(r.take(nbytes), dtype=np.dtype(dtype))
         if array.size != int(np.prod(dims, dtype=np.int64)):
             raise CT2Error(f"variable {name}: {nbytes} bytes do not fill shape {dims}")
         variables[name] = array.reshape(dims)

@@ -223,7 +223,9 @@ class WhisperService:
 
         return await self.run(lambda: self._take(audio, options, relay))
 
-    def _take(self, audio: np.ndarray, options: TranscribeOptions, emit: Emit) -> Generator:
+    def _take(
+        self, audio: np.ndarray, options: TranscribeOptions, emit: Emit
+    ) -> Generator[None, None, TakeResult]:
         started = time.perf_counter()
         duration = len(audio) / SAMPLE_RATE
         spans, offset = None, 0.0

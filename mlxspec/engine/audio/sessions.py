@@ -160,7 +160,7 @@ class Sessions:
                 tuple(s for s in take.segments if s.text) if take else (),
             )
 
-    def _advance(self, session: _Session, final: bool) -> Generator:
+    def _advance(self, session: _Session, final: bool) -> Generator[None, None, None]:
         """MLX thread: run the VAD gate, then decode every ready window, one per step."""
         if session.options.vad is not None and not session.speech:
             whole = np.concatenate(session.audio) if session.audio else np.zeros(0, np.float32)

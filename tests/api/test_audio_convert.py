@@ -119,14 +119,24 @@ features = ctranslate2.StorageView.from_array(np.ascontiguousarray(np.array(mel)
 theirs = np.array(ct2.encode(features))[0]
 cos = (ours * theirs).sum() / np.linalg.norm(ours) / np.linalg.norm(theirs)
 scale = np.abs(theirs).max()
+# greedy text, no timestamps, from the same window: CTranslate2's decoder against mlx-whisper's
+from mlx_whisper.decoding import DecodingOptions
+from mlx_whisper.tokenizer import get_tokenizer
+tok = get_tokenizer(False)
+prompt = list(tok.sot_sequence_including_notimestamps)
+ct2_ids = ct2.generate(features, [prompt], beam_size=1)[0].sequences_ids[0]
+options = DecodingOptions(language="en", without_timestamps=True, fp16=False)
+mine = model.decode(mel.astype(mx.float32), options)
 print(json.dumps({"max_abs": float(np.abs(ours - theirs).max()), "scale": float(scale),
-                  "cos": float(cos)}))
+                  "cos": float(cos), "ct2_text": tok.decode(ct2_ids).strip(),
+                  "mlx_text": mine.text.strip()}))
 """
 
 
 def test_encoder_matches_ctranslate2_on_the_same_model_bin(tmp_path: Path) -> None:
-    """The converted weights give CTranslate2's encoder output on a real clip
-    (float32 both; a subprocess, so MLX multiplies with the optimised BLAS)."""
+    """The converted weights give CTranslate2's encoder output on a real clip and
+    the same greedy text (float32 both; a subprocess, so MLX multiplies with the
+    optimised BLAS)."""
     pytest.importorskip("ctranslate2")
     from tests.audio_helpers import samples_dir
 
@@ -141,3 +151,4 @@ def test_encoder_matches_ctranslate2_on_the_same_model_bin(tmp_path: Path) -> No
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["cos"] > 0.9999, report
     assert report["max_abs"] < 0.02 * report["scale"], report
+    assert report["mlx_text"] == report["ct2_text"], report  # same greedy text

