@@ -43,11 +43,13 @@ BENCH_CLIPS = [
 BENCH_CLIPS += [(lang, names[0]) for lang, names in CLIPS.items()]
 
 
-def _load_clips(long_s: float) -> list[dict]:
+def _load_clips(long_s: float, languages: list[str] | None = None) -> list[dict]:
     from mlxspec.engine.audio import decode_audio
 
     out = []
     for lang, name in BENCH_CLIPS:
+        if languages and lang not in languages:
+            continue
         wav, text = clip(lang, name)
         out.append({"id": f"{lang}/{name}", "lang": lang, "text": text, "audio": decode_audio(wav)})
     if long_s:
@@ -196,10 +198,11 @@ def main() -> None:
         "--skip", nargs="*", default=[], choices=["server", "mlx-whisper", "faster-whisper"]
     )
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument("--languages", nargs="*", default=None, help="only these (default: all)")
     args = parser.parse_args()
     import mlx.core as mx
 
-    clips = _load_clips(args.long)
+    clips = _load_clips(args.long, args.languages)
     systems = {
         "server": run_server,
         "mlx-whisper": run_mlx_whisper,
