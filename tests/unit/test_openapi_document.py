@@ -157,6 +157,63 @@ OPERATIONS = [
         "embeddings",
         GENERATION_CODES,
     ),
+    # speech to text (the 503s: no Whisper checkpoint, or too many connections)
+    (
+        "post",
+        "/v1/audio/transcriptions",
+        "createTranscription",
+        "mlxspec.handlers.audio.transcriptions",
+        "audio",
+        {"200", "400", "401", "413", "415", "499", "500"},
+    ),
+    (
+        "post",
+        "/v1/audio/translations",
+        "createTranslation",
+        "mlxspec.handlers.audio.transcriptions",
+        "audio",
+        {"200", "400", "401", "413", "415", "499", "500"},
+    ),
+    (
+        "post",
+        "/v1/audio/sessions",
+        "createSession",
+        "mlxspec.handlers.audio.sessions",
+        "audio",
+        {"200", "400", "401", "415", "429", "500"},
+    ),
+    (
+        "delete",
+        "/v1/audio/sessions/{session_id}",
+        "deleteSession",
+        "mlxspec.handlers.audio.sessions",
+        "audio",
+        {"204", "401", "404", "409", "500"},
+    ),
+    (
+        "post",
+        "/v1/audio/sessions/{session_id}/audio",
+        "addSessionAudio",
+        "mlxspec.handlers.audio.sessions",
+        "audio",
+        {"200", "400", "401", "404", "409", "413", "415", "500"},
+    ),
+    (
+        "post",
+        "/v1/audio/sessions/{session_id}/finish",
+        "finishSession",
+        "mlxspec.handlers.audio.sessions",
+        "audio",
+        {"200", "401", "404", "409", "500"},
+    ),
+    (
+        "post",
+        "/admin/transcription/unload",
+        "unloadTranscription",
+        "mlxspec.handlers.audio.transcriptions",
+        "admin",
+        {"200", "401", "500"},
+    ),
 ]
 
 #: Non-2xx responses that carry another body than an ``ErrorResponse``: the
@@ -285,6 +342,9 @@ def test_operation_routing_and_responses(
     for code in codes:
         response, _ = _resolve(op["responses"][code])
         assert response["description"]
+        if code == "204":  # No Content: a description only (DELETE /v1/audio/sessions/{id})
+            assert "content" not in response
+            continue
         assert response["content"], f"{operation_id} {code} has no content"
         for media_type, media in response["content"].items():
             assert "schema" in media, f"{operation_id} {code} {media_type} has no schema"
@@ -389,6 +449,8 @@ def test_example_matches_its_schema(media_type: str, schema_ptr: str, value: Any
         if "messages" in schema_ptr:  # Anthropic Messages
             anthropic_error = value["event"] == "error"
             target = "AnthropicErrorResponse" if anthropic_error else "AnthropicStreamEvent"
+        elif "Transcription" in schema_ptr:  # the speech-to-text stream
+            target = "TranscriptStreamEvent"
         else:
             target = "ResponseStreamEvent"
     elif "error" in payload:
