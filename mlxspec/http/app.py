@@ -478,6 +478,11 @@ def create_app(
     return RequestGuard(asgi, config)
 
 
+#: Connexion warns on every request to an operation that takes several body types
+#: (the audio routes: multipart, JSON, raw audio) that it names the body after one.
+logging.getLogger("connexion.operations.openapi3").setLevel(logging.ERROR)
+
+
 def _audio_state(transcriber: Any, config: Any) -> dict[str, Any]:
     """The Whisper service and its dictation sessions, for the audio handlers."""
     if transcriber is None:
