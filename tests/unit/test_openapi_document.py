@@ -188,7 +188,7 @@ OPERATIONS = [
         "deleteSession",
         "mlxspec.handlers.audio.sessions",
         "audio",
-        {"204", "401", "404", "409", "500"},
+        {"204", "400", "401", "404", "409", "500"},
     ),
     (
         "post",
@@ -204,7 +204,7 @@ OPERATIONS = [
         "finishSession",
         "mlxspec.handlers.audio.sessions",
         "audio",
-        {"200", "401", "404", "409", "500"},
+        {"200", "400", "401", "404", "409", "500"},
     ),
     (
         "post",
@@ -212,7 +212,7 @@ OPERATIONS = [
         "unloadTranscription",
         "mlxspec.handlers.audio.transcriptions",
         "admin",
-        {"200", "401", "500"},
+        {"200", "400", "401", "500"},
     ),
 ]
 
