@@ -33,6 +33,7 @@ def load_engine(config: ServeConfig):  # noqa: ANN201 - returns mlxspec.engine.E
             admission limits leave no room for a request.
     """
     from mlxspec.engine import AdmissionLimits, BudgetTooSmallError, Engine, GenerationDefaults
+    from mlxspec.engine.model.load import LoadOptions
     from mlxspec.engine.model.loader import ModelLoadError, resolve_model
 
     resolved = resolve_model(config.model)
@@ -42,6 +43,14 @@ def load_engine(config: ServeConfig):  # noqa: ANN201 - returns mlxspec.engine.E
         top_p=config.top_p,
         top_k=config.top_k,
         max_tokens=config.max_tokens,
+        min_p=config.min_p,
+        template_kwargs=config.template_defaults or None,
+    )
+    options = LoadOptions(
+        config.adapter_path,
+        config.trust_remote_code,
+        config.chat_template,
+        config.use_default_chat_template,
     )
     try:
         engine = Engine.load(
@@ -59,8 +68,12 @@ def load_engine(config: ServeConfig):  # noqa: ANN201 - returns mlxspec.engine.E
             grammar=config.grammar,
             cpu_weights=config.cpu_weights,
             warmup=config.warmup,
+            load_options=options,
+            prefill_step=config.prefill_step,
+            prefill_batch=config.prompt_concurrency,
+            prompt_cache_entries=config.prompt_cache_size,
         )
-    except BudgetTooSmallError as exc:
+    except (BudgetTooSmallError, ModelLoadError) as exc:
         raise ModelLoadError(str(exc)) from exc
     except Exception as exc:  # mlx-lm raises many types for unreadable folders
         raise ModelLoadError(f"cannot load model from {resolved.path}: {exc}") from exc

@@ -1,25 +1,56 @@
 """The inference engine: model loading, prompts, sampling and generation.
 
 No HTTP lives here. Handlers import only the names exported below: the typed
-request/event boundary (:mod:`.types`), the :class:`Engine` and model
-resolution (:mod:`.loader`), the bounds of a chat template a request brings
-(:mod:`.template_sandbox`), and the non-generative forward paths: decision
-scoring (:func:`score_answers`) and embeddings (:func:`embed_texts`).
+request/event boundary (:mod:`.types`), what they may ask of the engine
+(:class:`EngineProtocol`, answered with the plain snapshots of :mod:`.snapshots`),
+the :class:`Engine` that implements it, the bounds of a chat template a request
+brings (:mod:`.template_sandbox`), and the non-generative forward paths:
+decision scoring (:func:`score_answers`) and embeddings (:func:`embed_texts`);
+speech to text (:mod:`.audio`: the Whisper service as :class:`TranscriberProtocol`,
+its options, results, dictation sessions, audio decoding and their errors).
+The configuration's defaults come from here too (the prompt cache's and the
+SSD tier's byte budgets, the template sandbox's bounds).
 """
 
-from mlxspec.engine.caches.ssd_cache import FLUSH_TIMEOUT_S
+from mlxspec.engine.audio import (
+    FALLBACK_TEMPERATURES,
+    MIN_AUDIO_S,
+    SAMPLE_RATE,
+    AudioDecodeError,
+    SessionError,
+    Sessions,
+    TakeResult,
+    TranscribeOptions,
+    TranscriberProtocol,
+    VadOptions,
+    WhisperModelError,
+    WindowDone,
+    decode_audio,
+    pcm_float32,
+)
+from mlxspec.engine.caches.prompt_cache import DEFAULT_PROMPT_CACHE_BYTES
+from mlxspec.engine.caches.ssd_cache import DEFAULT_SSD_CACHE_BYTES, FLUSH_TIMEOUT_S
 from mlxspec.engine.embedding import Embeddings, embed_texts
 from mlxspec.engine.engine import Engine, RequestHandle
+from mlxspec.engine.interface import EngineProtocol
 from mlxspec.engine.loop.admission import (
     AdmissionLimits,
     BudgetTooSmallError,
     ContextBudgetError,
     QueueFullError,
 )
+from mlxspec.engine.model.fit import ModelMemory
 from mlxspec.engine.prompt import off_loop, template_off_loop, token_prompt
 from mlxspec.engine.sampling.sampler import GenerationDefaults
 from mlxspec.engine.scoring import ScoredAnswers, score_answers
-from mlxspec.engine.template_sandbox import TemplateBoundError, TemplateBudget, request_template
+from mlxspec.engine.snapshots import ChatFormat, FitSnapshot, StatsSnapshot
+from mlxspec.engine.template_sandbox import (
+    DEFAULT_TEMPLATE_SECONDS,
+    DEFAULT_TEMPLATE_STEPS,
+    TemplateBoundError,
+    TemplateBudget,
+    request_template,
+)
 from mlxspec.engine.types import (
     Cancelled,
     Constraint,
@@ -30,6 +61,7 @@ from mlxspec.engine.types import (
     Failed,
     Finished,
     GenerationRequest,
+    JobAbandoned,
     LogitsParams,
     ModelInfo,
     PromptError,
@@ -39,29 +71,53 @@ from mlxspec.engine.types import (
 )
 
 __all__ = [
+    "FALLBACK_TEMPERATURES",
+    "MIN_AUDIO_S",
+    "SAMPLE_RATE",
+    "AudioDecodeError",
+    "JobAbandoned",
+    "SessionError",
+    "Sessions",
+    "TakeResult",
+    "TranscribeOptions",
+    "TranscriberProtocol",
+    "VadOptions",
+    "WhisperModelError",
+    "WindowDone",
+    "decode_audio",
+    "pcm_float32",
     "AdmissionLimits",
     "BudgetTooSmallError",
     "ContextBudgetError",
     "QueueFullError",
+    "DEFAULT_PROMPT_CACHE_BYTES",
+    "DEFAULT_SSD_CACHE_BYTES",
+    "DEFAULT_TEMPLATE_SECONDS",
+    "DEFAULT_TEMPLATE_STEPS",
     "FLUSH_TIMEOUT_S",
     "Cancelled",
+    "ChatFormat",
     "Constraint",
     "ContextLengthError",
     "Delta",
     "Embeddings",
     "Engine",
+    "EngineProtocol",
     "EngineRequestError",
     "Event",
     "Failed",
+    "FitSnapshot",
     "Finished",
     "GenerationDefaults",
     "GenerationRequest",
     "LogitsParams",
     "ModelInfo",
+    "ModelMemory",
     "PromptError",
     "RequestHandle",
     "SamplingParams",
     "ScoredAnswers",
+    "StatsSnapshot",
     "TemplateBoundError",
     "TemplateBudget",
     "TokenLogprob",

@@ -7,7 +7,7 @@ from typing import Any
 from connexion.context import scope
 
 from mlxspec.errors import ApiError
-from mlxspec.handlers.common import current_engine
+from mlxspec.handlers.context import current_engine
 
 
 def _served_model() -> dict[str, Any]:

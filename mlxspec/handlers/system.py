@@ -8,7 +8,7 @@ from connexion.context import scope
 from starlette.responses import Response
 
 from mlxspec import __version__
-from mlxspec.handlers.common import current_engine
+from mlxspec.handlers.context import current_engine
 from mlxspec.openapi import load_spec
 
 

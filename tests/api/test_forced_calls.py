@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from fixtures.tool_models import ScriptedEngine, build_tool_model
+from fixtures.tool_models import build_tool_model
 from mlxspec.conformance.httpx_checks import checking_client
 from mlxspec.handlers.turns.parser import (
     TextDelta,
@@ -34,6 +34,7 @@ from mlxspec.handlers.turns.tool_options import TurnOptions
 from mlxspec.http.app import create_app
 from mlxspec.parsers import ParserChoice
 from tests.conftest import LiveServer
+from tests.fakes import FakeEngine
 from tests.helpers import scripted_tool_server
 
 WEATHER = {
@@ -416,7 +417,7 @@ def test_uncompilable_forcing_grammar_degrades_on_every_surface(real: Real) -> N
 
 
 @pytest.fixture(scope="module")
-def scripted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ScriptedEngine, Any]]:
+def scripted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[FakeEngine, Any]]:
     folder = tmp_path_factory.mktemp("scripted") / "hermes"
     with scripted_tool_server(folder, "hermes") as (engine, server):
         with checking_client(server.base, timeout=30) as client:
@@ -441,7 +442,7 @@ def scripted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Scripte
     ],
 )
 def test_degraded_forcing_asks_in_the_system_message(
-    scripted: tuple[ScriptedEngine, Any], tool_choice: Any, parallel: bool, note: str
+    scripted: tuple[FakeEngine, Any], tool_choice: Any, parallel: bool, note: str
 ) -> None:
     """Unconstrained, the forced call is asked for in a leading system
     instruction; the reply is still parsed as a tool call."""
@@ -469,7 +470,7 @@ def test_degraded_forcing_asks_in_the_system_message(
     assert choice["message"]["tool_calls"][0]["function"] == {"name": "get_time", "arguments": "{}"}
 
 
-def test_scripted_length_cut_on_collected_turn(scripted: tuple[ScriptedEngine, Any]) -> None:
+def test_scripted_length_cut_on_collected_turn(scripted: tuple[FakeEngine, Any]) -> None:
     """Text before the markup stays; the cut call and its markup do not."""
     engine, client = scripted
     engine.finish_reason = "length"

@@ -134,6 +134,22 @@ def test_float_gguf_loads(tmp_path: Path, dtype, untied: bool) -> None:
     assert isinstance(text, str)
 
 
+def test_a_conversion_says_so_in_one_line_off_a_terminal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from mlxspec.engine.model.gguf_cache import convert_once
+
+    gguf = save_float_gguf(tmp_path / "tiny.gguf", tiny_weights(), tiny_metadata(), mx.float32)
+    out = convert_once(gguf, tmp_path / "cache")
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [
+        f"mlxspec: hashing tiny.gguf ({gguf.stat().st_size >> 20} MiB)",
+        f"mlxspec: converting tiny.gguf once into {out}",
+    ]
+    assert convert_once(gguf, tmp_path / "cache") == out
+    assert capsys.readouterr().err == ""  # the second start finds it: nothing to say
+
+
 def test_tiny_tokenizer(tmp_path: Path) -> None:
     gguf = save_float_gguf(tmp_path / "t.gguf", tiny_weights(), tiny_metadata(), mx.float32)
     tokenizer = AutoTokenizer.from_pretrained(convert_gguf(gguf, tmp_path / "out"))

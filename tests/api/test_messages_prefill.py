@@ -16,8 +16,8 @@ from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer
 from mlxspec.engine import PromptError
 from mlxspec.engine.loop.rows import keep_leading_space
 from mlxspec.engine.prompt import normalize_messages, render_chat
-from mlxspec.handlers.common import to_generation_request
 from mlxspec.handlers.messages.anthropic import to_chat_body
+from mlxspec.handlers.requests import to_generation_request
 from tests.helpers import anthropic_sdk
 
 USER = {"role": "user", "content": "hello"}

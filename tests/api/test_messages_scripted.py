@@ -2,16 +2,14 @@
 do on demand (a prompt-cache hit, a failure mid-stream) and what it hides (the
 request the engine receives: session label, stop strings, sampling).
 
-:class:`ScriptedEngine` is a fake of the engine protocol (templates with the tiny
-engine's real tokenizer, answers each submit with a scripted list of events);
-the app serves it on a real socket and the official SDK drives it.
+:class:`~tests.fakes.FakeEngine` (templates with the tiny engine's real
+tokenizer, model info and defaults; answers each submit with a scripted list of
+events) is served on a real socket and the official SDK drives it.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 import anthropic
 import httpx
@@ -19,44 +17,18 @@ import httpx2
 import pytest
 
 from mlxspec.conformance.httpx_checks import checking_client
-from mlxspec.engine import Delta, Event, Failed, Finished, GenerationRequest, RequestHandle
+from mlxspec.engine import Delta, Failed, Finished
 from mlxspec.http.app import create_app
 from tests.conftest import LiveServer
+from tests.fakes import FakeEngine
 from tests.helpers import anthropic_sdk
 
 USER = [{"role": "user", "content": "hello"}]
 
 
-class ScriptedEngine:
-    """The engine protocol with real prompts and scripted outputs.
-
-    Args:
-        base: a started engine whose tokenizer, info and defaults are borrowed.
-    """
-
-    def __init__(self, base: Any) -> None:
-        self.base = base
-        self.info, self.defaults, self.tokenizer = base.info, base.defaults, base.tokenizer
-        self.script: Callable[[GenerationRequest], list[Event]] = lambda r: []
-        self.requests: list[GenerationRequest] = []
-
-    def chat_prompt(self, *args: Any, **kwargs: Any) -> list[int]:
-        return self.base.chat_prompt(*args, **kwargs)
-
-    def submit(
-        self, request: GenerationRequest, prompt_param: str = "messages", **_: object
-    ) -> RequestHandle:
-        self.base.check_fits(len(request.prompt), prompt_param)
-        handle = RequestHandle(request, asyncio.get_running_loop())
-        self.requests.append(request)
-        for event in self.script(request):
-            handle.emit(event)
-        return handle
-
-
 @pytest.fixture(scope="module")
-def scripted(tiny_engine) -> Iterator[tuple[ScriptedEngine, str]]:
-    engine = ScriptedEngine(tiny_engine)
+def scripted(tiny_engine) -> Iterator[tuple[FakeEngine, str]]:
+    engine = FakeEngine(tiny_engine.tokenizer, tiny_engine.info, tiny_engine.defaults)
     with LiveServer(create_app(engine, validate_responses=True)) as server:
         yield engine, server.base
 

@@ -1,7 +1,7 @@
 """Tool use and thinking through ``/v1/messages``, end to end, with the official
 ``anthropic`` SDK.
 
-The tool fixture models' :class:`~fixtures.tool_models.ScriptedEngine` answers
+The tool fixture models' :class:`~tests.fakes.FakeEngine` answers
 with exact model text through the real chat templates and the real tool and
 reasoning parsers, so a whole round trip (the model calls a tool, the client
 sends the ``tool_result``, the model answers) can be asserted exactly: the reply
@@ -19,10 +19,10 @@ from typing import Any
 import anthropic
 import pytest
 
-from fixtures.tool_models import ScriptedEngine
 from mlxspec.conformance.httpx_checks import checking_client
 from mlxspec.http import sse
 from tests.conftest import LiveServer
+from tests.fakes import FakeEngine
 from tests.helpers import anthropic_sdk, scripted_tool_server
 
 WEATHER = {
@@ -52,7 +52,7 @@ CALL = [
 class Served:
     """A scripted tool-template engine behind a live server, and the SDK on it."""
 
-    def __init__(self, engine: ScriptedEngine, server: LiveServer) -> None:
+    def __init__(self, engine: FakeEngine, server: LiveServer) -> None:
         self.engine, self.base = engine, server.base
         self.sdk = anthropic_sdk(server.base, timeout=30)
 

@@ -12,7 +12,8 @@ import openai
 import pytest
 
 from mlxspec.engine import Finished, GenerationRequest, SamplingParams
-from mlxspec.handlers.chat.choices import choice_request, choices_usage
+from mlxspec.handlers.chat.choices import choices_usage
+from mlxspec.handlers.requests import choice_request
 from tests.helpers import assert_invalid_request
 
 CHAT = "/v1/chat/completions"

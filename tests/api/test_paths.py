@@ -69,12 +69,11 @@ def test_a_doubled_v1_gets_the_hint_in_anthropic_shape(client: httpx.Client) -> 
 
 
 def test_a_missing_v1_gets_the_hint_in_openai_shape(client: httpx.Client) -> None:
-    r = client.post("/chat/completions", json={})
+    r = client.post("/embeddings", json={})
     assert r.status_code == 404
     assert r.json() == {
         "error": {
-            "message": "not found: did you mean /v1/chat/completions? (check the client's "
-            "base URL)",
+            "message": "not found: did you mean /v1/embeddings? (check the client's base URL)",
             "type": "not_found_error",
             "param": None,
             "code": None,
@@ -82,6 +81,31 @@ def test_a_missing_v1_gets_the_hint_in_openai_shape(client: httpx.Client) -> Non
     }
     plain = client.get("/v1/nothing")
     assert (plain.status_code, plain.json()["error"]["message"]) == (404, "not found")
+
+
+@pytest.mark.parametrize(
+    ("method", "alias", "body"),
+    [
+        ("POST", "/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+        ("POST", "/completions", {"prompt": "hi"}),
+        ("GET", "/models", None),
+    ],
+)
+def test_mlx_lm_server_paths_without_v1_answer_the_same(
+    client: httpx.Client, method: str, alias: str, body: dict | None
+) -> None:
+    """mlx_lm.server answers ``/chat/completions``; the document's aliases
+    (``x-mlxspec-path-aliases``) answer as the ``/v1`` operation, checked
+    against its contract by ``client``."""
+    if body is not None:
+        body = {**body, "max_tokens": 3, "temperature": 0}
+    short = client.request(method, alias, json=body)
+    full = client.request(method, "/v1" + alias, json=body)
+    assert short.status_code == full.status_code == 200
+    key = "data" if alias == "/models" else "choices"  # ids, times and cache hits differ
+    assert short.json()[key] == full.json()[key]
+    bad = client.post("/chat/completions", json={"messages": []})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "messages"
 
 
 KEY = "sk-paths-0123"

@@ -133,6 +133,17 @@ def test_lru_evicts_oldest_under_byte_budget(tiny_engine) -> None:
     assert cache.fetch(ns, tiny_engine.text_prompt("eeee ffff"))[1] > 0
 
 
+def test_an_entry_cap_evicts_the_oldest(tiny_engine) -> None:
+    """``--prompt-cache-size N`` (mlx_lm.server's): at most N entries, whatever the bytes."""
+    ns = CacheNamespace("tiny-llama")
+    cache = PromptCache(1 << 30, max_entries=2)
+    for text in ("aaaa bbbb", "cccc dddd", "eeee ffff"):
+        run_into(tiny_engine, cache, text)
+    assert (cache.stats()["entries"], cache.stats()["evictions"]) == (2, 1)
+    assert cache.fetch(ns, tiny_engine.text_prompt("aaaa bbbb"))[0] is None
+    assert cache.fetch(ns, tiny_engine.text_prompt("cccc dddd"))[1] > 0
+
+
 def run_into(engine: Engine, cache: PromptCache, text: str, session: str | None = None) -> None:
     """Prefill ``text`` on the model and keep its cache in ``cache``."""
     import mlx.core as mx
@@ -363,7 +374,7 @@ def test_n_siblings_share_one_prefill(tiny_model_dir) -> None:
 
 def test_shared_prefill_flag_follows_n() -> None:
     from mlxspec.engine import GenerationDefaults
-    from mlxspec.handlers.common import to_generation_request
+    from mlxspec.handlers.requests import to_generation_request
 
     def flag(body: dict) -> bool:
         return to_generation_request(body, [1, 2, 3], GenerationDefaults()).shared_prefill

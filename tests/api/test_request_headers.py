@@ -146,7 +146,7 @@ def test_an_empty_model_id_is_a_404(client: httpx.Client) -> None:
 
 
 def test_a_parameter_error_keeps_only_the_first_line_of_jsonschemas_report() -> None:
-    from mlxspec.http.app import _from_status
+    from mlxspec.errors import from_status
 
     detail = "'' should be non-empty\n\nFailed validating 'minLength' in schema:\n    {}"
-    assert _from_status(400, detail).message == "'' should be non-empty"
+    assert from_status(400, detail).message == "'' should be non-empty"

@@ -1,6 +1,6 @@
-"""``/v1/responses`` over a scripted fake engine: failures mid-stream and before
-the reply (never stored), the cache-session labels reaching the engine, and the
-SSE writer's named frames at the byte level."""
+"""``/v1/responses`` over the scripted fake engine (``tests/fakes.py``): failures
+mid-stream and before the reply (never stored), the cache-session labels
+reaching the engine, and the SSE writer's named frames at the byte level."""
 
 from __future__ import annotations
 
@@ -14,53 +14,11 @@ import httpx
 import pytest
 
 from mlxspec.conformance.contract import ContractViolation, check_response, split_named_event_stream
-from mlxspec.engine import Delta, Failed, Finished, GenerationDefaults, GenerationRequest, ModelInfo
+from mlxspec.engine import Delta, Failed, Finished
 from mlxspec.errors import ApiError
 from mlxspec.http import sse
 from mlxspec.http.app import create_app
-
-
-class FakeHandle:
-    """A request handle that replays scripted engine events."""
-
-    def __init__(self, events: list) -> None:
-        self.events, self.cancelled = events, False
-
-    def cancel(self) -> None:
-        self.cancelled = True
-
-    async def __aiter__(self) -> AsyncIterator:
-        for event in self.events:
-            await asyncio.sleep(0)
-            yield event
-
-
-class FakeEngine:
-    """The engine methods the chat path uses, answering a scripted event list.
-
-    ``chat_prompt`` records the messages and encodes each as one token per
-    character of its role and content; ``tokenizer`` is the tiny model's (the
-    chat path reads its template to pick parsers).
-    """
-
-    def __init__(self, events: list, tokenizer: object) -> None:
-        self.events, self.tokenizer = events, tokenizer
-        self.info = ModelInfo(id="fake", context_window=4096, created=0)
-        self.defaults = GenerationDefaults()
-        self.requests: list[GenerationRequest] = []
-        self.prompts: list[list] = []
-
-    def chat_prompt(
-        self, messages: list, tools=None, template_kwargs=None, budget=None
-    ) -> list[int]:
-        self.prompts.append(messages)
-        return [1] * sum(len(m["role"]) + len(str(m.get("content") or "")) for m in messages)
-
-    def submit(
-        self, request: GenerationRequest, prompt_param: str = "messages", **_: object
-    ) -> FakeHandle:
-        self.requests.append(request)
-        return FakeHandle(self.events)
+from tests.fakes import FakeEngine
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +41,8 @@ class StateSpy:
 
 def app_client(events: list, tokenizer: object) -> tuple[FakeEngine, StateSpy, httpx.AsyncClient]:
     """A fake engine, the app on it (spied), and an in-process client of the app."""
-    engine = FakeEngine(events, tokenizer)
+    engine = FakeEngine(tokenizer)
+    engine.script = events
     app = StateSpy(create_app(engine, validate_responses=True))
     client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost")
     return engine, app, client
@@ -186,7 +145,7 @@ def test_the_stored_conversation_is_what_the_engine_sees_next(tokenizer: object)
         return engine
 
     engine = asyncio.run(run())
-    assert engine.prompts[1] == [
+    assert engine.chats[1] == [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "hi"},
         {"role": "assistant", "content": "Hello"},

@@ -11,7 +11,7 @@ from typing import Any
 import openai
 import pytest
 
-from fixtures.tool_models import ScriptedEngine
+from tests.fakes import FakeEngine
 from tests.helpers import openai_sdk, scripted_tool_server
 
 WEATHER = {
@@ -30,7 +30,7 @@ TOOL_CALL = [
 ]
 
 
-def _serve(tmp, style: str) -> Iterator[tuple[ScriptedEngine, openai.OpenAI]]:
+def _serve(tmp, style: str) -> Iterator[tuple[FakeEngine, openai.OpenAI]]:
     with scripted_tool_server(tmp / style, style) as (engine, server):
         with openai_sdk(server.base, timeout=30) as sdk:
             yield engine, sdk

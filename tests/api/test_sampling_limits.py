@@ -21,7 +21,7 @@ import pytest
 
 from mlxspec.engine import GenerationDefaults, ModelInfo
 from mlxspec.errors import ApiError
-from mlxspec.handlers.common import to_generation_request
+from mlxspec.handlers.requests import to_generation_request
 
 CHAT = "/v1/chat/completions"
 COMP = "/v1/completions"

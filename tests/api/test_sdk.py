@@ -50,10 +50,30 @@ def test_chat_stream_deltas_equal_the_non_streamed_text(sdk: openai.OpenAI) -> N
     )
     assert chunks[0].choices[0].delta.role == "assistant"
     assert {c.id for c in chunks} == {chunks[0].id}
-    text = "".join(c.choices[0].delta.content or "" for c in chunks)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole.choices[0].message.content
-    assert chunks[-1].choices[0].finish_reason == "length"
+    # include_usage: OpenAI's usage chunk of its own, after the finishing chunk
+    assert chunks[-2].choices[0].finish_reason == "length" and chunks[-2].usage is None
+    assert chunks[-1].choices == []
     assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens == 8
+
+
+@pytest.mark.parametrize("include_usage", [True, False, None])
+def test_a_client_summing_stream_usage_counts_it_once(
+    sdk: openai.OpenAI, include_usage: bool | None
+) -> None:
+    """Usage on one chunk only: its own (``include_usage: true``) or the finishing
+    one (without it, the reference's superset), for chat and text completions."""
+    options = {} if include_usage is None else {"stream_options": {"include_usage": include_usage}}
+    for create, ask in (
+        (sdk.chat.completions.create, {"messages": MESSAGES}),
+        (sdk.completions.create, {"prompt": "hello"}),
+    ):
+        whole = create(**ask, **FIXED)
+        chunks = list(create(**ask, stream=True, **options, **FIXED))
+        counted = [c.usage.completion_tokens for c in chunks if c.usage is not None]
+        assert counted == [whole.usage.completion_tokens]
+        assert (chunks[-1].choices == []) is (include_usage is True)
 
 
 def test_text_completion_stream_equals_non_stream(sdk: openai.OpenAI) -> None:

@@ -25,7 +25,7 @@ from mlxspec.cli.flags import parse_config
 from mlxspec.conformance.httpx_checks import checking_client
 from mlxspec.conformance.live import serve
 from mlxspec.engine import Constraint
-from mlxspec.handlers.common import to_constraint
+from mlxspec.handlers.requests import to_constraint
 from mlxspec.handlers.turns.structured import degraded_body, instruction, warning_header
 from tests.helpers import TINY_SCHEMA
 

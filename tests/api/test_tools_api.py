@@ -1,6 +1,6 @@
 """Tool calls through ``/v1/chat/completions``, JSON and SSE, on a scripted engine.
 
-:class:`ScriptedEngine` answers with exact model text through the real chat
+:class:`~tests.fakes.FakeEngine` answers with exact model text through the real chat
 templates of the tool fixture models, so the wire objects can be asserted
 exactly; every response (each SSE frame too) is checked against the document.
 """
@@ -18,11 +18,12 @@ import httpx
 import openai
 import pytest
 
-from fixtures.tool_models import ScriptedEngine, build_tool_model
+from fixtures.tool_models import build_tool_model
 from mlxspec.conformance.httpx_checks import checking_client
 from mlxspec.http import sse
 from mlxspec.http.app import create_app
 from tests.conftest import LiveServer
+from tests.fakes import FakeEngine
 from tests.helpers import openai_sdk, scripted_tool_server
 
 WEATHER = {
@@ -45,7 +46,7 @@ CALL_ID = re.compile(r"^call_[0-9a-f]{24}$")
 class Served:
     """A scripted engine behind a live server, with a checking client."""
 
-    def __init__(self, engine: ScriptedEngine, server: LiveServer) -> None:
+    def __init__(self, engine: FakeEngine, server: LiveServer) -> None:
         self.engine, self.server = engine, server
         self.client = checking_client(server.base, timeout=30)
 

@@ -65,8 +65,9 @@ def test_bad_flag_exits_2(flags: list[str]) -> None:
 
 def run_serve(*args: str, cache: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "MLXSPEC_CACHE_DIR": str(cache)}
+    port = [] if "--port" in args else ["--port", "0"]
     return subprocess.run(
-        [sys.executable, "-m", "mlxspec", "serve", *args, "--port", "0"],
+        [sys.executable, "-m", "mlxspec", "serve", *args, *port],
         capture_output=True,
         text=True,
         timeout=120,
@@ -112,6 +113,36 @@ def test_busy_port_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert proc.stderr.strip() == (
         f"mlxspec: error: cannot listen on 127.0.0.1:{port}: Address already in use"
+    )
+
+
+def test_the_port_is_checked_before_the_model(tmp_path: Path) -> None:
+    """A busy port is reported before any model is looked at (it was ~13 s later,
+    after the load): with a model that does not exist, the port error comes."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        proc = run_serve(str(tmp_path / "no-model"), "--port", str(port), cache=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().endswith(
+        f"mlxspec: error: cannot listen on 127.0.0.1:{port}: Address already in use"
+    )
+
+
+@pytest.mark.parametrize("name", ["config.json", "tokenizer_config.json"])
+def test_a_broken_json_file_is_named(tmp_path: Path, name: str) -> None:
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "llama"}')
+    (folder / name).write_text("")  # a truncated download
+    proc = run_serve(str(folder), cache=tmp_path / "cache")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        f"mlxspec: error: {folder / name} is not valid JSON (Expecting value: line 1 column 1 "
+        "(char 0)): fix or replace it"
     )
 
 

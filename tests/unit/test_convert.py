@@ -10,7 +10,7 @@ import pytest
 from mlxspec.engine import GenerationDefaults
 from mlxspec.engine.sampling.sampler import read_generation_config
 from mlxspec.errors import ApiError
-from mlxspec.handlers.common import to_generation_request
+from mlxspec.handlers.requests import to_generation_request
 
 PROMPT = [1, 2, 3]
 

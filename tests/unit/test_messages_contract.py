@@ -14,7 +14,7 @@ import pytest
 
 from mlxspec.conformance.contract import ContractViolation
 from mlxspec.conformance.httpx_checks import checking_client
-from mlxspec.handlers.common import SAMPLER_FIELDS
+from mlxspec.handlers.requests import SAMPLER_FIELDS
 from mlxspec.openapi import load_spec
 
 SPEC = load_spec()

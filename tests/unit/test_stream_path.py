@@ -95,6 +95,26 @@ def test_completion_chunker_frames_plain_text_as_the_dict_would_be() -> None:
     assert chunk(last) == {**head, "choices": [last]}
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.text(), st.integers(min_value=0, max_value=3))
+def test_chunk_framer_frames_any_text_as_the_chunk_would_be(text: str, index: int) -> None:
+    head = {"id": "x", "object": "o"}
+    frame = sse.chunk_framer(head, {"t": sse.SLOT, "lp": None})
+    for piece in ("warm", text):  # a second text reuses the choice's template
+        choice = {"index": index, "t": piece, "lp": None}
+        assert frame(choice) == sse.data_frame({**head, "choices": [choice]})
+    other = {"index": index, "t": text, "lp": [1]}
+    assert frame(other) == {**head, "choices": [other]}
+    assert frame({"index": index, "t": text, "lp": None, "extra": 1})["choices"]  # not framed
+
+
+def test_chunk_framer_needs_the_slot_where_it_may_stand() -> None:
+    with pytest.raises(ValueError, match="slot"):
+        sse.chunk_framer({}, {"t": "x"})
+    with pytest.raises(ValueError, match="slot"):
+        sse.chunk_framer({}, {"delta": {"content": sse.SLOT, "role": "assistant"}})
+
+
 def test_handle_wakes_the_loop_only_for_a_waiting_consumer() -> None:
     """Events emitted while the consumer is busy need no wake-up: it drains
     them in order on its next step; one emitted while it waits wakes it once."""

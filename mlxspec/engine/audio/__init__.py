@@ -1,7 +1,9 @@
 """Speech to text on MLX: Whisper (mlx-whisper's model, log-mel, decoding and
 tokenizer), CTranslate2 checkpoints converted once, audio decoding, Silero VAD,
-one-shot takes and dictation sessions. No HTTP lives here; handlers import the
-names below.
+one-shot takes and dictation sessions. No HTTP lives here; handlers import
+these names through :mod:`mlxspec.engine` and type the service as
+:class:`TranscriberProtocol`. Importing the package is cheap: mlx-whisper (seconds:
+numba, scipy) loads with the first take.
 """
 
 from mlxspec.engine.audio.checkpoint import (
@@ -11,11 +13,11 @@ from mlxspec.engine.audio.checkpoint import (
     resolve_whisper,
     whisper_only,
 )
+from mlxspec.engine.audio.interface import TranscriberProtocol
 from mlxspec.engine.audio.pcm import SAMPLE_RATE, AudioDecodeError, decode_audio, pcm_float32
 from mlxspec.engine.audio.runner import ExclusiveRunner, SoloRunner
-from mlxspec.engine.audio.service import MIN_AUDIO_S, WhisperService, WindowDone
+from mlxspec.engine.audio.service import MIN_AUDIO_S, WhisperService
 from mlxspec.engine.audio.sessions import MAX_SESSIONS, ChunkReceipt, SessionError, Sessions
-from mlxspec.engine.audio.take import fit_prompt
 from mlxspec.engine.audio.types import (
     FALLBACK_TEMPERATURES,
     PROMPT_TOKEN_BUDGET,
@@ -25,6 +27,8 @@ from mlxspec.engine.audio.types import (
     TranscribeOptions,
     VadOptions,
     VocabularyUsage,
+    WindowDone,
+    fit_prompt,
 )
 from mlxspec.engine.types import JobAbandoned
 
@@ -45,6 +49,7 @@ __all__ = [
     "TakeProgress",
     "TakeResult",
     "TranscribeOptions",
+    "TranscriberProtocol",
     "VadOptions",
     "VocabularyUsage",
     "WhisperCheckpoint",

@@ -17,18 +17,26 @@ import json
 import logging
 import time
 from collections.abc import Callable, Generator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from mlxspec.engine.audio.checkpoint import WhisperCheckpoint, alignment_heads
 from mlxspec.engine.audio.pcm import SAMPLE_RATE
 from mlxspec.engine.audio.runner import ExclusiveRunner
-from mlxspec.engine.audio.take import Take
-from mlxspec.engine.audio.types import Segment, TakeProgress, TakeResult, TranscribeOptions
+from mlxspec.engine.audio.types import (
+    Emit,
+    TakeResult,
+    TranscribeOptions,
+    VocabularyUsage,
+    WindowDone,
+    fit_prompt,
+)
 from mlxspec.engine.audio.vad import SpeechSpans, detect_speech
+
+if TYPE_CHECKING:  # mlx-whisper's import takes seconds (numba, scipy): on first use only
+    from mlxspec.engine.audio.take import Take
 
 __all__ = ["DEFAULT_IDLE_UNLOAD_S", "MIN_AUDIO_S", "WhisperService", "WindowDone"]
 
@@ -38,17 +46,6 @@ logger = logging.getLogger("mlxspec.engine.audio")
 DEFAULT_IDLE_UNLOAD_S = 300.0
 #: Shortest clip accepted (reference: "clips shorter than 0.1 s" are a 400).
 MIN_AUDIO_S = 0.1
-
-
-@dataclass(frozen=True)
-class WindowDone:
-    """A decoded window: its new segments and the take's progress (mel frames)."""
-
-    segments: tuple[Segment, ...]
-    progress: TakeProgress
-
-
-Emit = Callable[[WindowDone], None]
 
 
 class WhisperService:
@@ -99,6 +96,34 @@ class WhisperService:
 
             self._fp16 = mx.default_device() == mx.gpu
         return self._fp16
+
+    @property
+    def multilingual(self) -> bool:
+        """Whether the checkpoint knows languages other than English (an
+        ``.en`` checkpoint does not; the loaded model says so itself)."""
+        if self.model is not None:
+            return bool(self.model.is_multilingual)
+        return not self.model_id.endswith(".en")
+
+    def vocabulary_usage(
+        self, vocabulary: tuple[str, ...], prompt: str | None
+    ) -> VocabularyUsage | None:
+        """How ``vocabulary`` fits the prompt budget after ``prompt``
+        (:func:`~.types.fit_prompt` with the checkpoint's tokenizer).
+
+        Args:
+            vocabulary (tuple[str, ...]): recognition hints, in order.
+            prompt (str | None): the request's prompt.
+
+        Returns:
+            VocabularyUsage | None: the terms kept and left out; ``None`` for no vocabulary.
+        """
+        if not vocabulary:
+            return None
+        from mlx_whisper.tokenizer import get_tokenizer
+
+        tokenizer = get_tokenizer(self.multilingual, num_languages=99)
+        return fit_prompt(tokenizer, prompt, vocabulary)[1]
 
     def block(self) -> dict[str, Any]:
         """The ``transcription`` block of ``/stats``, ``/health`` and the unload route."""
@@ -238,6 +263,8 @@ class WhisperService:
                 audio = audio[int(offset * SAMPLE_RATE) : int(end * SAMPLE_RATE)]
         load_ms = self._load()
         yield
+        from mlxspec.engine.audio.take import Take
+
         take = Take(self.model, options, fp16=self.fp16, time_offset=offset)
         take.feed(audio)
         while take.ready(final=True):

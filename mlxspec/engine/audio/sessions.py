@@ -15,14 +15,17 @@ import time
 import uuid
 from collections.abc import Generator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from mlxspec.engine.audio.pcm import SAMPLE_RATE
 from mlxspec.engine.audio.service import WhisperService, result_of
-from mlxspec.engine.audio.take import Take
 from mlxspec.engine.audio.types import Segment, TakeResult, TranscribeOptions
 from mlxspec.engine.audio.vad import SpeechSpans, detect_speech
+
+if TYPE_CHECKING:  # mlx-whisper loads on the first take (see service.py)
+    from mlxspec.engine.audio.take import Take
 
 __all__ = [
     "MAX_SESSIONS",
@@ -169,6 +172,8 @@ class Sessions:
             if not session.speech:
                 return None
         if session.take is None:
+            from mlxspec.engine.audio.take import Take
+
             self.service._load()
             session.take = Take(self.service.model, session.options, fp16=self.service.fp16)
         if session.audio:

@@ -30,14 +30,14 @@ from mlx_whisper.tokenizer import get_tokenizer
 
 from mlxspec.engine.audio.beam import BeamDecodingTask
 from mlxspec.engine.audio.types import (
-    PROMPT_TOKEN_BUDGET,
     Segment,
     TakeProgress,
     TranscribeOptions,
     VocabularyUsage,
+    fit_prompt,
 )
 
-__all__ = ["Take", "fit_prompt"]
+__all__ = ["Take"]
 
 _COMPRESSION_RATIO_THRESHOLD = 2.4
 _LOGPROB_THRESHOLD = -1.0
@@ -46,36 +46,6 @@ _APPEND = "\"'.。,，!！?？:：”)]}、"
 #: STFT frames past a window's end that must be real audio before a session
 #: decodes it early (the last frames' 400-sample analysis reaches past the buffer).
 _SESSION_MARGIN_FRAMES = 3
-
-
-def fit_prompt(
-    tokenizer: Any, prompt: str | None, vocabulary: tuple[str, ...]
-) -> tuple[list[int], VocabularyUsage | None]:
-    """The initial prompt's tokens: ``prompt`` then whole ``vocabulary`` terms
-    while they fit :data:`PROMPT_TOKEN_BUDGET` (the reference's rule).
-
-    Args:
-        tokenizer: an mlx-whisper ``Tokenizer``.
-        prompt (str | None): the request's prompt; its last 223 tokens are kept.
-        vocabulary (tuple[str, ...]): recognition hints, in order.
-
-    Returns:
-        tuple[list[int], VocabularyUsage | None]: the tokens (empty for none)
-        and, when ``vocabulary`` was given, how it fitted.
-    """
-    tokens = tokenizer.encode(" " + prompt.strip()) if prompt and prompt.strip() else []
-    tokens = tokens[-PROMPT_TOKEN_BUDGET:]
-    included: list[str] = []
-    omitted: list[str] = []
-    for term in vocabulary:
-        term_tokens = tokenizer.encode((", " if included or tokens else " ") + term.strip())
-        if term.strip() and len(tokens) + len(term_tokens) <= PROMPT_TOKEN_BUDGET:
-            tokens += term_tokens
-            included.append(term)
-        else:
-            omitted.append(term)
-    usage = VocabularyUsage(tuple(included), tuple(omitted), len(tokens)) if vocabulary else None
-    return tokens, usage
 
 
 class Take:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +15,8 @@ __all__ = [
     "TranscribeOptions",
     "VadOptions",
     "VocabularyUsage",
+    "WindowDone",
+    "fit_prompt",
 ]
 
 #: mlx-whisper's (and openai-whisper's) temperature fallback ladder.
@@ -159,3 +162,44 @@ class TakeResult:
     transcribe_ms: float = 0.0
     task: str = "transcribe"
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class WindowDone:
+    """A decoded window: its new segments and the take's progress (mel frames)."""
+
+    segments: tuple[Segment, ...]
+    progress: TakeProgress
+
+
+Emit = Callable[[WindowDone], None]
+
+
+def fit_prompt(
+    tokenizer: Any, prompt: str | None, vocabulary: tuple[str, ...]
+) -> tuple[list[int], VocabularyUsage | None]:
+    """The initial prompt's tokens: ``prompt`` then whole ``vocabulary`` terms
+    while they fit :data:`PROMPT_TOKEN_BUDGET` (the reference's rule).
+
+    Args:
+        tokenizer: an mlx-whisper ``Tokenizer``.
+        prompt (str | None): the request's prompt; its last 223 tokens are kept.
+        vocabulary (tuple[str, ...]): recognition hints, in order.
+
+    Returns:
+        tuple[list[int], VocabularyUsage | None]: the tokens (empty for none)
+        and, when ``vocabulary`` was given, how it fitted.
+    """
+    tokens = tokenizer.encode(" " + prompt.strip()) if prompt and prompt.strip() else []
+    tokens = tokens[-PROMPT_TOKEN_BUDGET:]
+    included: list[str] = []
+    omitted: list[str] = []
+    for term in vocabulary:
+        term_tokens = tokenizer.encode((", " if included or tokens else " ") + term.strip())
+        if term.strip() and len(tokens) + len(term_tokens) <= PROMPT_TOKEN_BUDGET:
+            tokens += term_tokens
+            included.append(term)
+        else:
+            omitted.append(term)
+    usage = VocabularyUsage(tuple(included), tuple(omitted), len(tokens)) if vocabulary else None
+    return tokens, usage

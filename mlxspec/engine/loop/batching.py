@@ -59,7 +59,7 @@ class BatchLane:
             parts.model,
             stop_tokens=[[t] for t in sorted(parts.eos)],
             completion_batch_size=max_batch,
-            prefill_batch_size=min(max_batch, 8),
+            prefill_batch_size=min(max_batch, parts.prefill_batch),
             prefill_step_size=parts.prefill_step,
         )
         self._rows: dict[int, Row] = {}

@@ -38,6 +38,9 @@ PREFILL_STEP = 512
 #: 23.3 s against 25.0 s), while a batched chunk of 8 prompts x 512 tokens took
 #: ~30 s, the time a client that left mid-prefill kept its slot and the queue waited.
 CPU_PREFILL_STEP = 128
+#: Most prompts the batched lane prefills together (mlx_lm.server's
+#: ``--prompt-concurrency`` default).
+PREFILL_BATCH = 8
 
 
 def default_prefill_step() -> int:
@@ -135,6 +138,7 @@ class LaneParts:
         namespace (CacheNamespace): the engine's cache namespace.
         grammars (GrammarCache | None): compiles constraints into per-request
             processors; ``None`` ignores constraints.
+        prefill_batch (int): most prompts prefilled together. Default: :data:`PREFILL_BATCH`.
     """
 
     model: Any
@@ -145,6 +149,7 @@ class LaneParts:
     prompt_cache: PromptCache
     namespace: CacheNamespace
     grammars: GrammarCache | None = None
+    prefill_batch: int = PREFILL_BATCH
 
     def keep(self, tokens: Sequence[int], cache: list[Any], session: str | None) -> None:
         """Keep ``cache`` in the prompt cache if it holds a prefix of ``tokens``

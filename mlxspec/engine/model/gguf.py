@@ -17,11 +17,14 @@ import re
 import shutil
 import tempfile
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
 import mlx.core as mx
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+
+from mlxspec.engine.model.progress import progress
 
 __all__ = ["CONVERTER_VERSION", "GGUFError", "MARKER_FILE", "convert_gguf"]
 
@@ -108,17 +111,33 @@ def convert_gguf(gguf_path: Path, out_dir: Path, source_sha256: str | None = Non
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
     if _is_converted(out_dir):
         return out_dir
+    what = f"converting {gguf_path.name} once into {out_dir}"
+    with progress(what, CONVERSION_STEPS, unit="step") as advance:
+        _convert(gguf_path, out_dir, source_sha256, advance)
+    return out_dir
+
+
+#: The steps of a conversion a progress bar counts: read, tokenizer, weights, configs.
+CONVERSION_STEPS = 4
+
+
+def _convert(
+    gguf_path: Path, out_dir: Path, source_sha256: str | None, advance: Callable[[int], None]
+) -> None:
     weights, meta = _read_gguf(gguf_path)
     tensors = _rename_tensors(weights)
     config = _model_config(meta, tensors)
+    advance(1)
     try:
         tokenizer = _build_tokenizer(meta)
     except Exception as e:  # tokenizers raises plain Exception on a bad vocabulary
         raise GGUFError(f"cannot build the tokenizer from {gguf_path.name}: {e}") from e
+    advance(1)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
         mx.save_safetensors(str(tmp / "model.safetensors"), tensors, metadata={"format": "mlx"})
+        advance(1)
         _write_json(tmp / "config.json", config)
         tokenizer.save(str(tmp / "tokenizer.json"))
         _write_tokenizer_configs(tmp, meta)
@@ -129,9 +148,9 @@ def convert_gguf(gguf_path: Path, out_dir: Path, source_sha256: str | None = Non
             source["sha256"] = source_sha256
         _write_json(tmp / MARKER_FILE, source)
         _publish(tmp, out_dir)
+        advance(1)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return out_dir
 
 
 def _is_converted(folder: Path) -> bool:

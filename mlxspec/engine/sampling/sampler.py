@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +27,19 @@ class GenerationDefaults:
         top_k (int | None): Default: ``None`` (off).
         max_tokens (int | None): server cap when a request sets none;
             ``None`` means until EOS or the context window is full.
+        min_p (float | None): Default: ``None`` (off).
+        template_kwargs (Mapping | None): chat template variables a request's
+            ``chat_template_kwargs`` are merged over (mlx_lm.server's
+            ``--chat-template-args``, and ``--thinking``'s ``enable_thinking``).
+            Default: ``None``.
     """
 
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
     max_tokens: int | None = None
+    min_p: float | None = None
+    template_kwargs: Mapping[str, Any] | None = field(default=None, hash=False)
 
     def merged(self, **overrides: Any) -> GenerationDefaults:
         """Return a copy where every non-``None`` override replaces the field."""

@@ -5,18 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
 
 import numpy as np
 from connexion.context import scope
 
-from mlxspec.engine.audio import (
+from mlxspec.engine import (
     MIN_AUDIO_S,
     SAMPLE_RATE,
     AudioDecodeError,
     SessionError,
+    Sessions,
+    TranscriberProtocol,
     WhisperModelError,
-    WhisperService,
     decode_audio,
 )
 from mlxspec.errors import ApiError
@@ -31,7 +31,7 @@ _NO_MODEL = (
 )
 
 
-def current_transcriber() -> WhisperService:
+def current_transcriber() -> TranscriberProtocol:
     """The app's Whisper service.
 
     Raises:
@@ -43,17 +43,14 @@ def current_transcriber() -> WhisperService:
     return service
 
 
-def current_sessions() -> Any:
-    """The app's dictation sessions (:class:`~mlxspec.engine.audio.Sessions`)."""
+def current_sessions() -> Sessions:
+    """The app's dictation sessions.
+
+    Raises:
+        ApiError: 503 ``model_unavailable`` when the server has no Whisper service.
+    """
     current_transcriber()
     return scope["state"]["transcription_sessions"]
-
-
-def multilingual(service: WhisperService) -> bool:
-    """Whether the served checkpoint knows languages other than English."""
-    if service.model is not None:
-        return bool(service.model.is_multilingual)
-    return not service.model_id.endswith(".en")
 
 
 def check_length(samples: int, max_audio_s: float | None) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 from starlette.responses import JSONResponse, Response
 
-from mlxspec.engine.audio.types import TakeResult
+from mlxspec.engine import TakeResult
 
 __all__ = ["MEDIA_TYPES", "json_body", "render", "srt", "vtt"]
 

@@ -9,37 +9,22 @@ from typing import Any
 
 from starlette.responses import Response
 
-from mlxspec.engine.audio import (
-    SessionError,
-    WhisperModelError,
-    fit_prompt,
-    pcm_float32,
-)
+from mlxspec.engine import SessionError, WhisperModelError, pcm_float32
 from mlxspec.errors import ApiError
 from mlxspec.handlers.audio.common import (
     current_sessions,
     current_transcriber,
     decoded,
     model_error,
-    multilingual,
     session_error,
 )
 from mlxspec.handlers.audio.formats import json_body
 from mlxspec.handlers.audio.wire import to_options
-from mlxspec.handlers.common import request_headers
+from mlxspec.handlers.context import request_headers
 
 _RATE = re.compile(r";\s*rate\s*=\s*(\d+)", re.IGNORECASE)
 #: Session id -> response format and when it opened (for ``finish``'s timings).
 _FORMATS: dict[str, tuple[str, float]] = {}
-
-
-def _vocabulary_block(service: Any, vocabulary: tuple[str, ...], prompt: str | None) -> Any:
-    if not vocabulary:
-        return None
-    from mlx_whisper.tokenizer import get_tokenizer
-
-    tokenizer = get_tokenizer(multilingual(service), num_languages=99)
-    return fit_prompt(tokenizer, prompt, vocabulary)[1].to_json()  # type: ignore[union-attr]
 
 
 async def create_session(body: dict[str, Any] | None = None) -> tuple[dict[str, Any], int]:
@@ -47,7 +32,7 @@ async def create_session(body: dict[str, Any] | None = None) -> tuple[dict[str, 
     service = current_transcriber()
     fields = dict(body or {})
     options = to_options(fields, task=fields.get("task", "transcribe"),
-                         multilingual=multilingual(service))  # fmt: skip
+                         multilingual=service.multilingual)  # fmt: skip
     try:
         session_id, _ = await current_sessions().open(options)
     except SessionError as e:
@@ -55,7 +40,8 @@ async def create_session(body: dict[str, Any] | None = None) -> tuple[dict[str, 
     except WhisperModelError as e:
         raise model_error(e) from e
     _FORMATS[session_id] = (fields.get("response_format") or "json", time.perf_counter())
-    vocabulary = _vocabulary_block(service, options.vocabulary, options.prompt)
+    usage = service.vocabulary_usage(options.vocabulary, options.prompt)
+    vocabulary = None if usage is None else usage.to_json()
     return {"id": session_id, "model": service.model_id, "vocabulary": vocabulary}, 200
 
 

@@ -11,12 +11,12 @@ from typing import Any
 
 from connexion.context import scope
 
-from mlxspec.engine.audio import (
+from mlxspec.engine import (
     JobAbandoned,
     TakeResult,
     TranscribeOptions,
+    TranscriberProtocol,
     WhisperModelError,
-    WhisperService,
     WindowDone,
 )
 from mlxspec.errors import ApiError
@@ -25,11 +25,10 @@ from mlxspec.handlers.audio.common import (
     current_transcriber,
     decoded,
     model_error,
-    multilingual,
 )
 from mlxspec.handlers.audio.formats import json_body, render
 from mlxspec.handlers.audio.wire import audio_bytes, to_options
-from mlxspec.handlers.common import until_disconnect
+from mlxspec.handlers.events import until_disconnect
 from mlxspec.http import sse
 
 log = logging.getLogger("mlxspec.handlers.audio")
@@ -57,7 +56,7 @@ async def _respond(body: Any, file: Any, task: str) -> Any:
     service = current_transcriber()
     fields = dict(body or {})
     upload = await file.read() if file is not None and hasattr(file, "read") else None
-    options = to_options(fields, task=task, multilingual=multilingual(service))
+    options = to_options(fields, task=task, multilingual=service.multilingual)
     audio = await decoded(audio_bytes(fields, upload))
     config = scope["state"].get("config")
     check_length(len(audio), getattr(config, "max_audio_seconds", None))
@@ -83,7 +82,7 @@ def _delta(segment: Any) -> dict[str, Any]:
 
 
 async def _events(
-    service: WhisperService, audio: Any, options: TranscribeOptions, fmt: str, started: float
+    service: TranscriberProtocol, audio: Any, options: TranscribeOptions, fmt: str, started: float
 ) -> AsyncIterator[tuple[str, Any] | bytes]:
     """``transcript.text.delta`` per segment, ``transcript.progress`` per window,
     then ``transcript.text.done`` with the non-streaming body."""
@@ -120,7 +119,7 @@ def segment_pair(segment: Any) -> tuple[str, dict[str, Any]]:
 
 
 def _stream(
-    service: WhisperService, audio: Any, options: TranscribeOptions, fmt: str, started: float
+    service: TranscriberProtocol, audio: Any, options: TranscribeOptions, fmt: str, started: float
 ) -> AsyncIterator[bytes]:
     def on_error(err: ApiError) -> list[tuple[str, Any]]:
         from mlxspec.errors import openai_error_body

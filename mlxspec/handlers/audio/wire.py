@@ -16,7 +16,7 @@ from typing import Any
 
 from mlx_whisper.tokenizer import LANGUAGES, TO_LANGUAGE_CODE
 
-from mlxspec.engine.audio.types import FALLBACK_TEMPERATURES, TranscribeOptions, VadOptions
+from mlxspec.engine import FALLBACK_TEMPERATURES, TranscribeOptions, VadOptions
 from mlxspec.errors import ApiError
 
 __all__ = ["audio_bytes", "parse_language", "to_options"]

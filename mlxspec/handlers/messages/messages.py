@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from mlxspec.engine import Finished
-from mlxspec.handlers.common import JSON, current_engine
+from mlxspec.handlers.context import JSON, current_engine
 from mlxspec.handlers.messages.anthropic import to_chat_body
 from mlxspec.handlers.turns.parser import (
     ChatEvent,

@@ -1,45 +1,30 @@
-"""Wire <-> engine translation shared by the generation surfaces.
+"""A validated request body -> the engine requests it asks for (pure).
 
-:func:`to_generation_request` is the one pure function that turns a validated
-request body into an engine :class:`GenerationRequest` (the role of vLLM's
-``to_sampling_params``). The document has already checked types and ranges;
-this only applies defaults and precedence.
+:func:`to_generation_request` is the one function that turns a chat or
+completion body into an engine :class:`GenerationRequest` (the role of vLLM's
+``to_sampling_params``); :func:`to_constraint` reads its structured-output
+fields, :func:`session_key` its prompt-cache session, and
+:func:`choice_requests` makes the ``n`` sibling requests of its choices. The
+document has already checked types and ranges; this only applies defaults and
+precedence. Nothing here touches the engine, the request's scope or I/O.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
 
-from connexion.context import receive, scope
-
-from mlxspec import __version__
 from mlxspec.engine import (
-    Cancelled,
     Constraint,
-    Delta,
-    Engine,
-    Failed,
-    Finished,
     GenerationDefaults,
     GenerationRequest,
     LogitsParams,
     ModelInfo,
-    RequestHandle,
     SamplingParams,
-    TokenLogprob,
 )
 from mlxspec.errors import ApiError
-from mlxspec.http.metrics import GenerationWatch, Metrics
-
-SYSTEM_FINGERPRINT = f"mlxspec-{__version__}"
-T = TypeVar("T")
-
 
 #: mlx_lm.server's sampler and penalty fields: the chat-shaped surfaces
 #: (Anthropic Messages, Responses) carry them onto the chat body unchanged.
@@ -63,18 +48,6 @@ SAMPLER_FIELDS = (
 SESSION_FIELDS = ("session_id", "prompt_cache_key")
 
 
-def current_engine() -> Engine:
-    """The engine serving this request (placed in the ASGI scope by the app).
-
-    Raises:
-        ApiError: 503 ``model_unavailable`` on a transcription-only server.
-    """
-    engine = scope["state"]["engine"]
-    if engine is None:
-        raise ApiError("model_unavailable", "this server serves transcription only (no chat model)")
-    return engine
-
-
 def to_generation_request(
     body: Mapping[str, Any],
     prompt: list[int],
@@ -95,6 +68,8 @@ def to_generation_request(
         defaults (GenerationDefaults): the engine's sampling defaults.
         model (ModelInfo | None): the served model, for limits the document
             cannot state (its vocabulary size). Default: ``None`` (unchecked).
+        session (str | None): the prompt-cache session (:func:`session_key`).
+            Default: ``None``.
 
     Returns:
         GenerationRequest: a frozen engine request.
@@ -117,7 +92,7 @@ def to_generation_request(
         temperature=float(pick("temperature", pick_default(defaults.temperature, 0.0))),
         top_p=float(pick("top_p", pick_default(defaults.top_p, 1.0))),
         top_k=_top_k(int(pick("top_k", pick_default(defaults.top_k, 0))), vocab),
-        min_p=float(pick("min_p", 0.0)),
+        min_p=float(pick("min_p", pick_default(defaults.min_p, 0.0))),
         xtc_probability=float(pick("xtc_probability", 0.0)),
         # XTC needs two tokens above the threshold, impossible above 0.5, where
         # mlx-lm's apply_xtc raises instead: 0.5 behaves the same.
@@ -144,8 +119,8 @@ def to_generation_request(
         top_logprobs=_top_logprobs(body),
         session=session,
         constraint=to_constraint(body),
-        # n > 1: the choices are sibling requests on one prompt (handlers.choices)
-        shared_prefill=int(body.get("n") or 1) > 1,
+        # n > 1: the choices are sibling requests on one prompt (choice_requests)
+        shared_prefill=choice_count(body) > 1,
         # an open final message (engine.prompt.render_chat) is continued
         continuation=bool((body.get("chat_template_kwargs") or {}).get("continue_final_message")),
     )
@@ -255,113 +230,6 @@ def _logit_bias(
     return bias
 
 
-@dataclass
-class Collected:
-    """A whole generation gathered from a handle's events."""
-
-    text: str = ""
-    logprobs: list[TokenLogprob] = field(default_factory=list)
-    finished: Finished | None = None
-
-
-async def cancel_on_disconnect(handle: RequestHandle) -> None:
-    """Wait for the client's ``http.disconnect`` and cancel ``handle``.
-
-    The body was already read by validation, so the next ASGI message for a
-    plain request is the disconnect (ASGI HTTP spec, "Disconnected").
-    """
-    while (await receive())["type"] != "http.disconnect":
-        pass
-    handle.cancel()
-
-
-async def until_disconnect(work: Awaitable[T]) -> T:
-    """Await ``work`` unless the client disconnects first (then cancel it).
-
-    For handlers whose engine work is not a :class:`RequestHandle` (scoring,
-    embeddings through ``Engine.run_exclusive``).
-
-    Raises:
-        ApiError: ``cancelled`` (499) when the client left first.
-    """
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnected())
-    try:
-        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        if not task.done():
-            task.cancel()
-    if task not in done:
-        raise ApiError("cancelled", "request cancelled")
-    return task.result()
-
-
-async def _disconnected() -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
-
-
-async def outputs(handle: RequestHandle) -> AsyncIterator[Delta | Finished]:
-    """A handle's ``Delta`` and ``Finished`` events; the failure events become errors.
-
-    Every surface reads its events here, so this is where the app's metrics
-    observe time to first token, inter-token latency and token counts.
-
-    Raises:
-        ApiError: ``server_error`` for ``Failed``, ``cancelled`` (499) for ``Cancelled``.
-    """
-    watch = _watch(handle)
-    async for event in handle:
-        if isinstance(event, Failed):
-            raise ApiError("server_error", event.message)
-        if isinstance(event, Cancelled):
-            raise ApiError("cancelled", "request cancelled")
-        if watch is not None:
-            watch.observe(event)
-        yield event
-
-
-def current_metrics() -> Metrics | None:
-    """The app's metrics; ``None`` outside a request (unit tests drive handles
-    directly) or in an app without metrics."""
-    try:
-        return scope["state"].get("metrics")
-    except RuntimeError:  # connexion's context is unbound outside a request
-        return None
-
-
-def _watch(handle: RequestHandle) -> GenerationWatch | None:
-    """The app's latency/token watch for ``handle`` (see :func:`current_metrics`)."""
-    metrics = current_metrics()
-    return metrics.watch(handle) if metrics is not None else None
-
-
-async def collect(handle: RequestHandle) -> Collected:
-    """Gather a non-streamed generation. A client that disconnects, or a
-    cancelled awaiting task, cancels the engine request.
-
-    Raises:
-        ApiError: ``server_error`` when the engine reports a failure.
-    """
-    out, pieces = Collected(), []
-    watcher = asyncio.ensure_future(cancel_on_disconnect(handle))
-    try:
-        async for event in outputs(handle):
-            if isinstance(event, Delta):
-                pieces.append(event.text)
-                out.logprobs.extend(event.logprobs)
-            else:
-                out.finished = event
-    except asyncio.CancelledError:
-        handle.cancel()
-        raise
-    finally:
-        watcher.cancel()
-    out.text = "".join(pieces)
-    return out
-
-
 def session_key(body: Mapping[str, Any], headers: Mapping[str, str]) -> str | None:
     """The prompt-cache session a request belongs to, or ``None``.
 
@@ -383,46 +251,37 @@ def session_key(body: Mapping[str, Any], headers: Mapping[str, str]) -> str | No
     return None
 
 
-def request_headers() -> dict[str, str]:
-    """The current request's headers, lower-case names (last value wins)."""
-    return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers", [])}
+def choice_count(body: Mapping[str, Any]) -> int:
+    """``n`` of a validated body (omitted or null is 1; the document bounds it)."""
+    return int(body.get("n") or 1)
 
 
-def usage(finished: Finished) -> dict[str, Any]:
-    """The ``usage`` object: OpenAI's fields plus ``prompt_tokens_details`` and ``lane``."""
-    return {
-        "prompt_tokens": finished.prompt_tokens,
-        "completion_tokens": finished.completion_tokens,
-        "total_tokens": finished.prompt_tokens + finished.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": finished.cached_tokens},
-        "lane": finished.lane,
-    }
+#: ``mx.random.seed`` takes an unsigned 64-bit integer.
+_SEED_SPACE = 2**64
 
 
-def logprobs_block(entries: list[TokenLogprob], top_logprobs: int) -> dict[str, Any]:
-    """mlx_lm.server's logprobs block (``generate_response``).
+def choice_request(request: GenerationRequest, index: int) -> GenerationRequest:
+    """The engine request of choice ``index``: ``request`` with the seed moved
+    to ``seed + index`` (mod 2**64) when one is set, else ``request`` itself."""
+    seed = request.sampling.seed
+    if seed is None or index == 0:
+        return request
+    sampling = replace(request.sampling, seed=(seed + index) % _SEED_SPACE)
+    return replace(request, sampling=sampling)
 
-    With ``top_logprobs > 0`` each entry is the top-1 candidate merged with
-    the sorted top list (mlx-lm's ``dict(top[0], top_logprobs=top)``);
-    otherwise ``{id, logprob}`` of each generated token.
+
+def choice_requests(first: GenerationRequest, n: int) -> list[GenerationRequest]:
+    """The engine requests of ``n`` choices on one prompt.
+
+    Each choice is its own request; with a ``seed``, choice i samples with
+    ``seed + i`` (:func:`choice_request`), so the choices differ and the whole
+    request stays reproducible; greedy decoding gives n identical choices.
+
+    Args:
+        first (GenerationRequest): choice 0's request.
+        n (int): the number of choices (:func:`choice_count`).
+
+    Returns:
+        list[GenerationRequest]: one per choice, in index order; ``first`` first.
     """
-    if top_logprobs > 0:
-        content = []
-        for e in entries:
-            top = [{"id": t.id, "token": t.token, "logprob": t.logprob} for t in e.top]
-            content.append(dict(top[0], top_logprobs=top) if top else {})
-        return {"content": content}
-    return {"content": [{"id": e.id, "logprob": e.logprob} for e in entries]}
-
-
-def new_id(prefix: str) -> str:
-    """A response id such as ``chatcmpl-<uuid4>``."""
-    return f"{prefix}-{uuid.uuid4()}"
-
-
-def now() -> int:
-    """Unix time in seconds, for ``created``."""
-    return int(time.time())
-
-
-JSON = {"Content-Type": "application/json"}
+    return [choice_request(first, index) for index in range(n)]
