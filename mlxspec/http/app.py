@@ -37,6 +37,7 @@ from mlxspec.errors import (
     error_status,
     from_exception,
     from_status,
+    media_types_text,
     send_error,
     surface_for_path,
 )
@@ -50,6 +51,7 @@ from mlxspec.http.metrics import Metrics, RequestMetricsMiddleware, RouteLabels
 from mlxspec.http.paths import (
     METHOD_ORDER,
     allowed_methods,
+    post_body_types,
     post_takes_body,
     shadowed_methods,
     suggest_path,
@@ -62,8 +64,14 @@ from mlxspec.openapi.validation import (
     enable_openapi_31,
 )
 
-#: The 415 message of a POST body sent without ``Content-Type``.
+#: The 415 message of a POST body sent without ``Content-Type`` (on a JSON route).
 NO_TYPE = "a request body needs a Content-Type: send application/json"
+
+
+def _no_type(types: tuple[str, ...]) -> str:
+    """:data:`NO_TYPE`, naming the route's own body types (the audio routes take
+    ``multipart/form-data`` first)."""
+    return f"a request body needs a Content-Type: send {media_types_text(types)}"
 
 
 class SnakeCaseResolver(Resolver):
@@ -177,6 +185,7 @@ class _WithEngine:
         # Concrete paths a templated route also matches (see literal_methods).
         self.literal = shadowed_methods(spec)
         self.takes_body = post_takes_body(spec)
+        self.body_types = post_body_types(spec)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -259,7 +268,7 @@ class _WithEngine:
         media = next((v for k, v in headers if k == b"content-type"), b"")
         why = None
         if not media:  # absent or empty (Connexion would read the body as JSON)
-            why = NO_TYPE
+            why = _no_type(self.body_types(path))
         elif not takes_body and media.partition(b";")[0].decode("latin-1") != "application/json":
             why = f"{path} takes no request body: send none, or send application/json"
         if why is not None:
