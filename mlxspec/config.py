@@ -111,6 +111,13 @@ class ServeConfig:
         prompt_concurrency (int): most prompts prefilled together. Default: ``8``.
         prompt_cache_size (int | None): most prompt-cache entries; ``None`` bounds
             only the bytes. Default: ``None``.
+        whisper_model (str | None): the Whisper checkpoint of ``/v1/audio/*``
+            (:func:`mlxspec.engine.audio.resolve_whisper`); ``None`` picks the
+            installed default. Default: ``None``.
+        whisper_idle_unload (float): seconds after the last take before the
+            Whisper weights are released. Default: ``300``.
+        whisper_resident (bool): never release them. Default: ``False``.
+        max_audio_seconds (float | None): longest take; longer is a 413. Default: ``3600``.
     """
 
     model: str | None = None
@@ -161,6 +168,11 @@ class ServeConfig:
     prompt_cache_size: int | None = None
     # The web chat's sessions database (--chat-db); None: ~/.cache/mlxspec/.
     chat_db: str | None = None
+    # Speech to text.
+    whisper_model: str | None = None
+    whisper_idle_unload: float = 300.0
+    whisper_resident: bool = False
+    max_audio_seconds: float | None = 3600.0
 
     @property
     def template_defaults(self) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,6 +80,16 @@ ERROR_TABLE: dict[str, ErrorSpec] = {
     "unavailable": ErrorSpec(503, "server_error", "unavailable"),
     # A connection over --max-connections (uvicorn's limit_concurrency answers plain text).
     "too_many_connections": ErrorSpec(503, "server_error", "too_many_connections"),
+    # Speech to text (reference "POST /v1/audio/transcriptions" and "Streaming
+    # transcription sessions"): undecodable audio or a clip under 0.1 s is a 400,
+    # a take over --max-audio-seconds a 413, no Whisper checkpoint (or no chat
+    # model on a transcription-only server) a 503.
+    "invalid_audio": ErrorSpec(400, "invalid_request_error", "invalid_audio"),
+    "audio_too_long": ErrorSpec(413, "invalid_request_error", "audio_too_long"),
+    "session_not_found": ErrorSpec(404, "not_found_error", "session_not_found"),
+    "session_finished": ErrorSpec(409, "invalid_request_error", "session_finished"),
+    "too_many_sessions": ErrorSpec(429, "resource_admission", "too_many_sessions"),
+    "model_unavailable": ErrorSpec(503, "server_error", "model_unavailable"),
 }
 
 #: The only message an internal failure ever shows a client.
@@ -136,8 +146,9 @@ _STATUS_KINDS = {
     415: "unsupported_media_type",
 }
 
-#: Connexion's 415 detail for a body that is not JSON; group 1 is the media type.
-_CONNEXION_415 = re.compile(r"Invalid Content-type \((.*)\), expected ")
+#: Connexion's 415 detail for a body of a type the operation does not take:
+#: group 1 is the media type, group 2 the Python list repr of those it takes.
+_CONNEXION_415 = re.compile(r"Invalid Content-type \((.*)\), expected (\[.*\])$")
 
 #: Seconds a client refused for a full queue should wait (RFC 9110 section
 #: 10.2.3): about one decode step of a full batch frees a slot.
@@ -175,8 +186,9 @@ def from_status(
     messages = {"not_found": "not found", "method_not_allowed": "method not allowed"}
     message = messages.get(kind) or str(detail or kind.replace("_", " "))
     if kind == "unsupported_media_type" and (media := _CONNEXION_415.match(message)):
-        # Connexion's text ends in a Python list repr; say it in the API's words
-        message = f"Content-Type '{media[1]}' is not supported: send application/json"
+        # Connexion's text ends in a Python list repr; say it in the API's words,
+        # naming the types the route takes (the audio routes: multipart/form-data too)
+        message = f"Content-Type '{media[1]}' is not supported: send {_accepted(media[2])}"
     # Connexion's parameter validation passes jsonschema's whole report (the failing
     # schema and instance after a blank line): the first line is the message.
     message = message.split("\n\nFailed validating", 1)[0]
@@ -184,6 +196,19 @@ def from_status(
     if kind == "unauthorized":
         return ApiError(kind, message, headers={"WWW-Authenticate": "Bearer"})
     return ApiError(kind, message, headers={"Allow": allow} if allow else None)
+
+
+def media_types_text(types: Sequence[str]) -> str:
+    """Media types as a 415 message names them: ``"multipart/form-data or
+    application/json"``; ``"application/json"`` for none."""
+    types = list(types) or ["application/json"]
+    return ", ".join(types[:-1]) + " or " + types[-1] if len(types) > 1 else types[0]
+
+
+def _accepted(listed: str) -> str:
+    """Connexion's repr of an operation's request types,
+    ``"['multipart/form-data', 'application/json']"``, in a message's words."""
+    return media_types_text(re.findall(r"'([^']+)'", listed))
 
 
 def from_exception(exc: BaseException) -> ApiError:

@@ -10,6 +10,7 @@ import re
 from collections.abc import Sequence
 
 from mlxspec import __version__
+from mlxspec.cli.audio_flags import add_audio_flags, audio_config
 from mlxspec.cli.mlx_lm_flags import mlx_lm_server_flags, refuse_not_yet
 from mlxspec.config import ServeConfig
 
@@ -78,6 +79,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_cache_flags(serve)
     _template_flags(serve)
     mlx_lm_server_flags(serve)
+    add_audio_flags(serve)
     return parser
 
 
@@ -374,4 +376,5 @@ def parse_config(argv: Sequence[str] | None = None) -> ServeConfig:
         prompt_concurrency=args.prompt_concurrency,
         prompt_cache_size=args.prompt_cache_size,
         chat_db=args.chat_db,
+        **audio_config(args),
     )

@@ -136,8 +136,6 @@ def serve(config: ServeConfig) -> int:
 
     machine.raise_open_files_limit()  # first: before anything imports mlx-lm (see there)
     from mlxspec.engine.model.loader import ModelLoadError
-    from mlxspec.http.app import create_app
-    from mlxspec.http.connections import uvicorn_config
 
     logging.basicConfig(
         level=config.log_level.upper(), format="%(levelname)s %(name)s: %(message)s"
@@ -153,11 +151,15 @@ def serve(config: ServeConfig) -> int:
             f"mlxspec: error: cannot use --ssd-cache {config.ssd_cache}: {problem}", file=sys.stderr
         )
         return EXIT_MODEL_ERROR
+    from mlxspec.cli.audio_serve import load_transcription
+
     try:
-        engine = load_engine(config)
+        engine, transcriber = load_transcription(config, load_engine)
     except ModelLoadError as exc:
         print(f"mlxspec: error: {exc}", file=sys.stderr)
         return EXIT_MODEL_ERROR
+    if engine is None:  # serve <whisper checkpoint>: transcription only
+        return _serve_app(config, None, transcriber)
     if (weights := engine.cpu_weights) is not None and weights.reason != "not on the CPU":
         kind = "float32" if weights.float32 else "as stored"
         print(
@@ -174,16 +176,37 @@ def serve(config: ServeConfig) -> int:
         flush=True,
     )
     print(f"mlxspec: web chat at {url}/", flush=True)
+    return _serve_app(config, engine, transcriber)
+
+
+def _serve_app(config: ServeConfig, engine, transcriber) -> int:  # noqa: ANN001
+    """Run uvicorn on the app until interrupted, then stop the engine(s)."""
+    from mlxspec.http.app import create_app
+    from mlxspec.http.connections import uvicorn_config
+
+    if transcriber is not None:
+        url = f"http://{config.host}:{config.port}"
+        only = " only" if engine is None else ""
+        print(
+            f"mlxspec: transcription{only}: {transcriber.model_id} (loads on first use) "
+            f"at {url}/v1/audio/transcriptions",
+            flush=True,
+        )
     server = _draining_server(
         uvicorn_config(
-            create_app(engine, config), config, timeout_graceful_shutdown=DRAIN_TIMEOUT_S
+            create_app(engine, config, transcriber=transcriber),
+            config,
+            timeout_graceful_shutdown=DRAIN_TIMEOUT_S,
         )
     )
     _signals_force_exit()  # uvicorn's handlers replace these while it serves
     try:
         server.run()
     finally:
-        _stop_engine(engine)
+        if engine is not None:
+            _stop_engine(engine)
+        if transcriber is not None and hasattr(transcriber.runner, "close"):
+            transcriber.runner.close()
     _exit_after_shutdown(0 if server.started else EXIT_STARTUP_FAILED)
     return 0  # not reached
 

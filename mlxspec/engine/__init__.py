@@ -5,11 +5,29 @@ request/event boundary (:mod:`.types`), what they may ask of the engine
 (:class:`EngineProtocol`, answered with the plain snapshots of :mod:`.snapshots`),
 the :class:`Engine` that implements it, the bounds of a chat template a request
 brings (:mod:`.template_sandbox`), and the non-generative forward paths:
-decision scoring (:func:`score_answers`) and embeddings (:func:`embed_texts`).
+decision scoring (:func:`score_answers`) and embeddings (:func:`embed_texts`);
+speech to text (:mod:`.audio`: the Whisper service as :class:`TranscriberProtocol`,
+its options, results, dictation sessions, audio decoding and their errors).
 The configuration's defaults come from here too (the prompt cache's and the
 SSD tier's byte budgets, the template sandbox's bounds).
 """
 
+from mlxspec.engine.audio import (
+    FALLBACK_TEMPERATURES,
+    MIN_AUDIO_S,
+    SAMPLE_RATE,
+    AudioDecodeError,
+    SessionError,
+    Sessions,
+    TakeResult,
+    TranscribeOptions,
+    TranscriberProtocol,
+    VadOptions,
+    WhisperModelError,
+    WindowDone,
+    decode_audio,
+    pcm_float32,
+)
 from mlxspec.engine.caches.prompt_cache import DEFAULT_PROMPT_CACHE_BYTES
 from mlxspec.engine.caches.ssd_cache import DEFAULT_SSD_CACHE_BYTES, FLUSH_TIMEOUT_S
 from mlxspec.engine.embedding import Embeddings, embed_texts
@@ -44,6 +62,7 @@ from mlxspec.engine.types import (
     Failed,
     Finished,
     GenerationRequest,
+    JobAbandoned,
     LogitsParams,
     ModelInfo,
     PromptError,
@@ -53,6 +72,21 @@ from mlxspec.engine.types import (
 )
 
 __all__ = [
+    "FALLBACK_TEMPERATURES",
+    "MIN_AUDIO_S",
+    "SAMPLE_RATE",
+    "AudioDecodeError",
+    "JobAbandoned",
+    "SessionError",
+    "Sessions",
+    "TakeResult",
+    "TranscribeOptions",
+    "TranscriberProtocol",
+    "VadOptions",
+    "WhisperModelError",
+    "WindowDone",
+    "decode_audio",
+    "pcm_float32",
     "AdmissionLimits",
     "BudgetTooSmallError",
     "ContextBudgetError",

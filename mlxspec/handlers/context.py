@@ -17,6 +17,7 @@ from connexion.context import scope
 
 from mlxspec import __version__
 from mlxspec.engine import EngineProtocol
+from mlxspec.errors import ApiError
 from mlxspec.http.metrics import Metrics
 
 #: The ``system_fingerprint`` of chat and text completions.
@@ -27,8 +28,16 @@ JSON = {"Content-Type": "application/json"}
 
 
 def current_engine() -> EngineProtocol:
-    """The engine serving this request."""
-    return scope["state"]["engine"]
+    """The engine serving this request.
+
+    Raises:
+        ApiError: 503 ``model_unavailable`` on a transcription-only server
+            (``serve <whisper checkpoint>``: no chat engine).
+    """
+    engine = scope["state"]["engine"]
+    if engine is None:
+        raise ApiError("model_unavailable", "this server serves transcription only (no chat model)")
+    return engine
 
 
 def current_metrics() -> Metrics | None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from connexion.context import scope
+
 from mlxspec.errors import ApiError
 from mlxspec.handlers.context import current_engine
 
@@ -29,9 +31,32 @@ def _served_model() -> dict[str, Any]:
     }
 
 
+def _rows() -> list[dict[str, Any]]:
+    """The served model first, then the Whisper model when one is configured
+    (the reference lists its transcription companion beside the chat model)."""
+    state = scope["state"]
+    transcriber = state.get("transcriber")
+    rows = [] if state.get("engine") is None and transcriber is not None else [_served_model()]
+    if transcriber is not None:
+        rows.append(
+            {
+                "id": transcriber.model_id,
+                "object": "model",
+                "created": transcriber.created,
+                "owned_by": "mlxspec",
+                "capabilities": {
+                    "transcription": True,
+                    "translation": not transcriber.model_id.endswith(".en"),
+                    "chat_completions": False,
+                },
+            }
+        )
+    return rows
+
+
 async def list_models() -> dict[str, Any]:
-    """The served model as an OpenAI list (``{"object": "list", "data": [...]}``)."""
-    return {"object": "list", "data": [_served_model()]}
+    """The served models as an OpenAI list (``{"object": "list", "data": [...]}``)."""
+    return {"object": "list", "data": _rows()}
 
 
 async def retrieve_model(model_id: str) -> dict[str, Any]:
@@ -46,7 +71,7 @@ async def retrieve_model(model_id: str) -> dict[str, Any]:
             the id is ``""`` or ends in ``/``) the message names the path
             without it (the server matches paths exactly, as the reference).
     """
-    row = _served_model()
+    row = next((r for r in _rows() if r["id"] == model_id), None) or _rows()[0]
     if model_id != row["id"]:
         if not model_id or model_id.endswith("/"):
             path = f"/v1/models/{model_id.rstrip('/')}".rstrip("/")

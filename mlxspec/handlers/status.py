@@ -19,7 +19,13 @@ from connexion.context import scope
 from starlette.responses import Response
 
 from mlxspec import __version__
-from mlxspec.engine import FitSnapshot, ModelInfo, ModelMemory, StatsSnapshot
+from mlxspec.engine import (
+    FitSnapshot,
+    ModelInfo,
+    ModelMemory,
+    StatsSnapshot,
+    TranscriberProtocol,
+)
 from mlxspec.handlers.context import current_engine
 from mlxspec.host import machine
 from mlxspec.http.metrics import CONTENT_TYPE
@@ -29,7 +35,11 @@ TYPICAL_CONTEXT = 8192
 
 
 async def get_stats() -> dict[str, Any]:
-    """Server, admission, batch, request and cache state (reference ``GET /stats``)."""
+    """Server, admission, batch, request and cache state (reference ``GET /stats``);
+    with a Whisper service, its ``transcription`` block."""
+    transcriber: TranscriberProtocol | None = scope["state"].get("transcriber")
+    if scope["state"].get("engine") is None and transcriber is not None:
+        return transcription_only_stats(transcriber)
     engine = current_engine()
     stats, fit = engine.stats_snapshot(), engine.fit_snapshot()
     body = {
@@ -43,7 +53,21 @@ async def get_stats() -> dict[str, Any]:
     store = scope["state"].get("response_store")
     if callable(getattr(store, "stats", None)):
         body["response_store"] = store.stats()
+    if transcriber is not None:
+        body["transcription"] = transcriber.block()
     return body
+
+
+def transcription_only_stats(transcriber: TranscriberProtocol) -> dict[str, Any]:
+    """``/stats`` of ``serve <whisper checkpoint>``: the server and its ``transcription``."""
+    server = {
+        "owner": "serve",
+        "version": __version__,
+        "model": transcriber.model_id,
+        "started_at": transcriber.created,
+        "uptime_s": round(max(0.0, time.time() - transcriber.created), 3),
+    }
+    return {"server": server, "transcription": transcriber.block()}
 
 
 def _server(info: ModelInfo) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from connexion.context import scope
 from starlette.responses import Response
 
 from mlxspec import __version__
@@ -26,8 +27,12 @@ ENDPOINTS = _endpoints()
 HEALTH_BODY = b'{"status": "ok"}'
 
 
-async def health() -> Response:
-    """Exactly ``{"status": "ok"}``, byte for byte what mlx_lm.server sends."""
+async def health() -> Any:
+    """Exactly ``{"status": "ok"}``, byte for byte what mlx_lm.server sends; a
+    transcription-only server adds its ``transcription`` block (the reference)."""
+    state = scope["state"]
+    if state.get("engine") is None and state.get("transcriber") is not None:
+        return {"status": "ok", "transcription": state["transcriber"].block()}
     return Response(HEALTH_BODY, media_type="application/json")
 
 
@@ -36,6 +41,14 @@ async def api_index() -> dict[str, Any]:
     return {
         "name": "mlxspec",
         "version": __version__,
-        "model": current_engine().info.id,
+        "model": _served_id(),
         "endpoints": ENDPOINTS,
     }
+
+
+def _served_id() -> str:
+    """The chat model's id, or the Whisper model's on a transcription-only server."""
+    state = scope["state"]
+    if state.get("engine") is None and state.get("transcriber") is not None:
+        return state["transcriber"].model_id
+    return current_engine().info.id

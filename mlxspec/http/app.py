@@ -17,6 +17,7 @@ checked by Connexion's security middleware (:mod:`mlxspec.http.security`).
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -25,17 +26,19 @@ from connexion.datastructures import MediaTypeDict
 from connexion.exceptions import ProblemException
 from connexion.lifecycle import ConnexionRequest, ConnexionResponse
 from connexion.resolver import Resolver
+from connexion.validators import MultiPartFormDataValidator
 from starlette.exceptions import HTTPException
 from starlette.types import Receive, Scope, Send
 
 from mlxspec.config import ServeConfig
-from mlxspec.engine import EngineRequestError, QueueFullError
+from mlxspec.engine import EngineRequestError, QueueFullError, Sessions
 from mlxspec.errors import (
     ApiError,
     error_json,
     error_status,
     from_exception,
     from_status,
+    media_types_text,
     send_error,
     surface_for_path,
 )
@@ -49,6 +52,7 @@ from mlxspec.http.metrics import Metrics, RequestMetricsMiddleware, RouteLabels
 from mlxspec.http.paths import (
     METHOD_ORDER,
     allowed_methods,
+    post_body_types,
     post_takes_body,
     shadowed_methods,
     suggest_path,
@@ -62,8 +66,14 @@ from mlxspec.openapi.validation import (
     enable_openapi_31,
 )
 
-#: The 415 message of a POST body sent without ``Content-Type``.
+#: The 415 message of a POST body sent without ``Content-Type`` (on a JSON route).
 NO_TYPE = "a request body needs a Content-Type: send application/json"
+
+
+def _no_type(types: tuple[str, ...]) -> str:
+    """:data:`NO_TYPE`, naming the route's own body types (the audio routes take
+    ``multipart/form-data`` first)."""
+    return f"a request body needs a Content-Type: send {media_types_text(types)}"
 
 
 class SnakeCaseResolver(Resolver):
@@ -163,13 +173,21 @@ class _WithEngine:
     """
 
     def __init__(
-        self, app: Any, engine: Any, config: Any, metrics: Metrics, spec: dict[str, Any]
+        self,
+        app: Any,
+        engine: Any,
+        config: Any,
+        metrics: Metrics,
+        spec: dict[str, Any],
+        extra: dict[str, Any] | None = None,
     ) -> None:
         self.app, self.engine, self.config, self.metrics = app, engine, config, metrics
+        self.extra = extra or {}  # other services' state (the Whisper service)
         self.response_store = ResponseStore()
         # Concrete paths a templated route also matches (see literal_methods).
         self.literal = shadowed_methods(spec)
         self.takes_body = post_takes_body(spec)
+        self.body_types = post_body_types(spec)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -201,6 +219,7 @@ class _WithEngine:
         state["engine"], state["config"] = self.engine, self.config
         state["metrics"] = self.metrics
         state["response_store"] = self.response_store
+        state.update(self.extra)
 
     def _check_method(self, scope: Scope) -> None:
         """Raises :class:`_Refused` (405, with ``Allow``) for a method the
@@ -251,7 +270,7 @@ class _WithEngine:
         media = next((v for k, v in headers if k == b"content-type"), b"")
         why = None
         if not media:  # absent or empty (Connexion would read the body as JSON)
-            why = NO_TYPE
+            why = _no_type(self.body_types(path))
         elif not takes_body and media.partition(b";")[0].decode("latin-1") != "application/json":
             why = f"{path} takes no request body: send none, or send application/json"
         if why is not None:
@@ -381,7 +400,13 @@ def _replay(body: bytes, receive: Receive) -> Receive:
     return replay
 
 
-def create_app(engine: Any, config: Any = None, *, validate_responses: bool = False) -> Any:
+def create_app(
+    engine: Any,
+    config: Any = None,
+    *,
+    validate_responses: bool = False,
+    transcriber: Any = None,
+) -> Any:
     """Build the ASGI app serving the OpenAPI document's routes.
 
     Args:
@@ -391,6 +416,9 @@ def create_app(engine: Any, config: Any = None, *, validate_responses: bool = Fa
             and ``allowed_origins`` apply here. Default: ``None`` (defaults).
         validate_responses (bool): validate JSON responses against the document
             (a non-conforming response becomes a 500). Default: ``False``.
+        transcriber (WhisperService | None): the Whisper service of
+            ``/v1/audio/*``; ``None`` answers those routes 503. ``engine`` may be
+            ``None`` beside one (a transcription-only server). Default: ``None``.
 
     Returns:
         An ASGI application for uvicorn.
@@ -406,7 +434,12 @@ def create_app(engine: Any, config: Any = None, *, validate_responses: bool = Fa
         spec,
         resolver=SnakeCaseResolver(),
         validator_map={
-            "body": MediaTypeDict({"*/*json": RequestBodyValidator}),
+            "body": MediaTypeDict(
+                {
+                    "*/*json": RequestBodyValidator,
+                    "multipart/form-data": MultiPartFormDataValidator,
+                }
+            ),
             "response": MediaTypeDict({"*/*json": ResponseBodyValidator}),
         },
         validate_responses=validate_responses,
@@ -423,8 +456,9 @@ def create_app(engine: Any, config: Any = None, *, validate_responses: bool = Fa
     app.add_error_handler(HTTPException, problem)
     app.add_error_handler(Exception, _error)
     metrics = Metrics(engine)
-    asgi: Any = _WithEngine(app, engine, config, metrics, spec)
-    asgi = ChatSocketMount(asgi, engine, config, metrics)  # /ws/chat, beside Connexion
+    asgi: Any = _WithEngine(app, engine, config, metrics, spec, _audio_state(transcriber, config))
+    if engine is not None:  # a transcription-only server has no chat to drive
+        asgi = ChatSocketMount(asgi, engine, config, metrics)  # /ws/chat, beside Connexion
     asgi = RequestMetricsMiddleware(asgi, metrics, RouteLabels(spec))
     if config.allowed_origins:
         asgi = ApiCORSMiddleware(
@@ -435,3 +469,17 @@ def create_app(engine: Any, config: Any = None, *, validate_responses: bool = Fa
             expose_headers=["Retry-After"],
         )
     return ErrorNotes(PathAliases(RequestGuard(asgi, config), path_aliases(spec)))
+
+
+#: Connexion warns on every request to an operation that takes several body types
+#: (the audio routes: multipart, JSON, raw audio) that it names the body after one.
+logging.getLogger("connexion.operations.openapi3").setLevel(logging.ERROR)
+
+
+def _audio_state(transcriber: Any, config: Any) -> dict[str, Any]:
+    """The Whisper service and its dictation sessions, for the audio handlers
+    (which see the service as a ``TranscriberProtocol``)."""
+    if transcriber is None:
+        return {}
+    sessions = Sessions(transcriber, getattr(config, "max_audio_seconds", None))
+    return {"transcriber": transcriber, "transcription_sessions": sessions}

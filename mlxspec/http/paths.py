@@ -120,6 +120,36 @@ def post_takes_body(spec: dict[str, Any]) -> Callable[[str], bool | None]:
     return takes_body
 
 
+def post_body_types(spec: dict[str, Any]) -> Callable[[str], tuple[str, ...]]:
+    """A function from a request path to the media types its ``POST``
+    operation's ``requestBody`` declares, in the document's order
+    (``("application/json",)`` where it declares none or there is no operation),
+    for the 415 messages to name what the route takes. A concrete path wins.
+
+    Args:
+        spec (dict): the served OpenAPI document.
+
+    Returns:
+        Callable[[str], tuple[str, ...]]: the types for a request path.
+    """
+    paths = spec.get("paths", {})
+    posts = [
+        (t, rx, tuple(paths[t]["post"].get("requestBody", {}).get("content", {})))
+        for t, rx, methods in _path_patterns(spec)
+        if "POST" in methods
+    ]
+    literal = {t: types for t, _, types in posts if "{" not in t}
+    templated = [(rx, types) for t, rx, types in posts if "{" in t]
+
+    def body_types(path: str) -> tuple[str, ...]:
+        found = literal.get(path)
+        if found is None:
+            found = next((types for rx, types in templated if rx.match(path)), ())
+        return found or ("application/json",)
+
+    return body_types
+
+
 def suggest_path(spec: dict[str, Any]) -> Callable[[str, str], str | None]:
     """A function from an unknown request path (and its method) to the document
     path its client probably meant, or ``None``.

@@ -24,25 +24,27 @@ from mlxspec.engine import (
     Finished,
     GenerationRequest,
     QueueFullError,
+    TranscriberProtocol,
 )
+from mlxspec.engine.audio import SoloRunner, WhisperCheckpoint, WhisperService
 from tests.fakes import FakeEngine
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def protocol_members() -> list[str]:
-    """The public members ``EngineProtocol`` declares (attributes, properties, methods)."""
-    declared = [*EngineProtocol.__annotations__, *vars(EngineProtocol)]
+def protocol_members(protocol: type = EngineProtocol) -> list[str]:
+    """The public members ``protocol`` declares (attributes, properties, methods)."""
+    declared = [*protocol.__annotations__, *vars(protocol)]
     return sorted({n for n in declared if not n.startswith("_")})
 
 
-def mismatches(cls: type, instance: object) -> list[str]:
+def mismatches(cls: type, instance: object, protocol: type = EngineProtocol) -> list[str]:
     """How ``cls`` (and one ``instance`` of it, for data attributes) differs from
-    the protocol: one line per member that is missing or declared otherwise."""
-    hints = typing.get_type_hints(EngineProtocol)
+    ``protocol``: one line per member that is missing or declared otherwise."""
+    hints = typing.get_type_hints(protocol)
     found = []
-    for name in protocol_members():
-        want = vars(EngineProtocol).get(name)
+    for name in protocol_members(protocol):
+        want = vars(protocol).get(name)
         got = inspect.getattr_static(cls, name, None)
         if want is None:  # a data attribute: the instance holds one of its type
             if not isinstance(getattr(instance, name, None), hints[name]):
@@ -169,6 +171,30 @@ def test_the_fake_holds_places_in_a_real_queue(fake: FakeEngine) -> None:
             with full.hold("embedding"):
                 pass
     assert full.stats_snapshot().rejected["queue_full"] == 1
+
+
+def test_the_whisper_service_implements_the_transcriber_protocol(tmp_path: Path) -> None:
+    """The audio handlers' side of the boundary: what they ask of the Whisper
+    service, which asks the chat engine only ``run_exclusive`` (an
+    ``EngineProtocol`` member)."""
+    checkpoint = WhisperCheckpoint("whisper-tiny.en", "mlx", folder=tmp_path)
+    service = WhisperService(checkpoint, SoloRunner(), tmp_path)
+    try:
+        assert protocol_members(TranscriberProtocol) == [
+            "block",
+            "created",
+            "model_id",
+            "multilingual",
+            "transcribe",
+            "unload",
+            "vocabulary_usage",
+        ]
+        assert isinstance(service, TranscriberProtocol)
+        assert mismatches(WhisperService, service, TranscriberProtocol) == []
+        assert service.multilingual is False and service.block()["loaded"] is False
+        assert "run_exclusive" in protocol_members()
+    finally:
+        service.runner.close()
 
 
 def _engine_imports(path: Path) -> list[str]:

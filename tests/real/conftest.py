@@ -35,7 +35,8 @@ def real_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """
     log = tmp_path_factory.mktemp("real") / "serve.log"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "MLXSPEC_BLAS": SERVER_BLAS}
-    argv = [sys.executable, "-m", "mlxspec", "serve", "--port", "{port}"]
+    # --whisper-model none: the chat model alone (its /v1/models is one row)
+    argv = [sys.executable, "-m", "mlxspec", "serve", "--port", "{port}", "--whisper-model", "none"]
     with serve(argv, env, log, timeout=300) as base:
         yield base
 

@@ -119,6 +119,17 @@ def test_a_full_queue_is_429_with_retry_after() -> None:
         ),
         (
             ProblemException(
+                status=415,
+                detail="Invalid Content-type (text/plain), expected "
+                "['multipart/form-data', 'application/json']",
+            ),
+            "unsupported_media_type",
+            "Content-Type 'text/plain' is not supported: "
+            "send multipart/form-data or application/json",
+            {},
+        ),
+        (
+            ProblemException(
                 status=400,
                 title="Bad Request",
                 detail="'x' is not of type 'integer'\n\nFailed validating 'type' in schema",

