@@ -202,7 +202,9 @@ def sendable_headers(headers: dict[str, Any] | None) -> bool:
     whitespace but its own header filter lets through (``"\x85..."``, NEL);
     requests then refuses to send the case and the run reports a "Network
     Error" that never reached the server. Same rule as
-    ``requests.utils.check_header_validity``.
+    ``requests.utils.check_header_validity``, plus what ``http.client`` can put
+    on the wire: a value it cannot encode as latin-1 (``"\U0004182d"``) fails
+    the same way, as a client-side "Runtime Error".
 
     Args:
         headers (dict | None): generated header values.
@@ -211,8 +213,18 @@ def sendable_headers(headers: dict[str, Any] | None) -> bool:
         bool: ``True`` to keep the case.
     """
     return all(
-        not isinstance(v, str) or _SENDABLE_HEADER.match(v) for v in (headers or {}).values()
+        not isinstance(v, str) or (_SENDABLE_HEADER.match(v) and _latin1(v))
+        for v in (headers or {}).values()
     )
+
+
+def _latin1(value: str) -> bool:
+    """Whether ``http.client`` can encode a header value (it sends latin-1)."""
+    try:
+        value.encode("latin-1")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def register() -> None:

@@ -185,3 +185,20 @@ def test_header_filter_drops_values_the_client_cannot_send() -> None:
         assert sendable_headers({"session_id": value, "x-session-affinity": "ok"})
         requests.utils.check_header_validity(("session_id", value))
     assert sendable_headers(None) and sendable_headers({})
+
+
+def test_header_filter_drops_values_http_client_cannot_encode() -> None:
+    """The seed-1 run after the audio and web chat operations joined drew a header value
+    with ``"\U0004182d"`` for /v1/completions, /v1/messages and /v1/responses:
+    ``http.client`` encodes header values as latin-1 and raised before sending."""
+    import http.client
+
+    from mlxspec.conformance.hooks import sendable_headers
+
+    value = "agent\U0004182d"
+    assert not sendable_headers({"session_id": value})
+    connection = http.client.HTTPConnection("127.0.0.1")
+    connection.putrequest("GET", "/")
+    with pytest.raises(UnicodeEncodeError):
+        connection.putheader("session_id", value)
+    assert sendable_headers({"session_id": "caf\xe9"})

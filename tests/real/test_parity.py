@@ -27,7 +27,10 @@ def parity_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``mlxspec serve`` on the embedded model with the checkpoint's own weights
     (``parity.NATIVE_WEIGHTS``), the numbers mlx_lm.server computes with."""
     log = tmp_path_factory.mktemp("parity") / "serve.log"
-    argv = [sys.executable, "-m", "mlxspec", "serve", "--port", "{port}", *parity.NATIVE_WEIGHTS]
+    argv = [
+        *(sys.executable, "-m", "mlxspec", "serve", "--port", "{port}"),
+        *(*parity.NATIVE_WEIGHTS, *parity.NO_WHISPER),
+    ]
     with serve(argv, {**os.environ, "HF_HUB_OFFLINE": "1"}, log, timeout=300) as base:
         yield base
 
