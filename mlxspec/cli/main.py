@@ -166,17 +166,37 @@ def serve(config: ServeConfig) -> int:
             f"mlxspec: CPU weights {kind}, {weights.nbytes >> 20} MiB ({weights.reason})",
             flush=True,
         )
-    url = f"http://{config.host}:{config.port}"
-    auth = ", API key required" if config.api_key else ""
-    cap = engine.admission.enforced_context
-    capped = f", capped at {cap} by the operator's limits" if cap is not None else ""
-    print(
-        f"mlxspec: serving {engine.info.id} (context {engine.info.context_window}{capped}{auth}) "
-        f"at {url}/v1",
-        flush=True,
-    )
-    print(f"mlxspec: web chat at {url}/", flush=True)
     return _serve_app(config, engine, transcriber)
+
+
+def serving_lines(config: ServeConfig, engine, transcriber) -> list[str]:  # noqa: ANN001
+    """The start-up lines that give the server's URLs (printed once it listens).
+
+    Args:
+        config (ServeConfig): ``host``, ``port``, ``api_key``.
+        engine (Engine | None): the chat engine; ``None`` on a transcription-only server.
+        transcriber (WhisperService | None): the speech-to-text service, if any.
+
+    Returns:
+        list[str]: the chat model and web chat lines, then the transcription line.
+    """
+    url = f"http://{config.host}:{config.port}"
+    lines = []
+    if engine is not None:
+        auth = ", API key required" if config.api_key else ""
+        cap = engine.admission.enforced_context
+        capped = f", capped at {cap} by the operator's limits" if cap is not None else ""
+        window = engine.info.context_window
+        context = f"context {window}{capped}{auth}"
+        lines.append(f"mlxspec: serving {engine.info.id} ({context}) at {url}/v1")
+        lines.append(f"mlxspec: web chat at {url}/")
+    if transcriber is not None:
+        only = " only" if engine is None else ""
+        lines.append(
+            f"mlxspec: transcription{only}: {transcriber.model_id} (loads on first use) "
+            f"at {url}/v1/audio/transcriptions"
+        )
+    return lines
 
 
 def _serve_app(config: ServeConfig, engine, transcriber) -> int:  # noqa: ANN001
@@ -184,20 +204,16 @@ def _serve_app(config: ServeConfig, engine, transcriber) -> int:  # noqa: ANN001
     from mlxspec.http.app import create_app
     from mlxspec.http.connections import uvicorn_config
 
-    if transcriber is not None:
-        url = f"http://{config.host}:{config.port}"
-        only = " only" if engine is None else ""
-        print(
-            f"mlxspec: transcription{only}: {transcriber.model_id} (loads on first use) "
-            f"at {url}/v1/audio/transcriptions",
-            flush=True,
-        )
+    # Building the app (the document's validators) and uvicorn's start take
+    # seconds, tens of them on a busy CPU: the URLs are printed once the socket
+    # listens, so a user who opens one as soon as it shows is answered.
     server = _draining_server(
         uvicorn_config(
             create_app(engine, config, transcriber=transcriber),
             config,
             timeout_graceful_shutdown=DRAIN_TIMEOUT_S,
-        )
+        ),
+        banner=serving_lines(config, engine, transcriber),
     )
     _signals_force_exit()  # uvicorn's handlers replace these while it serves
     try:
@@ -223,9 +239,11 @@ def _exit_after_shutdown(status: int = 0) -> None:
     os._exit(status)
 
 
-def _draining_server(config):  # noqa: ANN001, ANN202 - uvicorn.Config -> uvicorn.Server
-    """A uvicorn server where the first SIGINT/SIGTERM drains the requests and
-    ends ``run()`` normally, and a second one exits at once (:func:`_force_exit`).
+def _draining_server(config, banner: Sequence[str] = ()):  # noqa: ANN001, ANN202
+    """A uvicorn server (``uvicorn.Config`` -> ``uvicorn.Server``) where the first
+    SIGINT/SIGTERM drains the requests and ends ``run()`` normally, and a second
+    one exits at once (:func:`_force_exit`). ``banner``'s lines are printed once
+    it listens (after uvicorn's start-up; never when that fails).
 
     Stock uvicorn re-raises the first signal once it has drained (the default
     handler would then kill the process before the engine stops and the prompt
@@ -236,6 +254,12 @@ def _draining_server(config):  # noqa: ANN001, ANN202 - uvicorn.Config -> uvicor
     import uvicorn
 
     class DrainingServer(uvicorn.Server):
+        async def startup(self, sockets: list | None = None) -> None:
+            await super().startup(sockets)
+            if self.started:
+                for line in banner:
+                    print(line, flush=True)
+
         def handle_exit(self, sig: int, frame: FrameType | None) -> None:
             if self.should_exit:
                 _force_exit(sig, frame)
