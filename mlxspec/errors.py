@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from starlette.exceptions import HTTPException
+from starlette.formparsers import MultiPartException
 
 log = logging.getLogger("mlxspec.errors")
 
@@ -219,7 +220,9 @@ def from_exception(exc: BaseException) -> ApiError:
     the context window is ``context_length_exceeded``, one over the operator's
     budget ``context_over_budget``, any other ``invalid_request``), a full
     queue is ``queue_full`` with ``Retry-After``; an HTTP error of Connexion or
-    Starlette goes through :func:`from_status`. Anything else is logged with
+    Starlette goes through :func:`from_status`; a multipart body Starlette's
+    parser refuses (no boundary, a field over its 1 MiB part limit) is
+    ``invalid_request`` with the parser's reason. Anything else is logged with
     its traceback and becomes :meth:`ApiError.internal`.
 
     Args:
@@ -249,6 +252,10 @@ def from_exception(exc: BaseException) -> ApiError:
         elif isinstance(exc, ContextBudgetError):
             kind = "context_over_budget"
         return ApiError(kind, exc.message, param=exc.param)
+    if isinstance(exc, MultiPartException):
+        # Connexion's form validator calls Starlette's parser directly, so the
+        # 400 that Request.form() would make of this never happens upstream.
+        return ApiError("invalid_request", f"malformed multipart body: {exc.message}")
     if isinstance(exc, HTTPException):  # Connexion's ProblemException is one too
         detail = exc.detail or getattr(exc, "title", None)
         return from_status(exc.status_code, detail, exc.headers)

@@ -88,3 +88,31 @@ def test_raw_pcm_float32() -> None:
     assert len(out) == 3200
     with pytest.raises(AudioDecodeError):
         pcm_float32(b"\x00\x00\x00")
+
+
+@pytest.mark.parametrize("rate", [0, 1, 100, 3999, 768001, 99_999_999_999])
+def test_a_sample_rate_out_of_range_is_refused_before_resampling(rate: int) -> None:
+    # 1 Hz once asked scipy for a 16000x longer float64 array; 99_999_999_999 Hz
+    # (a session chunk's header) for 14.6 TiB: both were a 500.
+    with pytest.raises(AudioDecodeError, match=f"a sample rate of {rate} Hz is not supported"):
+        pcm_float32(RAMP.astype("<f4").tobytes(), rate)
+    if rate < 2**32:  # a WAV header holds 32 bits
+        wav = _wav((RAMP * 32768).astype("<i2").tobytes(), tag=1, channels=1, rate=rate, bits=16)
+        with pytest.raises(AudioDecodeError, match="not supported|zero sample rate"):
+            decode_audio(wav)
+
+
+@pytest.mark.parametrize("rate", [4000, 768000])
+def test_the_rate_bounds_themselves_decode(rate: int) -> None:
+    out = pcm_float32(np.zeros(rate // 10, "<f4").tobytes(), rate)  # 0.1 s
+    assert len(out) == 1600
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_samples_are_refused(bad: float) -> None:
+    x = RAMP.copy()
+    x[800] = bad
+    with pytest.raises(AudioDecodeError, match="non-finite samples"):
+        pcm_float32(x.astype("<f4").tobytes())
+    with pytest.raises(AudioDecodeError, match="non-finite samples"):
+        decode_audio(_wav(x.astype("<f4").tobytes(), tag=3, channels=1, rate=16000, bits=32))

@@ -8,6 +8,7 @@ import logging
 import pytest
 from connexion.exceptions import ProblemException
 from starlette.exceptions import HTTPException
+from starlette.formparsers import MultiPartException
 
 from mlxspec.engine import (
     Cancelled,
@@ -176,3 +177,17 @@ def test_unfinished_engine_requests() -> None:
     assert (cancelled.kind, cancelled.message) == ("cancelled", "request cancelled")
     assert error_status(cancelled) == 499
     assert error_status(cancelled, "anthropic") == 499
+
+
+@pytest.mark.parametrize(
+    "reason", ["Missing boundary in multipart.", "Part exceeded maximum size of 1024KB."]
+)
+def test_a_multipart_body_the_parser_refuses_is_a_400(reason: str) -> None:
+    # Connexion's form validator raises Starlette's parser error unwrapped;
+    # it used to fall through to the internal 500.
+    err = from_exception(MultiPartException(reason))
+    assert (err.kind, err.status, err.message) == (
+        "invalid_request",
+        400,
+        f"malformed multipart body: {reason}",
+    )

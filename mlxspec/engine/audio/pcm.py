@@ -23,6 +23,11 @@ __all__ = ["SAMPLE_RATE", "AudioDecodeError", "decode_audio", "pcm_float32", "re
 
 #: Whisper's input rate (openai-whisper ``audio.SAMPLE_RATE``).
 SAMPLE_RATE = 16000
+#: Sample rates accepted as input (Hz). Below 4 kHz resampling would multiply
+#: the samples more than 4x before ``--max-audio-seconds`` can refuse them (a
+#: 16 MiB WAV declaring 1 Hz asked for terabytes); above 768 kHz (the highest
+#: rate audio interfaces offer) the polyphase filter's length explodes instead.
+MIN_RATE, MAX_RATE = 4000, 768000
 _PCM, _FLOAT, _EXTENSIBLE = 0x0001, 0x0003, 0xFFFE
 # WAVE_FORMAT_EXTENSIBLE SubFormat GUIDs end in these 14 bytes (KSDATAFORMAT_SUBTYPE_*).
 _GUID_TAIL = b"\x00\x00\x00\x00\x10\x00\x80\x00\x00\xaa\x00\x38\x9b\x71"
@@ -111,7 +116,14 @@ def resample(x: np.ndarray, rate: int, target: int = SAMPLE_RATE) -> np.ndarray:
 
     Returns:
         np.ndarray: float32 samples at ``target`` Hz.
+
+    Raises:
+        AudioDecodeError: ``rate`` outside [:data:`MIN_RATE`, :data:`MAX_RATE`].
     """
+    if not MIN_RATE <= rate <= MAX_RATE:
+        raise AudioDecodeError(
+            f"a sample rate of {rate} Hz is not supported (from {MIN_RATE} to {MAX_RATE} Hz)"
+        )
     if rate == target:
         return x.astype(np.float32, copy=False)
     from scipy.signal import resample_poly
@@ -145,6 +157,15 @@ def _decode_av(blob: bytes) -> np.ndarray:
     return np.concatenate(pieces).astype(np.float32, copy=False)
 
 
+def _finite(x: np.ndarray) -> np.ndarray:
+    # NaN survives np.clip and makes every window's log-mel NaN: Whisper then
+    # decodes garbage through the whole fallback ladder (0.25 s of NaN kept
+    # tiny.en busy for 52 s on the engine thread), so refuse it here.
+    if not np.isfinite(x).all():
+        raise AudioDecodeError("the audio holds non-finite samples (NaN or infinity)")
+    return x
+
+
 def decode_audio(blob: bytes) -> np.ndarray:
     """Decode an audio file's bytes to Whisper's input.
 
@@ -155,23 +176,26 @@ def decode_audio(blob: bytes) -> np.ndarray:
         np.ndarray: float32 mono samples at 16 kHz, shape ``(n,)``.
 
     Raises:
-        AudioDecodeError: empty or undecodable bytes.
+        AudioDecodeError: empty or undecodable bytes, a sample rate outside
+            [:data:`MIN_RATE`, :data:`MAX_RATE`], or non-finite samples.
     """
     if not blob:
         raise AudioDecodeError("the audio file is empty")
     if blob[:4] in (b"RIFF", b"RF64") and blob[8:12] == b"WAVE":
         frames, rate = _parse_wav(blob)
         mono = frames.mean(axis=1) if frames.shape[1] > 1 else frames[:, 0]
-        return resample(np.clip(mono, -1.0, 1.0), rate)
-    return _decode_av(blob)
+        return resample(np.clip(_finite(mono), -1.0, 1.0), rate)
+    return _finite(_decode_av(blob))
 
 
 def pcm_float32(blob: bytes, rate: int = SAMPLE_RATE) -> np.ndarray:
     """Raw little-endian float32 mono samples (``audio/pcm;rate=N``), resampled to 16 kHz.
 
     Raises:
-        AudioDecodeError: the byte count is not a whole number of samples.
+        AudioDecodeError: the byte count is not a whole number of samples, the
+            rate is outside [:data:`MIN_RATE`, :data:`MAX_RATE`], or a sample
+            is not finite.
     """
     if len(blob) % 4:
         raise AudioDecodeError("audio/pcm bodies are float32 samples: a multiple of 4 bytes")
-    return resample(np.frombuffer(blob, dtype="<f4").astype(np.float32), rate)
+    return resample(_finite(np.frombuffer(blob, dtype="<f4").astype(np.float32)), rate)
