@@ -2,11 +2,22 @@
 
 No HTTP lives here. Handlers import only the names exported below: the typed
 request/event boundary (:mod:`.types`), the :class:`Engine` and model
-resolution (:mod:`.loader`), the bounds of a chat template a request brings
-(:mod:`.template_sandbox`), and the non-generative forward paths: decision
-scoring (:func:`score_answers`) and embeddings (:func:`embed_texts`).
+resolution (:mod:`.loader`), LoRA adapter folders and specs (:mod:`.adapters`),
+the bounds of a chat template a request brings (:mod:`.template_sandbox`), and
+the non-generative forward paths: decision scoring (:func:`score_answers`) and
+embeddings (:func:`embed_texts`).
 """
 
+from mlxspec.engine.adapters.files import (
+    AdapterFolder,
+    find_adapters,
+    inside,
+    read_folder,
+    scan_dirs,
+)
+from mlxspec.engine.adapters.registry import AdapterRegistry
+from mlxspec.engine.adapters.spec import NONE as NO_ADAPTER_SPEC
+from mlxspec.engine.adapters.spec import AdapterError, parse_spec
 from mlxspec.engine.caches.ssd_cache import FLUSH_TIMEOUT_S
 from mlxspec.engine.embedding import Embeddings, embed_texts
 from mlxspec.engine.engine import Engine, RequestHandle
@@ -39,6 +50,15 @@ from mlxspec.engine.types import (
 )
 
 __all__ = [
+    "AdapterError",
+    "AdapterFolder",
+    "AdapterRegistry",
+    "NO_ADAPTER_SPEC",
+    "find_adapters",
+    "inside",
+    "parse_spec",
+    "read_folder",
+    "scan_dirs",
     "AdmissionLimits",
     "BudgetTooSmallError",
     "ContextBudgetError",

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from mlxspec.engine.adapters.registry import AdapterRegistry
 from mlxspec.engine.caches.prompt_cache import (
     DEFAULT_PROMPT_CACHE_BYTES,
     CacheNamespace,
@@ -142,9 +143,12 @@ class Engine:
         self.kv_gate = self.kv.line
         #: Prefix KV reuse across requests (``stats()`` feeds ``GET /stats``).
         self.prompt_cache = prompt_cache if prompt_cache is not None else PromptCache()
-        #: Everything that changes KV numbers: the model and its weights (no adapters
-        #: or KV quantisation yet).
+        #: Everything that changes KV numbers: the model and its weights (a request's
+        #: adapters add their digests at its start: ``LaneParts.namespace_of``).
         self.cache_namespace = CacheNamespace(info.id, weights=info.weights)
+        #: The LoRA adapters mounted on the model (:mod:`.adapters`); mount and
+        #: unmount through :meth:`run_exclusive`, so no forward pass runs meanwhile.
+        self.adapters = AdapterRegistry(model, info.id)
         #: Whether :meth:`start` warms the prefill lengths before serving.
         self.warmup = (
             self.prompt_cache.enabled and self.prompt_cache.bucket_tails
@@ -165,6 +169,7 @@ class Engine:
             self.prompt_cache,
             self.cache_namespace,
             self.grammars,
+            self.adapters,
         )
 
     @property

@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from mlxspec.engine.adapters.batch_rows import RowsModel
+from mlxspec.engine.adapters.registry import NO_ADAPTER, AdapterPick
 from mlxspec.engine.loop.handles import flush_wakeups
 from mlxspec.engine.loop.lanes import Handoff, LaneParts, StepTimes, start_request
 from mlxspec.engine.loop.rows import Row
@@ -55,20 +57,22 @@ class BatchLane:
         self._parts = parts
         self._on_done = on_done
         self.times = StepTimes() if times is None else times
+        self._rows: dict[int, Row] = {}
+        model = parts.model
+        if parts.adapters is not None:  # each call selects its rows' adapters
+            model = RowsModel(model, parts.adapters, self._pick_of)
         self._gen = BatchGenerator(
-            parts.model,
+            model,
             stop_tokens=[[t] for t in sorted(parts.eos)],
             completion_batch_size=max_batch,
             prefill_batch_size=min(max_batch, 8),
             prefill_step_size=parts.prefill_step,
         )
-        self._rows: dict[int, Row] = {}
         #: Rows whose request has not started: mlx-lm's generator holds a row
         #: beyond its ``completion_batch_size`` until one leaves, and the request's
         #: ``started_at`` (the end of its queue time) is its first prefill step.
         self._unstarted: set[int] = set()
         self._cache = parts.prompt_cache
-        self._namespace = parts.namespace
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -77,7 +81,7 @@ class BatchLane:
         """Queue ``handle``'s request into the batch with a budget of ``max_tokens`` (>= 1)."""
         req = handle.request
         if req.shared_prefill:
-            self._prefill_once(req.prompt, req.session)
+            self._prefill_once(req.prompt, req.session, self._parts.pick(handle, lease=False))
         self.adopt(start_request(handle, self._parts, max_tokens, "batched"))
 
     def adopt(self, handoff: Handoff) -> None:
@@ -105,7 +109,14 @@ class BatchLane:
         self._unstarted.discard(uid)
         return self._rows.pop(uid).handle
 
-    def _prefill_once(self, prompt: tuple[int, ...], session: str | None) -> None:
+    def _pick_of(self, uid: int) -> AdapterPick:
+        """Row ``uid``'s adapters (the base model for a row that has left)."""
+        row = self._rows.get(uid)
+        return row.pick if row is not None else NO_ADAPTER
+
+    def _prefill_once(
+        self, prompt: tuple[int, ...], session: str | None, pick: AdapterPick
+    ) -> None:
         """Keep the KV cache of ``prompt[:-1]`` in the prompt cache unless it is
         there already, so the ``n`` sibling requests of one body prefill the
         prompt once and each starts from a copy (their ``fetch`` hits it).
@@ -118,15 +129,17 @@ class BatchLane:
         from mlx_lm.models.cache import make_prompt_cache
 
         head = prompt[:-1]
-        if len(head) < 2 or self._cache.covered(self._namespace, prompt) >= len(head):
+        namespace = self._parts.namespace_of(pick)  # the KV of these adapters' weights
+        if len(head) < 2 or self._cache.covered(namespace, prompt) >= len(head):
             return
         cache = make_prompt_cache(self._parts.model)
         tokens = mx.array(head, dtype=mx.uint32)[None]
         step = self._parts.prefill_step
-        for start in range(0, len(head), step):
-            self._parts.model(tokens[:, start : start + step], cache=cache)
-            mx.eval([c.state for c in cache])
-        self._cache.store(self._namespace, head, cache, session)
+        with self._parts.rows([pick]):
+            for start in range(0, len(head), step):
+                self._parts.model(tokens[:, start : start + step], cache=cache)
+                mx.eval([c.state for c in cache])
+        self._cache.store(namespace, head, cache, session)
 
     def step(self) -> None:
         """Drop cancelled requests, then run one prefill/decode step and route its tokens."""
@@ -190,8 +203,8 @@ class BatchLane:
         to the prompt cache, under each request's session."""
         for uid, (cache, tokens) in caches.items():
             row = self._rows.get(uid)
-            session = row.request.session if row is not None else None
-            self._parts.keep(tokens, cache, session)
+            if row is not None:  # a row that left unseen has no namespace to keep it in
+                self._parts.keep(tokens, cache, row.request.session, row.pick)
 
     def fail_all(self, message: str) -> int:
         """Fail every request in the batch with ``message`` (each ends through
