@@ -14,7 +14,15 @@ import httpx
 import pytest
 
 from mlxspec.conformance.contract import ContractViolation, check_response, split_named_event_stream
-from mlxspec.engine import Delta, Failed, Finished, GenerationDefaults, GenerationRequest, ModelInfo
+from mlxspec.engine import (
+    AdapterRegistry,
+    Delta,
+    Failed,
+    Finished,
+    GenerationDefaults,
+    GenerationRequest,
+    ModelInfo,
+)
 from mlxspec.errors import ApiError
 from mlxspec.http import sse
 from mlxspec.http.app import create_app
@@ -46,6 +54,7 @@ class FakeEngine:
     def __init__(self, events: list, tokenizer: object) -> None:
         self.events, self.tokenizer = events, tokenizer
         self.info = ModelInfo(id="fake", context_window=4096, created=0)
+        self.adapters = AdapterRegistry(None, "fake")  # none mounted: the base model
         self.defaults = GenerationDefaults()
         self.requests: list[GenerationRequest] = []
         self.prompts: list[list] = []

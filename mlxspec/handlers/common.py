@@ -62,6 +62,11 @@ SAMPLER_FIELDS = (
 #: The body fields that label a prompt-cache session (see :func:`session_key`).
 SESSION_FIELDS = ("session_id", "prompt_cache_key")
 
+#: The body field that selects LoRA adapters (:mod:`.adapters.select`): the
+#: chat-shaped surfaces carry it onto the chat body (and their handlers the
+#: ``model``, which may name an adapter too: :func:`.adapters.select.with_model`).
+ADAPTER_FIELDS = ("adapter",)
+
 
 def current_engine() -> Engine:
     """The engine serving this request (placed in the ASGI scope by the app)."""
@@ -74,6 +79,7 @@ def to_generation_request(
     defaults: GenerationDefaults,
     model: ModelInfo | None = None,
     session: str | None = None,
+    adapter: tuple[str, ...] = (),
 ) -> GenerationRequest:
     """Convert a validated chat or completion body into an engine request.
 
@@ -88,6 +94,10 @@ def to_generation_request(
         defaults (GenerationDefaults): the engine's sampling defaults.
         model (ModelInfo | None): the served model, for limits the document
             cannot state (its vocabulary size). Default: ``None`` (unchecked).
+        session (str | None): the prompt-cache session (:func:`session_key`).
+            Default: ``None``.
+        adapter (tuple[str, ...]): the mounted adapters it selects
+            (``handlers.adapters.select.request_adapters``). Default: ``()``.
 
     Returns:
         GenerationRequest: a frozen engine request.
@@ -141,6 +151,7 @@ def to_generation_request(
         shared_prefill=int(body.get("n") or 1) > 1,
         # an open final message (engine.prompt.render_chat) is continued
         continuation=bool((body.get("chat_template_kwargs") or {}).get("continue_final_message")),
+        adapter=adapter,
     )
 
 

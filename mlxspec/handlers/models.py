@@ -29,9 +29,27 @@ def _served_model() -> dict[str, Any]:
     }
 
 
+def _adapter_models() -> list[dict[str, Any]]:
+    """The mounted LoRA adapters as models whose ``parent`` is the served model
+    (vLLM lists its LoRA modules this way; ``model: <id>`` selects one)."""
+    engine = current_engine()
+    info = engine.info
+    return [
+        {
+            "id": a,
+            "object": "model",
+            "created": info.created,
+            "owned_by": "mlxspec",
+            "parent": info.id,
+        }
+        for a in engine.adapters.ids()
+    ]
+
+
 async def list_models() -> dict[str, Any]:
-    """The served model as an OpenAI list (``{"object": "list", "data": [...]}``)."""
-    return {"object": "list", "data": [_served_model()]}
+    """The served model, then its mounted adapters, as an OpenAI list
+    (``{"object": "list", "data": [...]}``)."""
+    return {"object": "list", "data": [_served_model(), *_adapter_models()]}
 
 
 async def retrieve_model(model_id: str) -> dict[str, Any]:
@@ -47,6 +65,9 @@ async def retrieve_model(model_id: str) -> dict[str, Any]:
             without it (the server matches paths exactly, as the reference).
     """
     row = _served_model()
+    adapter = next((a for a in _adapter_models() if a["id"] == model_id), None)
+    if adapter is not None and model_id != row["id"]:
+        return adapter
     if model_id != row["id"]:
         if not model_id or model_id.endswith("/"):
             path = f"/v1/models/{model_id.rstrip('/')}".rstrip("/")

@@ -19,6 +19,7 @@ from mlxspec.engine import (
     off_loop,
     token_prompt,
 )
+from mlxspec.handlers.adapters.select import request_adapters
 from mlxspec.handlers.chat.choices import (
     ChoiceStream,
     cancel_all,
@@ -50,10 +51,11 @@ async def create_completion(body: dict[str, Any]) -> Any:
     """Tokenize ``prompt`` as mlx-lm does (or take its token ids), generate ``n``
     choices, answer as JSON or SSE."""
     engine = current_engine()
+    adapter = request_adapters(engine, body)  # an unknown id is a 400 before any work
     body, warning = await structured_output(engine, body, chat=False)
     prompt = await off_loop(prompt_tokens, engine, body["prompt"])
     session = session_key(body, request_headers())
-    first = to_generation_request(body, prompt, engine.defaults, engine.info, session)
+    first = to_generation_request(body, prompt, engine.defaults, engine.info, session, adapter)
     # The output continues the prompt's text, so a leading space is kept
     # (OpenAI and vLLM do; mlx_lm.server trims it: docs/deviations.md).
     first = dataclasses.replace(first, continuation=True)

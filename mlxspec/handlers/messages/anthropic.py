@@ -15,11 +15,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mlxspec.errors import ApiError
-from mlxspec.handlers.common import SAMPLER_FIELDS, SESSION_FIELDS
+from mlxspec.handlers.common import ADAPTER_FIELDS, SAMPLER_FIELDS, SESSION_FIELDS
 
 #: Fields copied unchanged: Anthropic's sampling fields, mlx-lm's extras (no
-#: ``logit_bias``: the protocol has none) and the prompt-cache session labels.
-PASSTHROUGH = ("max_tokens", *SAMPLER_FIELDS, *SESSION_FIELDS)
+#: ``logit_bias``: the protocol has none), the prompt-cache session labels and
+#: the adapter selection.
+PASSTHROUGH = ("max_tokens", *SAMPLER_FIELDS, *SESSION_FIELDS, *ADAPTER_FIELDS)
 
 #: Prior-turn reasoning the client sends back; a template must not see it again.
 _DROPPED_BLOCKS = {"thinking", "redacted_thinking"}

@@ -29,6 +29,7 @@ from mlxspec.engine import (
     TemplateBudget,
     request_template,
 )
+from mlxspec.handlers.adapters.select import request_adapters
 from mlxspec.handlers.common import (
     cancel_on_disconnect,
     outputs,
@@ -134,11 +135,15 @@ async def open_turn(
             (``TemplateBoundError``: a request's template over the bounds).
         ContextLengthError: the prompt does not fit.
         ApiError: an invalid or unenforceable ``tool_choice`` (400).
+        AdapterError: an ``adapter`` (or adapter ``model``) that is not mounted (400).
         EngineRequestError, QueueFullError: as ``Engine.submit``.
     """
+    adapter = request_adapters(engine, body)  # an unknown id is a 400 before any work
     p = await _prepare(engine, body)
     session = session_key(p.body, request_headers())
-    request = to_generation_request(p.body, p.prompt, engine.defaults, engine.info, session)
+    request = to_generation_request(
+        p.body, p.prompt, engine.defaults, engine.info, session, adapter
+    )
     if p.forced:  # the tool call wins over any structured-output constraint
         request = dataclasses.replace(request, constraint=p.constraint)
     handle = engine.submit(request, prompt_param=prompt_param, group=group)
