@@ -87,6 +87,12 @@ class ServeConfig:
             Default: ``100000``.
         request_template_seconds (float): most seconds one render of a
             request's template may take. Default: ``2.0``.
+        adapter_path (str | None): a LoRA adapter folder mounted at start-up
+            (``--adapter-path``, mlx_lm.server's spelling), the default adapter
+            of requests that name none. Default: ``None``.
+        adapter_dirs (tuple[str, ...]): the directories ``POST /v1/adapters``
+            may read adapters from; ``()`` allows any path the server can read.
+            Default: ``()``.
     """
 
     model: str | None = None
@@ -124,6 +130,9 @@ class ServeConfig:
     allow_request_templates: bool = False
     request_template_steps: int = DEFAULT_TEMPLATE_STEPS
     request_template_seconds: float = DEFAULT_TEMPLATE_SECONDS
+    # LoRA adapters.
+    adapter_path: str | None = None
+    adapter_dirs: tuple[str, ...] = ()
 
 
 SERVE_ENV_DEFAULTS = {"MLX_CUDA_USE_CUDNN_SDPA": "0"}

@@ -61,7 +61,30 @@ def _parser() -> argparse.ArgumentParser:
     )
     _add_cache_flags(serve)
     _template_flags(serve)
+    _adapter_flags(serve)
     return parser
+
+
+def _adapter_flags(serve: argparse.ArgumentParser) -> None:
+    """LoRA adapters: one mounted at start, and where ``POST /v1/adapters`` may read."""
+    serve.add_argument(
+        "--adapter-path",
+        "--adapter",
+        dest="adapter_path",
+        metavar="DIR",
+        default=None,
+        help="mount the LoRA adapter in DIR (adapters.safetensors + adapter_config.json, as "
+        "mlx_lm.lora saves it) at start; requests that name no adapter use it",
+    )
+    serve.add_argument(
+        "--adapter-dirs",
+        action="append",
+        type=_origins,
+        default=[],
+        metavar="DIRS",
+        help="comma-separated directories POST /v1/adapters may mount from (repeatable); "
+        "other paths get 403 (default: any directory the server can read)",
+    )
 
 
 def _admission_flags(serve: argparse.ArgumentParser) -> None:
@@ -333,6 +356,8 @@ def parse_config(argv: Sequence[str] | None = None) -> ServeConfig:
         allow_request_templates=args.allow_request_templates or SWITCH_VALUES[templates],
         request_template_steps=args.request_template_steps,
         request_template_seconds=args.request_template_seconds,
+        adapter_path=args.adapter_path,
+        adapter_dirs=tuple(d for group in args.adapter_dirs for d in group),
         grammar=os.environ.get("MLXSPEC_GRAMMAR", "1") != "0",
         cpu_weights=args.cpu_weights,
         warmup=WARMUP_MODES[warmup],

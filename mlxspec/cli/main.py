@@ -65,7 +65,34 @@ def load_engine(config: ServeConfig):  # noqa: ANN201 - returns mlxspec.engine.E
     except Exception as exc:  # mlx-lm raises many types for unreadable folders
         raise ModelLoadError(f"cannot load model from {resolved.path}: {exc}") from exc
     engine.start()
+    if config.adapter_path is not None:
+        _mount_start_adapter(engine, config.adapter_path)
     return engine
+
+
+def _mount_start_adapter(engine, path: str) -> None:  # noqa: ANN001 - mlxspec.engine.Engine
+    """Mount ``--adapter-path`` through the engine thread, as ``POST /v1/adapters``
+    does, and make it the default adapter; its id is the folder's name.
+
+    Raises:
+        ModelLoadError: the folder is not an adapter or does not fit the model.
+    """
+    import asyncio
+    import re
+
+    from mlxspec.engine import AdapterError, read_folder
+    from mlxspec.engine.model.loader import ModelLoadError
+
+    try:
+        folder = read_folder(path)
+        name = re.sub(r"[^A-Za-z0-9._-]", "-", folder.path.name).lstrip("._-")[:64] or "adapter"
+        mount = engine.run_exclusive(lambda: engine.adapters.mount(name, folder))
+        mounted = asyncio.run(mount)
+    except AdapterError as exc:
+        engine.close()
+        raise ModelLoadError(f"cannot mount --adapter-path {path}: {exc.message}") from exc
+    engine.adapters.default = name
+    log.info("adapter %s mounted from %s (%d layers)", name, folder.path, mounted["mounted_layers"])
 
 
 def _warn_if_beyond_memory(budget: int | None) -> None:
