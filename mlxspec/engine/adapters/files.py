@@ -65,11 +65,19 @@ def read_folder(path: str | Path, param: str = "path") -> AdapterFolder:
     """
     folder = Path(path).expanduser()
     config_path, weights = folder / CONFIG_FILE, folder / WEIGHTS_FILE
-    if not folder.is_dir():
-        raise AdapterError(f"adapter path {folder} is not a directory", param)
-    for required in (config_path, weights):
-        if not required.is_file():
-            raise AdapterError(f"adapter path {folder} has no {required.name}", param)
+    try:
+        if not folder.is_dir():
+            raise AdapterError(f"adapter path {folder} is not a directory", param)
+        for required in (config_path, weights):
+            if not required.is_file():
+                raise AdapterError(f"adapter path {folder} has no {required.name}", param)
+        size = weights.stat().st_size
+    except AdapterError:
+        raise
+    except (OSError, ValueError) as exc:  # a name too long, a NUL byte, no permission
+        raise AdapterError(
+            f"adapter path {str(path)[:200]!r} cannot be read: {exc}", param
+        ) from exc
     try:
         config = json.loads(config_path.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as exc:
@@ -86,7 +94,7 @@ def read_folder(path: str | Path, param: str = "path") -> AdapterFolder:
         rank=_number(lora.get("rank"), int),
         scale=_number(lora.get("scale"), float),
         base_model=str(base) if base else None,
-        size_bytes=weights.stat().st_size,
+        size_bytes=size,
     )
 
 
@@ -150,5 +158,8 @@ def inside(path: str | Path, roots: Sequence[str | Path]) -> bool:
     (``--adapter-dirs``); any path when ``roots`` is empty."""
     if not roots:
         return True
-    target = Path(path).expanduser().resolve()
+    try:
+        target = Path(path).expanduser().resolve()
+    except (OSError, ValueError, RuntimeError):  # unresolvable: not inside anything
+        return False
     return any(target.is_relative_to(Path(root).expanduser().resolve()) for root in roots)
