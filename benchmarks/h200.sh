@@ -3,6 +3,10 @@
 #   step 1 (carry .whl/a):              bash benchmarks/h200.sh stash
 #   step 2 (carry .whl/b, .whl/c and .bench):   bash benchmarks/h200.sh setup [SIZE...]
 #   step 3 (machine still warm):        bash benchmarks/h200.sh bench NAME SIZE [serve_bench args]
+#   or (machine still warm):          bash benchmarks/h200.sh adapters NAME SIZE [adapters_bench args]
+#     8 streams on 8 random rank-16 LoRA adapters vs 8 on one vs 8 on none, mlxspec and
+#     mlx_lm.server's per-request adapters (--preset h200: under 8 minutes; $OUT/NAME.json
+#     rewritten after every cell, the servers' logs beside it)
 #   or (machine still warm):          bash benchmarks/h200.sh overhead NAME SIZE [stream_overhead args]
 #     per-token wall time of one stream at each layer (stream_generate, engine, ASGI, serve)
 #   or (carry .whl/py, the py-spy wheel): bash benchmarks/h200.sh profile SIZE [full]
@@ -32,6 +36,11 @@ case "$1" in
     name=$2 size=$3; shift 3
     python3 benchmarks/serve_bench.py --model /tmp/rand$size --name "$name" "$@"
     mkdir -p "$OUT" && cp benchmarks/results/"$name".* "$OUT"/ ;;
+  adapters)
+    name=$2 size=$3; shift 3; mkdir -p "$OUT"
+    # the script stops starting cells at 360 s (--budget-s); timeout is the backstop
+    timeout -k 20 -s INT 470 python3 benchmarks/adapters_bench.py --preset h200 \
+      --model /tmp/rand$size --name "$name" --json "$OUT/$name.json" --mlx-lm "$@" ;;
   overhead)
     name=$2 size=$3; shift 3
     python3 benchmarks/stream_overhead.py --model /tmp/rand$size --json "$OUT/$name.json" "$@" ;;

@@ -146,7 +146,6 @@ def test_mixing_equals_mlx_lm_lora_per_row(tmp_path: Path, tiny_model_dir: Path)
 def test_mismatch_mounts_nothing(tmp_path: Path, tiny_model_dir: Path) -> None:
     """An adapter of another model's shapes is refused whole: no layer changes."""
     import mlx.core as mx
-
     from mlx_lm.models.llama import Model, ModelArgs
 
     from mlxspec.engine.adapters.registry import AdapterRegistry
