@@ -59,12 +59,14 @@ def level_ratios(ours: dict, theirs: dict) -> list[dict]:
 
     Args:
         ours (dict): mlxspec's merged result (:func:`merge_runs`).
-        theirs (dict): the other server's, with the same levels in the same order.
+        theirs (dict): the other server's; levels are paired by prompt size and
+            concurrency, and a level only one of them ran (``--cap``) is left out.
 
     Returns:
         list[dict]: ``prompt_tokens``, ``concurrency``, ``tok_per_s_ratio`` and
         ``ttft_p50_ratio`` per level.
     """
+    other = {(b["prompt_tokens"], b["concurrency"]): b for b in theirs["levels"]}
     return [
         {
             "prompt_tokens": a["prompt_tokens"],
@@ -72,7 +74,8 @@ def level_ratios(ours: dict, theirs: dict) -> list[dict]:
             "tok_per_s_ratio": a["tok_per_s"] / max(b["tok_per_s"], 1e-9),
             "ttft_p50_ratio": a["ttft_p50"] / max(b["ttft_p50"], 1e-9),
         }
-        for a, b in zip(ours["levels"], theirs["levels"], strict=True)
+        for a in ours["levels"]
+        if (b := other.get((a["prompt_tokens"], a["concurrency"]))) is not None
     ]
 
 

@@ -1,41 +1,95 @@
 #!/usr/bin/env bash
-# Runs on the lent H200 through the device tool, from the repo root.
-#   step 1 (carry .whl/a):              bash benchmarks/h200.sh stash
-#   step 2 (carry .whl/b, .whl/c and .bench):   bash benchmarks/h200.sh setup [SIZE...]
-#   step 3 (machine still warm):        bash benchmarks/h200.sh bench NAME SIZE [serve_bench args]
-#   or (machine still warm):          bash benchmarks/h200.sh adapters NAME SIZE [adapters_bench args]
-#     8 streams on 8 random rank-16 LoRA adapters vs 8 on one vs 8 on none, mlxspec and
-#     mlx_lm.server's per-request adapters (--preset h200: under 8 minutes; $OUT/NAME.json
-#     rewritten after every cell, the servers' logs beside it)
-#   or (machine still warm):          bash benchmarks/h200.sh overhead NAME SIZE [stream_overhead args]
-#     per-token wall time of one stream at each layer (stream_generate, engine, ASGI, serve)
+# Benchmarks on the lent H200 through the device tool, from the repo root.
+#   step 0, here (no device time):      PYTHON=.venv/bin/python bash benchmarks/h200.sh stage
+#     .whl/a, .whl/b: mlx-cuda-13 split in two (< 64 MiB a call) with mlx and mlx-lm;
+#     .whl/c: the server's wheels from benchmarks/h200-wheels.txt; .whl/tok: tokenizer
+#     files of the converted embedded model (the random models' tokenizer)
+#   step 1 (carry .whl/a .whl/c):       bash benchmarks/h200.sh stash
+#   step 2 (carry .whl/b .whl/tok):     bash benchmarks/h200.sh setup [SIZE...]
+#   then, the machine still warm:
+#     bash benchmarks/h200.sh issue21 [NAME]     issue 21's whole measurement, resumable:
+#       step_probe (1/8/32/64 rows: bare step with and without the mask, DecodeBatch) and
+#       serve_bench (mlxspec and mlx_lm.server, c=1/8/32/64, 128/128 tokens, three repeats in
+#       alternating order, stream_generate beside each); stops itself after 8-8.5 min with
+#       what it measured in $OUT; call it again (same machine) until it prints "complete"
+#     bash benchmarks/h200.sh probe NAME SIZE [step_probe args]     one decode step, profiled
+#     bash benchmarks/h200.sh bench NAME SIZE [serve_bench args]     servers side by side
+#       (results/NAME.partial.json holds each level as soon as it is measured; pass it
+#       back with --resume in a later call to carry on an interrupted run)
+#     bash benchmarks/h200.sh adapters NAME SIZE [adapters_bench args]     issue 19's LoRA run:
+#       8 streams on 8 random rank-16 adapters vs 8 on one vs 8 on none, mlxspec and
+#       mlx_lm.server's per-request adapters (--preset h200: under 8 minutes with both
+#       servers' starts; $OUT/NAME.json rewritten after every cell, the servers' logs beside it)
+#     bash benchmarks/h200.sh overhead NAME SIZE [stream_overhead args]
+#       per-token wall time of one stream at each layer (stream_generate, engine, ASGI, serve)
 #   or (carry .whl/py, the py-spy wheel): bash benchmarks/h200.sh profile SIZE [full]
 #     serve + 40 bursts of 8 streams (burst_ttft.py) + py-spy (GIL-holders, then all threads);
 #     `full` reads every stream to its end (sustained decode at 8 rows) instead of the first token
-# Wheels are staged here by ../shared/gpu/stage-mlx-cuda.sh (see ../shared/gpu/README.md);
-# .bench/tok holds tokenizer files of the converted embedded model.
 set -euo pipefail
 SITE=/tmp/site
 export PYTHONPATH=$SITE:$PWD HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+MLX=(mlx-cuda-13==0.32.4 mlx==0.32.4 mlx-lm==0.32.2)
 case "$1" in
+  stage)
+    plat=(--only-binary=:all: --python-version 3.12 --implementation cp
+          --platform manylinux_2_35_x86_64 --platform manylinux_2_28_x86_64
+          --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any)
+    rm -rf .whl && mkdir -p .whl/a .whl/b .whl/c .whl/dl .whl/tok
+    python3 -m pip download -q --no-deps "${plat[@]}" -d .whl/dl "${MLX[@]}"
+    cuda=$(ls .whl/dl/mlx_cuda_13-*.whl)
+    split -b 44m "$cuda" .whl/dl/part_ && rm "$cuda"
+    mv .whl/dl/part_aa .whl/a/ && mv .whl/dl/part_a[b-z] .whl/dl/*.whl .whl/b/
+    python3 -m pip download -q --no-deps "${plat[@]}" -d .whl/c $(grep -v '^#' benchmarks/h200-wheels.txt)
+    tok=$(${PYTHON:-python3} -c "from mlxspec.engine.model.loader import resolve_model; print(resolve_model(None).path)")
+    for f in config.json tokenizer.json tokenizer_config.json special_tokens_map.json; do
+      [ -f "$tok/$f" ] && cp "$tok/$f" .whl/tok/
+    done
+    rmdir .whl/dl; du -sh .whl/* ;;
   stash)
-    mkdir -p /tmp/wa && cp .whl/a/part_* /tmp/wa/ && nvidia-smi -L ;;
+    mkdir -p /tmp/wa && cp .whl/a/part_* .whl/c/*.whl /tmp/wa/ && nvidia-smi -L ;;
   setup)
     whl=/tmp/mlx_cuda_13-0.32.4-py3-none-manylinux_2_35_x86_64.whl
     cat /tmp/wa/part_* .whl/b/part_* > "$whl"
-    python3 -m pip install -q --no-index --no-deps --no-compile --target $SITE "$whl" .whl/b/*.whl
-    # .whl/c: the server's pure-Python extras (pydantic for openapi-spec-validator,
-    # prometheus_client); carry it with .whl/b when present
-    if [ -d .whl/c ]; then python3 -m pip install -q --no-index --no-deps --no-compile --target $SITE .whl/c/*.whl; fi
+    python3 -m pip install -q --no-index --no-deps --no-compile --target $SITE "$whl" .whl/b/*.whl /tmp/wa/*.whl
     python3 -c "import mlx.core as mx; print(mx.default_device(), mx.__version__)"
+    # what `mlxspec serve` imports at start: a missing wheel shows here, not mid-benchmark
+    python3 -c "import mlxspec.cli.main, mlxspec.http.app, mlxspec.http.connections, xgrammar, prometheus_client, openapi_spec_validator, openapi_core"
     shift; for size in ${@:-1b 8b}; do  # sizes to build: default both
-      [ -f /tmp/rand$size/config.json ] || python3 benchmarks/make_random_model.py /tmp/rand$size --size $size --tokenizer-from .bench/tok
+      [ -f /tmp/rand$size/config.json ] || python3 benchmarks/make_random_model.py /tmp/rand$size --size $size --tokenizer-from .whl/tok
     done
     df -h /tmp | tail -1 ;;
+  issue21)
+    # one call stays under the device tool's 9-minute budget; state lives in /tmp/bench
+    # (outside the checkout, which each call replaces), so the next call resumes
+    name=${2:-h200-llama8b-issue21} size=${SIZE:-8b} t0=$SECONDS budget=${BUDGET:-480}
+    mkdir -p "$OUT" /tmp/bench benchmarks/results
+    if [ ! -f /tmp/bench/$name-probe.done ]; then
+      timeout -k 20 -s INT $budget python3 benchmarks/step_probe.py --model /tmp/rand$size \
+        --batches ${ROWS:-1 8 32 64} --rounds 2 --only plain batchkv decode decode_bias \
+        --json /tmp/bench/$name-probe.json && touch /tmp/bench/$name-probe.done
+    fi
+    cp /tmp/bench/$name-probe.json "$OUT"/ 2>/dev/null || true
+    left=$((budget - (SECONDS - t0)))
+    if [ -f /tmp/bench/$name-probe.done ] && [ $left -gt 60 ] && [ ! -f /tmp/bench/$name.json ]; then
+      cp /tmp/bench/$name.partial.json benchmarks/results/ 2>/dev/null || true
+      resume=(); [ -f benchmarks/results/$name.partial.json ] && resume=(--resume benchmarks/results/$name.partial.json)
+      timeout -k 30 -s INT $left python3 benchmarks/serve_bench.py --model /tmp/rand$size \
+        --name "$name" --prompt-tokens 128 --concurrency ${LEVELS:-1 8 32 64} --max-tokens ${TOKENS:-128} \
+        --batch 64 --repeats 3 --turns 0 "${resume[@]}" || echo "serve_bench stopped (rc $?)"
+      cp benchmarks/results/"$name".* benchmarks/results/"$name"-*.log /tmp/bench/ 2>/dev/null || true
+    fi
+    cp /tmp/bench/$name.* /tmp/bench/$name-* "$OUT"/ 2>/dev/null || true
+    if [ -f /tmp/bench/$name.json ] && [ -f /tmp/bench/$name-probe.done ]; then
+      echo "issue21: complete (${SECONDS}s)"
+    else echo "issue21: not finished (${SECONDS}s): call again on the same machine"; fi ;;
+  probe)
+    name=$2 size=$3; shift 3; mkdir -p "$OUT"
+    python3 benchmarks/step_probe.py --model /tmp/rand$size --json "$OUT/$name.json" "$@" ;;
   bench)
-    name=$2 size=$3; shift 3
-    python3 benchmarks/serve_bench.py --model /tmp/rand$size --name "$name" "$@"
-    mkdir -p "$OUT" && cp benchmarks/results/"$name".* "$OUT"/ ;;
+    name=$2 size=$3; shift 3; mkdir -p "$OUT"
+    # copied back even when the call is cut off: what was measured so far is kept
+    trap 'cp benchmarks/results/"$name".* "$OUT"/ 2>/dev/null || true' EXIT
+    python3 benchmarks/serve_bench.py --model /tmp/rand$size --name "$name" "$@" ;;
   adapters)
     name=$2 size=$3; shift 3; mkdir -p "$OUT"
     # the script stops starting cells at 360 s (--budget-s); timeout is the backstop

@@ -23,9 +23,10 @@ the GIL the engine thread needs. Medians over all rounds.
 
 Those times move with the machine's load; ``python_calls`` does not: for each
 build, in a subprocess, the ASGI app of ``create_app`` on a scripted engine
-(``fixtures.tool_models.ScriptedEngine``: a real chat template, no model, no
-engine thread) serves the same streamed request (``--max-tokens`` one-letter
-chunks) in process under ``cProfile``, which counts the Python function calls
+(``tests.fakes.FakeEngine``, ``fixtures.tool_models.ScriptedEngine`` in
+older trees: a real chat template, no model, no engine thread) serves the same
+streamed request (``--max-tokens`` one-letter chunks) in process under
+``cProfile``, which counts the Python function calls
 per request: the work the event loop does for one request, less the engine.
 Writes ``benchmarks/results/<name>.json``. Run by hand, never in CI:
 
@@ -186,11 +187,17 @@ def count_calls(tree: str, model_dir: str, chunks: int, n: int = 50) -> int:
     import uvloop
 
     sys.path.insert(0, tree)
-    from fixtures.tool_models import ScriptedEngine
     from mlxspec.http.app import create_app
 
     assert Path(sys.modules["mlxspec"].__file__).is_relative_to(tree)
-    engine = ScriptedEngine(Path(model_dir))
+    try:
+        from tests.fakes import FakeEngine
+
+        engine = FakeEngine.from_dir(Path(model_dir))
+    except ImportError:  # a tree from before the shared fake
+        from fixtures.tool_models import ScriptedEngine
+
+        engine = ScriptedEngine(Path(model_dir))
     engine.script = ["a"] * chunks
     app = create_app(engine)
     body = json.dumps({**chat_body(0, chunks), "logit_bias": {}}).encode()

@@ -241,13 +241,65 @@ async def multi_turn(base: str, prompt: str, max_tokens: int, bias: dict, turns:
     }
 
 
+class Progress:
+    """What a benchmark run has measured so far, written to
+    ``results/<name>.partial.json`` after every baseline and every level, so a
+    run cut off (the H200 tool's time limit) keeps what it measured, and
+    ``--resume`` carries on from the last whole server run or baseline.
+
+    Args:
+        path (Path): the partial file.
+        resumed (dict | None): a partial file read back (``--resume``).
+    """
+
+    def __init__(self, path: Path, resumed: dict | None = None) -> None:
+        self.path = path
+        #: Finished events in run order: ``{"direct": tok/s}`` or ``{"kind", "run"}``.
+        self.done: list[dict] = list((resumed or {}).get("done", []))
+        self._current: dict | None = None
+        # the levels of the server run that was cut off: its rerun keeps them, so a
+        # run longer than one call still finishes over several
+        self._carried: dict | None = (resumed or {}).get("under_way")
+
+    def carried(self, kind: str, prompt_tokens: int, concurrency: int) -> dict | None:
+        """A level the resumed run's cut-off ``kind`` run measured already, if any."""
+        if self._carried is None or self._carried["kind"] != kind:
+            return None
+        for level in self._carried["levels"]:
+            if (level["prompt_tokens"], level["concurrency"]) == (prompt_tokens, concurrency):
+                return level
+        return None
+
+    def replay(self, index: int) -> dict | None:
+        """The ``index``-th finished event of a resumed run, if it got that far."""
+        return self.done[index] if index < len(self.done) else None
+
+    def level(self, kind: str, level: dict) -> None:
+        """A level of the server run under way was measured."""
+        if self._current is None or self._current["kind"] != kind:
+            self._current = {"kind": kind, "levels": []}
+        self._current["levels"].append(level)
+        self._write()
+
+    def finish(self, event: dict) -> None:
+        """A baseline or a whole server run ended."""
+        self.done.append(event)
+        self._current = self._carried = None
+        self._write()
+
+    def _write(self) -> None:
+        doc = {"done": self.done, "under_way": self._current}
+        self.path.write_text(json.dumps(doc, indent=1))
+
+
 def run_repeats(
-    args: argparse.Namespace, tokenizer, bias: dict, bar, out_dir: Path
+    args: argparse.Namespace, tokenizer, bias: dict, bar, out_dir: Path, progress: Progress
 ) -> tuple[dict[str, list[dict]], list[float]]:
     """``args.repeats`` rounds of every server, in alternating order, each round
     preceded by a direct ``stream_generate`` baseline, and one more baseline
     after the last (none with ``--skip-direct``): the baseline drifts between
     machine starts, so each repeat's single-stream ratio uses the ones beside it.
+    Events a resumed run (``progress``) finished already are taken from it.
 
     Returns:
         tuple[dict[str, list[dict]], list[float]]: each server's per-repeat
@@ -255,23 +307,40 @@ def run_repeats(
     """
     prompt = build_prompt(tokenizer, args.prompt_tokens[0], 0)  # the c=1 level's first prompt
     direct: list[float] = []
+    runs: dict[str, list[dict]] = {kind: [] for kind in args.servers}
+    step = 0
 
     def baseline() -> None:
+        nonlocal step
         if args.skip_direct:
             return
+        old = progress.replay(step)
+        step += 1
+        if old is not None:
+            direct.append(old["direct"])
+            return
         direct.append(direct_in_child(args.model, prompt, args.max_tokens, bias))
+        progress.finish({"direct": direct[-1]})
         (bar.write if bar else print)(f"mlx-lm stream_generate: {direct[-1]:.1f} tok/s")
 
-    runs: dict[str, list[dict]] = {kind: [] for kind in args.servers}
     order = list(args.servers)
     for rep in range(args.repeats):  # alternate the order: no server always runs first
         baseline()
         for kind in order:
             if kind in TURNS_ONLY and rep:  # its one conversation is measured already
                 continue
-            runs[kind].append(
-                measure_server(kind, args, tokenizer, bias, bar, out_dir, with_turns=rep == 0)
-            )
+            old = progress.replay(step)
+            step += 1
+            if old is None:
+                turns = rep == 0 and args.turns > 0
+                old = {
+                    "kind": kind,
+                    "run": measure_server(
+                        kind, args, tokenizer, bias, bar, out_dir, turns, progress
+                    ),
+                }
+                progress.finish(old)
+            runs[kind].append(old["run"])
         order.reverse()
     baseline()
     return runs, direct
@@ -290,7 +359,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--skip-direct", action="store_true", help="skip the mlx-lm stream_generate baseline"
     )
-    ap.add_argument("--turns", type=int, default=4, help="turns of the multi-turn conversation")
+    ap.add_argument(
+        "--turns", type=int, default=4, help="turns of the multi-turn conversation (0: none)"
+    )
+    ap.add_argument(
+        "--cap",
+        action="append",
+        default=[],
+        metavar="KIND=N",
+        help="run server KIND only at concurrency levels up to N (mlx_lm.server resets "
+        "connections from 32 clients on; its 64-client level would take minutes)",
+    )
+    ap.add_argument(
+        "--resume",
+        type=Path,
+        help="a results/<name>.partial.json of an interrupted run with the same arguments: "
+        "its finished baselines and server runs are kept, the rest is measured",
+    )
     ap.add_argument(
         "--repeats",
         type=int,
@@ -346,7 +431,9 @@ def main(argv: list[str] | None = None) -> int:
         * sum(c * args.rounds for c in args.concurrency)
     )
     bar = tqdm(total=total, desc="requests") if tqdm else None
-    runs, direct = run_repeats(args, tokenizer, bias, bar, out_dir)
+    resumed = json.loads(args.resume.read_text()) if args.resume else None
+    progress = Progress(out_dir / f"{args.name}.partial.json", resumed)
+    runs, direct = run_repeats(args, tokenizer, bias, bar, out_dir, progress)
     if direct:
         report["mlx_lm_stream_generate_tok_per_s"] = statistics.median(direct)
         report["mlx_lm_stream_generate_tok_per_s_runs"] = direct
@@ -407,8 +494,24 @@ def engine_delta(before: dict[str, float], after: dict[str, float]) -> dict[str,
     return out
 
 
+def level_cap(caps: list[str], kind: str) -> int:
+    """The highest concurrency ``--cap KIND=N`` lets ``kind`` run (no cap: any)."""
+    for cap in caps:
+        name, _, n = cap.partition("=")
+        if name == kind:
+            return int(n)
+    return 1 << 30
+
+
 def measure_server(
-    kind: str, args: argparse.Namespace, tokenizer, bias: dict, bar, out_dir: Path, with_turns: bool
+    kind: str,
+    args: argparse.Namespace,
+    tokenizer,
+    bias: dict,
+    bar,
+    out_dir: Path,
+    with_turns: bool,
+    progress: Progress | None = None,
 ) -> dict:
     """Start server ``kind``, run every prompt size and concurrency level (and,
     with ``with_turns``, the multi-turn conversation), stop it; returns
@@ -420,6 +523,13 @@ def measure_server(
             prompts = [build_prompt(tokenizer, n, s) for s in range(64)]
             asyncio.run(run_level(base, prompts[:1], 1, 1, 4, bias, None))  # warm-up
             for conc in args.concurrency:
+                if conc > level_cap(args.cap, kind):
+                    continue
+                kept = progress.carried(kind, n, conc) if progress is not None else None
+                if progress is not None and kept is not None:  # measured before a cut-off
+                    levels.append(kept)
+                    progress.level(kind, kept)
+                    continue
                 if args.warm_rounds > 0:  # unmeasured, on prompts the level never sends
                     warm = [build_prompt(tokenizer, n, 1000 + s) for s in range(conc)]
                     asyncio.run(
@@ -432,6 +542,8 @@ def measure_server(
                 if before is not None:
                     level["engine"] = engine_delta(before, engine_reading(base))
                 levels.append({"prompt_tokens": n, **level})
+                if progress is not None:
+                    progress.level(kind, levels[-1])
         turns = None
         if with_turns:
             prompt = build_prompt(tokenizer, args.prompt_tokens[-1], 999)

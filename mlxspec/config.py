@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
-from mlxspec.engine.caches.prompt_cache import DEFAULT_PROMPT_CACHE_BYTES
-from mlxspec.engine.caches.ssd_cache import DEFAULT_SSD_CACHE_BYTES
-from mlxspec.engine.template_sandbox import DEFAULT_TEMPLATE_SECONDS, DEFAULT_TEMPLATE_STEPS
+from mlxspec.engine import (
+    DEFAULT_PROMPT_CACHE_BYTES,
+    DEFAULT_SSD_CACHE_BYTES,
+    DEFAULT_TEMPLATE_SECONDS,
+    DEFAULT_TEMPLATE_STEPS,
+)
 
 
 @dataclass(frozen=True)
@@ -87,12 +92,28 @@ class ServeConfig:
             Default: ``100000``.
         request_template_seconds (float): most seconds one render of a
             request's template may take. Default: ``2.0``.
-        adapter_path (str | None): a LoRA adapter folder mounted at start-up
-            (``--adapter-path``, mlx_lm.server's spelling), the default adapter
-            of requests that name none. Default: ``None``.
+        adapter_path (str | None): an adapter folder (``--adapter-path``,
+            mlx_lm.server's spelling): a LoRA one is mounted at start-up as the
+            default adapter of requests that name none (hot-swappable over
+            ``/v1/adapters``); a DoRA or full fine-tune is applied at load, as
+            mlx_lm.server does. Default: ``None``.
         adapter_dirs (tuple[str, ...]): the directories ``POST /v1/adapters``
             may read adapters from; ``()`` allows any path the server can read.
             Default: ``()``.
+        trust_remote_code (bool): let the tokenizer run the model's code. Default: ``False``.
+        chat_template (str | None): a chat template replacing the model's. Default: ``None``.
+        use_default_chat_template (bool): the tokenizer class's default template
+            when the model has none. Default: ``False``.
+        min_p (float | None): default min_p. Default: ``None`` (off).
+        chat_template_args (Mapping): template variables every request starts
+            from (mlx_lm.server's ``--chat-template-args``). Default: ``{}``.
+        thinking (bool | None): default ``enable_thinking`` of every prompt
+            (``--thinking on|off``); ``None`` leaves it to the template. Default: ``None``.
+        prefill_step (int | None): prompt tokens per prefill chunk; ``None``
+            is 128 on the CPU, 512 on a GPU. Default: ``None``.
+        prompt_concurrency (int): most prompts prefilled together. Default: ``8``.
+        prompt_cache_size (int | None): most prompt-cache entries; ``None`` bounds
+            only the bytes. Default: ``None``.
     """
 
     model: str | None = None
@@ -130,9 +151,28 @@ class ServeConfig:
     allow_request_templates: bool = False
     request_template_steps: int = DEFAULT_TEMPLATE_STEPS
     request_template_seconds: float = DEFAULT_TEMPLATE_SECONDS
-    # LoRA adapters.
+    # mlx_lm.server's loading, templating and batching flags.
     adapter_path: str | None = None
+    trust_remote_code: bool = False
+    chat_template: str | None = None
+    use_default_chat_template: bool = False
+    min_p: float | None = None
+    chat_template_args: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    thinking: bool | None = None
+    prefill_step: int | None = None
+    prompt_concurrency: int = 8
+    prompt_cache_size: int | None = None
+    # Where POST /v1/adapters may read LoRA adapters from.
     adapter_dirs: tuple[str, ...] = ()
+
+    @property
+    def template_defaults(self) -> dict[str, Any]:
+        """The chat template variables requests start from: ``chat_template_args``,
+        with ``enable_thinking`` set by ``thinking`` when it is not ``None``."""
+        variables = dict(self.chat_template_args)
+        if self.thinking is not None:
+            variables["enable_thinking"] = self.thinking
+        return variables
 
 
 SERVE_ENV_DEFAULTS = {"MLX_CUDA_USE_CUDNN_SDPA": "0"}

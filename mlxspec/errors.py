@@ -1,18 +1,29 @@
-"""One error taxonomy for every surface, and its OpenAI renderer.
+"""One error taxonomy for every surface, its mapping and its renderers.
 
 Every failure a client can see is an :class:`ApiError` whose ``kind`` is a row
 of :data:`ERROR_TABLE`; the row fixes the HTTP status and the envelope's
 ``type``/``code``. The same row renders an HTTP response, a Connexion
 validation error and an in-band SSE error frame, so the three can never
-disagree (the pattern of TGI's ``InferError``). Internal exceptions are never
-rendered with ``str(exc)``: they become ``server_error`` with a fixed message.
+disagree (the pattern of TGI's ``InferError``). Whatever a request raised
+becomes its :class:`ApiError` in one place, :func:`from_exception` (an engine
+request that ends without finishing: :func:`from_failure`), which every surface
+calls: the app's error handlers, the SSE writer and the handlers' event reader.
+Internal exceptions are never rendered with ``str(exc)``: they are logged and
+become ``server_error`` with a fixed message.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from starlette.exceptions import HTTPException
+
+log = logging.getLogger("mlxspec.errors")
 
 
 @dataclass(frozen=True)
@@ -113,6 +124,129 @@ class ApiError(Exception):
     def internal(cls) -> ApiError:
         """The error sent for any unexpected exception: fixed text, no leak."""
         return cls("server_error", INTERNAL_MESSAGE)
+
+
+#: HTTP status -> error kind, for the HTTP errors Connexion and Starlette raise.
+_STATUS_KINDS = {
+    400: "invalid_request",
+    401: "unauthorized",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+}
+
+#: Connexion's 415 detail for a body that is not JSON; group 1 is the media type.
+_CONNEXION_415 = re.compile(r"Invalid Content-type \((.*)\), expected ")
+
+#: Seconds a client refused for a full queue should wait (RFC 9110 section
+#: 10.2.3): about one decode step of a full batch frees a slot.
+RETRY_AFTER_S = 1
+
+#: The message of the ``cancelled`` error (the client left).
+CANCELLED_MESSAGE = "request cancelled"
+
+
+def from_status(
+    status: int, detail: Any = None, headers: Mapping[str, str] | None = None
+) -> ApiError:
+    """The error for an HTTP status raised by Connexion or Starlette.
+
+    Args:
+        status (int): the HTTP status.
+        detail (Any): the exception's detail (or title). Default: ``None``.
+        headers (Mapping[str, str] | None): the exception's headers; a 405's
+            ``Allow`` is kept. Default: ``None``.
+
+    Returns:
+        ApiError: the row of :data:`_STATUS_KINDS`; another 4xx is
+        ``invalid_request`` with the detail, a 5xx the internal error's text.
+        A 404 or 405 says ``not found`` / ``method not allowed``; Connexion's
+        415 names the media type in the API's words; jsonschema's report after
+        a parameter's message is cut; a 401 names the ``Bearer`` scheme (RFC
+        6750 section 3).
+    """
+    kind = _STATUS_KINDS.get(status)
+    if kind is None:
+        return ApiError(
+            "server_error" if status >= 500 else "invalid_request",
+            INTERNAL_MESSAGE if status >= 500 else str(detail),
+        )
+    messages = {"not_found": "not found", "method_not_allowed": "method not allowed"}
+    message = messages.get(kind) or str(detail or kind.replace("_", " "))
+    if kind == "unsupported_media_type" and (media := _CONNEXION_415.match(message)):
+        # Connexion's text ends in a Python list repr; say it in the API's words
+        message = f"Content-Type '{media[1]}' is not supported: send application/json"
+    # Connexion's parameter validation passes jsonschema's whole report (the failing
+    # schema and instance after a blank line): the first line is the message.
+    message = message.split("\n\nFailed validating", 1)[0]
+    allow = (headers or {}).get("Allow") if kind == "method_not_allowed" else None
+    if kind == "unauthorized":
+        return ApiError(kind, message, headers={"WWW-Authenticate": "Bearer"})
+    return ApiError(kind, message, headers={"Allow": allow} if allow else None)
+
+
+def from_exception(exc: BaseException) -> ApiError:
+    """The client-visible error for anything a request raised.
+
+    One mapping for every surface: an :class:`ApiError` is itself; the
+    engine's request errors keep their message and ``param`` (a prompt over
+    the context window is ``context_length_exceeded``, one over the operator's
+    budget ``context_over_budget``, any other ``invalid_request``), a full
+    queue is ``queue_full`` with ``Retry-After``; an HTTP error of Connexion or
+    Starlette goes through :func:`from_status`. Anything else is logged with
+    its traceback and becomes :meth:`ApiError.internal`.
+
+    Args:
+        exc (BaseException): what was raised.
+
+    Returns:
+        ApiError: the error to render.
+    """
+    if isinstance(exc, ApiError):
+        return exc
+    # Imported here so this module stays importable without the engine (the
+    # conformance tools read the table against a server elsewhere).
+    from mlxspec.engine import (
+        ContextBudgetError,
+        ContextLengthError,
+        EngineRequestError,
+        QueueFullError,
+    )
+
+    if isinstance(exc, QueueFullError):
+        retry = {"Retry-After": str(RETRY_AFTER_S)}
+        return ApiError("queue_full", exc.message, headers=retry)
+    if isinstance(exc, EngineRequestError):
+        kind = "invalid_request"
+        if isinstance(exc, ContextLengthError):
+            kind = "context_length_exceeded"
+        elif isinstance(exc, ContextBudgetError):
+            kind = "context_over_budget"
+        return ApiError(kind, exc.message, param=exc.param)
+    if isinstance(exc, HTTPException):  # Connexion's ProblemException is one too
+        detail = exc.detail or getattr(exc, "title", None)
+        return from_status(exc.status_code, detail, exc.headers)
+    log.error("unhandled error", exc_info=exc)
+    return ApiError.internal()
+
+
+def from_failure(event: Any) -> ApiError:
+    """The error of an engine request that ended without finishing.
+
+    Args:
+        event (Failed | Cancelled): the request's last event.
+
+    Returns:
+        ApiError: ``server_error`` with a ``Failed`` event's message (the
+        engine writes it to be shown), ``cancelled`` (the client left) for
+        ``Cancelled``.
+    """
+    from mlxspec.engine import Failed  # see from_exception
+
+    if isinstance(event, Failed):
+        return ApiError("server_error", event.message)
+    return ApiError("cancelled", CANCELLED_MESSAGE)
 
 
 def openai_error_body(err: ApiError) -> dict[str, Any]:

@@ -2,8 +2,9 @@
 against the document, scripted tool-model servers, and an error assertion
 several surfaces' tests repeat.
 
-Fixtures (and :class:`LiveServer`) stay in ``conftest.py``; this module holds
-plain functions, imported as ``tests.helpers``.
+Fixtures stay in the tiers' ``conftest.py`` files (:class:`LiveServer` in
+``tests/conftest.py``); this module holds plain functions, imported as
+``tests.helpers``.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ import anthropic
 import httpx
 import httpx2
 import openai
-from conftest import LiveServer
 
-from fixtures.tool_models import ScriptedEngine, build_tool_model
+from fixtures.tool_models import build_tool_model
 from mlxspec.conformance.httpx_checks import checking_client
+from tests.conftest import LiveServer
+from tests.fakes import FakeEngine
 
 #: Bounded JSON so the tiny random model must finish it.
 TINY_SCHEMA = {
@@ -73,8 +75,8 @@ def anthropic_sdk(base: str, timeout: float = 60) -> anthropic.Anthropic:
 
 
 @contextmanager
-def scripted_tool_server(folder: Path, style: str) -> Iterator[tuple[ScriptedEngine, LiveServer]]:
-    """A :class:`~fixtures.tool_models.ScriptedEngine` on a tool fixture model,
+def scripted_tool_server(folder: Path, style: str) -> Iterator[tuple[FakeEngine, LiveServer]]:
+    """A :class:`~tests.fakes.FakeEngine` on a tool fixture model,
     behind a live server that validates its responses.
 
     Args:
@@ -82,11 +84,11 @@ def scripted_tool_server(folder: Path, style: str) -> Iterator[tuple[ScriptedEng
         style (str): the tool model's template, e.g. ``"hermes"`` or ``"think"``.
 
     Yields:
-        tuple[ScriptedEngine, LiveServer]: set ``engine.script`` before each request.
+        tuple[FakeEngine, LiveServer]: set ``engine.script`` before each request.
     """
     from mlxspec.http.app import create_app  # the app stack is heavy: only tests that serve pay
 
-    engine = ScriptedEngine(build_tool_model(folder, style))
+    engine = FakeEngine.from_dir(build_tool_model(folder, style))
     with LiveServer(create_app(engine, validate_responses=True)) as server:
         yield engine, server
 

@@ -9,6 +9,8 @@ import os
 import re
 from collections.abc import Sequence
 
+from mlxspec import __version__
+from mlxspec.cli.mlx_lm_flags import mlx_lm_server_flags, refuse_not_yet
 from mlxspec.config import ServeConfig
 
 LOGPROBS_FORMATS = ("mlx", "openai")
@@ -16,10 +18,21 @@ LOGPROBS_FORMATS = ("mlx", "openai")
 WARMUP_MODES = {"0": False, "1": True, "auto": None, "": None}
 
 
+def serve_options() -> frozenset[str]:
+    """Every option string ``mlxspec serve`` takes (``--port``, ``--temp``, ...)."""
+    serve = argparse.ArgumentParser(add_help=False)
+    sub = _parser()._subparsers
+    assert sub is not None
+    for action in sub._group_actions:  # the one subparsers action
+        serve = action.choices["serve"]  # type: ignore[index]
+    return frozenset(serve._option_string_actions)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mlxspec", description="OpenAI-compatible LLM server on MLX"
     )
+    parser.add_argument("--version", action="version", version=f"mlxspec {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve a model over HTTP")
     serve.add_argument(
@@ -57,25 +70,21 @@ def _parser() -> argparse.ArgumentParser:
         "(OpenAI's token/bytes shape, also in stream chunks); env MLXSPEC_LOGPROBS_FORMAT",
     )
     serve.add_argument(
-        "--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"]
+        "--log-level",
+        default="info",
+        type=str.lower,  # mlx_lm.server spells them DEBUG, INFO, ...
+        choices=["debug", "info", "warning", "error", "critical"],
     )
     _add_cache_flags(serve)
     _template_flags(serve)
     _adapter_flags(serve)
+    mlx_lm_server_flags(serve)
     return parser
 
 
 def _adapter_flags(serve: argparse.ArgumentParser) -> None:
-    """LoRA adapters: one mounted at start, and where ``POST /v1/adapters`` may read."""
-    serve.add_argument(
-        "--adapter-path",
-        "--adapter",
-        dest="adapter_path",
-        metavar="DIR",
-        default=None,
-        help="mount the LoRA adapter in DIR (adapters.safetensors + adapter_config.json, as "
-        "mlx_lm.lora saves it) at start; requests that name no adapter use it",
-    )
+    """Where ``POST /v1/adapters`` may read (``--adapter-path``, the adapter mounted
+    at start, is mlx_lm.server's flag: :mod:`.mlx_lm_flags`)."""
     serve.add_argument(
         "--adapter-dirs",
         action="append",
@@ -318,6 +327,9 @@ def parse_config(argv: Sequence[str] | None = None) -> ServeConfig:
     """
     parser = _parser()
     args = parser.parse_args(argv)
+    refuse_not_yet(args)
+    if args.model_flag is not None and args.model not in (None, args.model_flag):
+        parser.error(f"two models: MODEL {args.model} and --model {args.model_flag}")
     logprobs_format = args.logprobs_format or os.environ.get("MLXSPEC_LOGPROBS_FORMAT") or "mlx"
     if logprobs_format not in LOGPROBS_FORMATS:
         parser.error(f"MLXSPEC_LOGPROBS_FORMAT must be one of {', '.join(LOGPROBS_FORMATS)}")
@@ -328,7 +340,7 @@ def parse_config(argv: Sequence[str] | None = None) -> ServeConfig:
     if templates not in SWITCH_VALUES:
         parser.error("MLXSPEC_ALLOW_REQUEST_TEMPLATES must be 1 or 0")
     return ServeConfig(
-        model=args.model,
+        model=args.model or args.model_flag,
         host=args.host,
         port=args.port,
         max_tokens=args.max_tokens,
@@ -361,4 +373,13 @@ def parse_config(argv: Sequence[str] | None = None) -> ServeConfig:
         grammar=os.environ.get("MLXSPEC_GRAMMAR", "1") != "0",
         cpu_weights=args.cpu_weights,
         warmup=WARMUP_MODES[warmup],
+        trust_remote_code=args.trust_remote_code,
+        chat_template=args.chat_template or None,
+        use_default_chat_template=args.use_default_chat_template,
+        min_p=args.min_p,
+        chat_template_args=args.chat_template_args,
+        thinking={"on": True, "off": False}.get(args.thinking),
+        prefill_step=args.prefill_step_size,
+        prompt_concurrency=args.prompt_concurrency,
+        prompt_cache_size=args.prompt_cache_size,
     )

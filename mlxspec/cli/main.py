@@ -11,9 +11,13 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from mlxspec.cli.flags import parse_config
 from mlxspec.config import ServeConfig, apply_serve_env_defaults
+
+if TYPE_CHECKING:
+    from mlxspec.engine import AdapterFolder
 
 EXIT_MODEL_ERROR = 2
 #: uvicorn could not start serving (uvicorn's own ``STARTUP_FAILURE``).
@@ -33,6 +37,7 @@ def load_engine(config: ServeConfig):  # noqa: ANN201 - returns mlxspec.engine.E
             admission limits leave no room for a request.
     """
     from mlxspec.engine import AdmissionLimits, BudgetTooSmallError, Engine, GenerationDefaults
+    from mlxspec.engine.model.load import LoadOptions
     from mlxspec.engine.model.loader import ModelLoadError, resolve_model
 
     resolved = resolve_model(config.model)
@@ -42,6 +47,15 @@ def load_engine(config: ServeConfig):  # noqa: ANN201 - returns mlxspec.engine.E
         top_p=config.top_p,
         top_k=config.top_k,
         max_tokens=config.max_tokens,
+        min_p=config.min_p,
+        template_kwargs=config.template_defaults or None,
+    )
+    mount = _start_adapter(config.adapter_path)  # a LoRA is mounted, others loaded
+    options = LoadOptions(
+        config.adapter_path if mount is None else None,
+        config.trust_remote_code,
+        config.chat_template,
+        config.use_default_chat_template,
     )
     try:
         engine = Engine.load(
@@ -59,38 +73,64 @@ def load_engine(config: ServeConfig):  # noqa: ANN201 - returns mlxspec.engine.E
             grammar=config.grammar,
             cpu_weights=config.cpu_weights,
             warmup=config.warmup,
+            load_options=options,
+            prefill_step=config.prefill_step,
+            prefill_batch=config.prompt_concurrency,
+            prompt_cache_entries=config.prompt_cache_size,
         )
-    except BudgetTooSmallError as exc:
+    except (BudgetTooSmallError, ModelLoadError) as exc:
         raise ModelLoadError(str(exc)) from exc
     except Exception as exc:  # mlx-lm raises many types for unreadable folders
         raise ModelLoadError(f"cannot load model from {resolved.path}: {exc}") from exc
     engine.start()
-    if config.adapter_path is not None:
-        _mount_start_adapter(engine, config.adapter_path)
+    if mount is not None:
+        _mount_start_adapter(engine, mount)
     return engine
 
 
-def _mount_start_adapter(engine, path: str) -> None:  # noqa: ANN001 - mlxspec.engine.Engine
+def _start_adapter(path: str | None) -> AdapterFolder | None:
+    """The ``--adapter-path`` folder to mount as the default adapter (a LoRA
+    one: hot-swappable like any mounted adapter, mixed per row), or ``None``
+    when there is none or it is a DoRA or full fine-tune, which mlx-lm applies
+    at load (``LoadOptions.adapter_path``, as mlx_lm.server does).
+
+    Raises:
+        ModelLoadError: the folder has no ``adapter_config.json`` (mlx_lm.server's
+            check) or cannot be read as an adapter.
+    """
+    from mlxspec.engine import AdapterError, read_folder
+    from mlxspec.engine.model.loader import ModelLoadError
+
+    if path is None:
+        return None
+    if not (Path(path).expanduser() / "adapter_config.json").is_file():
+        raise ModelLoadError(f"adapter not found: {path} has no adapter_config.json")
+    try:
+        folder = read_folder(path)
+    except AdapterError as exc:
+        raise ModelLoadError(f"cannot read --adapter-path {path}: {exc.message}") from exc
+    return folder if folder.fine_tune_type == "lora" else None
+
+
+def _mount_start_adapter(engine, folder: AdapterFolder) -> None:  # noqa: ANN001 - an Engine
     """Mount ``--adapter-path`` through the engine thread, as ``POST /v1/adapters``
     does, and make it the default adapter; its id is the folder's name.
 
     Raises:
-        ModelLoadError: the folder is not an adapter or does not fit the model.
+        ModelLoadError: the adapter does not fit the model.
     """
     import asyncio
     import re
 
-    from mlxspec.engine import AdapterError, read_folder
+    from mlxspec.engine import AdapterError
     from mlxspec.engine.model.loader import ModelLoadError
 
+    name = re.sub(r"[^A-Za-z0-9._-]", "-", folder.path.name).lstrip("._-")[:64] or "adapter"
     try:
-        folder = read_folder(path)
-        name = re.sub(r"[^A-Za-z0-9._-]", "-", folder.path.name).lstrip("._-")[:64] or "adapter"
-        mount = engine.run_exclusive(lambda: engine.adapters.mount(name, folder))
-        mounted = asyncio.run(mount)
+        mounted = asyncio.run(engine.run_exclusive(lambda: engine.adapters.mount(name, folder)))
     except AdapterError as exc:
         engine.close()
-        raise ModelLoadError(f"cannot mount --adapter-path {path}: {exc.message}") from exc
+        raise ModelLoadError(f"cannot mount --adapter-path {folder.path}: {exc.message}") from exc
     engine.adapters.default = name
     log.info("adapter %s mounted from %s (%d layers)", name, folder.path, mounted["mounted_layers"])
 

@@ -50,6 +50,7 @@ from mlxspec.conformance.stream_contract import (
     split_named_event_stream,
 )
 from mlxspec.errors import ERROR_TABLE, surface_for_path
+from mlxspec.http.aliases import path_aliases
 from mlxspec.openapi import load_spec
 
 __all__ = [
@@ -118,6 +119,11 @@ def _routes() -> list[tuple[re.Pattern[str], str]]:
     return sorted(out, key=lambda r: r[1].count("{"))
 
 
+@functools.cache
+def _aliases() -> dict[str, str]:
+    return path_aliases(load_spec())
+
+
 def _deref(spec: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
     while "$ref" in node:
         target: Any = spec
@@ -160,6 +166,7 @@ def check_response(
     method = method.upper()
     path = urlsplit(path).path or "/"
     where = f"{method} {path} -> {status}"
+    path = _aliases().get(path, path)  # an alias is answered as its path
     headers = httpx.Headers(headers)
     if method == "HEAD":
         method, body_bytes = "GET", None

@@ -10,7 +10,7 @@ process and makes the time limit enforceable. Output sanitising is off, or
 schemathesis would print every ``*_tokens`` field as ``[Filtered]``.
 
 :func:`served_default_model` starts ``mlxspec serve`` on the embedded default
-model, as ``tests/conftest.py``'s ``real_server`` does.
+model, as ``tests/real/conftest.py``'s ``real_server`` does.
 """
 
 from __future__ import annotations

@@ -56,7 +56,8 @@ def serve(argv: list[str], env: dict[str, str], log: Path, timeout: float = 600)
     and terminate it when the block ends.
 
     Args:
-        argv (list[str]): the command; ``{port}`` in any item is replaced by a free port.
+        argv (list[str]): the command; ``{port}`` in any item is replaced by a free port
+            (only that: other braces, a chat template's say, stay as they are).
         env (dict[str, str]): its environment.
         log (Path): file for its stdout and stderr.
         timeout (float): seconds to wait for health. Default: ``600``.
@@ -70,7 +71,10 @@ def serve(argv: list[str], env: dict[str, str], log: Path, timeout: float = 600)
     port = free_port()
     with open(log, "w") as out:
         proc = subprocess.Popen(
-            [a.format(port=port) for a in argv], stdout=out, stderr=subprocess.STDOUT, env=env
+            [a.replace("{port}", str(port)) for a in argv],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
         )
     base = f"http://127.0.0.1:{port}"
     try:

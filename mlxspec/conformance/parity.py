@@ -20,9 +20,10 @@ import argparse
 import datetime as dt
 import json
 import os
+import shlex
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -230,63 +231,64 @@ def run_live(
     ref_url: str | None = None,
     ours_url: str | None = None,
     root: Path = FIXTURES,
+    server_args: Sequence[str] = (),
 ) -> list[Outcome]:
     """Start mlx_lm.server and mlxspec on ``model`` (unless URLs are given), send
-    every case to both (mlx_lm.server first) and compare; ``record`` stores mlx-lm's answers."""
+    every case to both (mlx_lm.server first) and compare; ``record`` stores mlx-lm's
+    answers. ``server_args`` are more mlx_lm.server flags, given to both servers."""
     meta = {
         "mlx_lm_version": mlx_lm_version(),
         "model": model.name,
         "recorded": dt.date.today().isoformat(),
     }
+    line = ["--model", str(model), "--host", "127.0.0.1", "--port", "{port}", *server_args]
     outcomes = []
+    for case, ours, ref in fetch_both(cases, line, ref_url, ours_url):
+        if record:
+            save_reference(case, ref, meta, root)
+        outcomes.append(check(case, ours, ref))
+        print(f"  {case.name}: {outcomes[-1].verdict}", file=sys.stderr, flush=True)
+    return outcomes
+
+
+def fetch_both(
+    cases: Sequence[Case],
+    line: Sequence[str],
+    ref_url: str | None = None,
+    ours_url: str | None = None,
+) -> Iterator[tuple[Case, Observed, Observed]]:
+    """Start ``mlx_lm.server LINE`` and ``mlxspec serve LINE --cpu-weights native``
+    (one mlx_lm.server command line, both servers: ``{port}`` in it is each one's
+    free port) unless their URLs are given, and send each case to both,
+    mlx_lm.server first.
+
+    Args:
+        cases (Sequence[Case]): the requests.
+        line (Sequence[str]): mlx_lm.server's flags, ``--model`` included.
+        ref_url (str | None): a running mlx_lm.server instead. Default: ``None``.
+        ours_url (str | None): a running mlxspec instead. Default: ``None``.
+
+    Yields:
+        tuple[Case, Observed, Observed]: each case with mlxspec's and mlx_lm.server's
+        answers; the servers stop when the iteration ends.
+
+    Raises:
+        RuntimeError: a server exited or never became healthy (with its log tail).
+    """
     with ExitStack() as stack, httpx.Client(timeout=600) as client:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         (tmp / "hub").mkdir()
         env = offline_env(str(tmp / "hub"))
         py = sys.executable
-        ref_url = ref_url or stack.enter_context(
-            serve(
-                [
-                    py,
-                    "-m",
-                    "mlx_lm",
-                    "server",
-                    "--model",
-                    str(model),
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    "{port}",
-                ],
-                env,
-                tmp / "mlx_lm.log",
-            )
-        )
-        ours_url = ours_url or stack.enter_context(
-            serve(
-                [
-                    py,
-                    "-m",
-                    "mlxspec",
-                    "serve",
-                    str(model),
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    "{port}",
-                    *NATIVE_WEIGHTS,
-                ],
-                env,
-                tmp / "mlxspec.log",
-            )
-        )
+        if ref_url is None:
+            argv = [py, "-m", "mlx_lm", "server", *line]
+            ref_url = stack.enter_context(serve(argv, env, tmp / "mlx_lm.log"))
+        if ours_url is None:
+            argv = [py, "-m", "mlxspec", "serve", *line, *NATIVE_WEIGHTS]
+            ours_url = stack.enter_context(serve(argv, env, tmp / "mlxspec.log"))
         for case in cases:
             ref = fetch(client, ref_url, case)
-            if record:
-                save_reference(case, ref, meta, root)
-            outcomes.append(check(case, fetch(client, ours_url, case), ref))
-            print(f"  {case.name}: {outcomes[-1].verdict}", file=sys.stderr, flush=True)
-    return outcomes
+            yield case, fetch(client, ours_url, case), ref
 
 
 def run_recorded(
@@ -355,6 +357,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mlx-lm-url", help="use a running mlx_lm.server instead of starting one")
     p.add_argument("--mlxspec-url", help="use a running mlxspec instead of starting one")
     p.add_argument("--report", type=Path, help="also write the table as a Markdown report")
+    p.add_argument(
+        "--server-args",
+        default="",
+        metavar="FLAGS",
+        help="with --live: more mlx_lm.server flags, given to both servers "
+        '(e.g. "--temp 0 --max-tokens 64 --adapter-path adapters")',
+    )
     args = p.parse_args(argv)
     if args.record and not args.live:
         p.error("--record needs --live")
@@ -388,7 +397,13 @@ def _run(args: argparse.Namespace, cases: list[Case]) -> tuple[list[Outcome], st
             model = resolved.path
             about = f"{resolved.model_id} (embedded default, folder `{model.name}`)"
         outcomes = run_live(
-            cases, Path(model), args.record, args.mlx_lm_url, args.mlxspec_url, args.fixtures
+            cases,
+            Path(model),
+            args.record,
+            args.mlx_lm_url,
+            args.mlxspec_url,
+            args.fixtures,
+            shlex.split(args.server_args),
         )
         mode = f"live against mlx_lm.server {mlx_lm_version()}, model {about}"
     else:

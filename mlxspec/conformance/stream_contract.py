@@ -101,7 +101,8 @@ def check_event_stream(event_schema: SchemaPath, body: bytes, where: str = "stre
     ``data.anyOf`` branch it satisfies. Order, from the generation routes'
     descriptions: ``[DONE]`` or an error frame ends the stream and nothing
     follows either; only the last chunk has a non-null ``finish_reason``, and
-    before ``[DONE]`` it also carries ``usage``; all chunks share one ``id``;
+    before ``[DONE]`` it also carries ``usage`` (or, with ``include_usage``, one
+    more chunk with ``choices: []`` carries it, and no other); all chunks share one ``id``;
     an error frame's ``type``/``code`` is a row of the error table. A schema
     that requires ``event`` (Responses) is checked as a named-event stream.
 
@@ -215,9 +216,14 @@ def _check_chunk_order(chunks: list[dict[str, Any]], last: str, where: str) -> N
                     f"finish_reason must be set on choice {index}'s last chunk only, "
                     f"got {finished.get(index)}",
                 )
-        if not chunks or (len(chunks) - 1) not in {s[0] for s in finished.values()}:
-            raise fail(where, "the last chunk must carry a finish_reason")
+        # stream_options.include_usage: usage in a last chunk of its own, choices [].
+        apart = bool(chunks) and chunks[-1].get("choices") == []
+        finishing = len(chunks) - 2 if apart else len(chunks) - 1
+        if not chunks or finishing not in {s[0] for s in finished.values()}:
+            raise fail(where, "the last chunk with choices must carry a finish_reason")
         if not isinstance(chunks[-1].get("usage"), dict):
             raise fail(where, "the last chunk before [DONE] must carry usage")
+        if apart and any(c.get("usage") is not None for c in chunks[:-1]):
+            raise fail(where, "with a usage chunk of its own, no other chunk carries usage")
     elif finished:
         raise fail(where, "a stream that ends in an error has no finish_reason")

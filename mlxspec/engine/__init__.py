@@ -1,11 +1,14 @@
 """The inference engine: model loading, prompts, sampling and generation.
 
 No HTTP lives here. Handlers import only the names exported below: the typed
-request/event boundary (:mod:`.types`), the :class:`Engine` and model
-resolution (:mod:`.loader`), LoRA adapter folders and specs (:mod:`.adapters`),
-the bounds of a chat template a request brings (:mod:`.template_sandbox`), and
-the non-generative forward paths: decision scoring (:func:`score_answers`) and
-embeddings (:func:`embed_texts`).
+request/event boundary (:mod:`.types`), what they may ask of the engine
+(:class:`EngineProtocol`, answered with the plain snapshots of :mod:`.snapshots`),
+the :class:`Engine` that implements it, LoRA adapter folders, specs and the
+registry of mounted ones (:mod:`.adapters`), the bounds of a chat template a
+request brings (:mod:`.template_sandbox`), and the non-generative forward paths:
+decision scoring (:func:`score_answers`) and embeddings (:func:`embed_texts`).
+The configuration's defaults come from here too (the prompt cache's and the
+SSD tier's byte budgets, the template sandbox's bounds).
 """
 
 from mlxspec.engine.adapters.files import (
@@ -18,19 +21,29 @@ from mlxspec.engine.adapters.files import (
 from mlxspec.engine.adapters.registry import AdapterRegistry
 from mlxspec.engine.adapters.spec import NONE as NO_ADAPTER_SPEC
 from mlxspec.engine.adapters.spec import AdapterError, parse_spec
-from mlxspec.engine.caches.ssd_cache import FLUSH_TIMEOUT_S
+from mlxspec.engine.caches.prompt_cache import DEFAULT_PROMPT_CACHE_BYTES
+from mlxspec.engine.caches.ssd_cache import DEFAULT_SSD_CACHE_BYTES, FLUSH_TIMEOUT_S
 from mlxspec.engine.embedding import Embeddings, embed_texts
 from mlxspec.engine.engine import Engine, RequestHandle
+from mlxspec.engine.interface import EngineProtocol
 from mlxspec.engine.loop.admission import (
     AdmissionLimits,
     BudgetTooSmallError,
     ContextBudgetError,
     QueueFullError,
 )
+from mlxspec.engine.model.fit import ModelMemory
 from mlxspec.engine.prompt import off_loop, template_off_loop, token_prompt
 from mlxspec.engine.sampling.sampler import GenerationDefaults
 from mlxspec.engine.scoring import ScoredAnswers, score_answers
-from mlxspec.engine.template_sandbox import TemplateBoundError, TemplateBudget, request_template
+from mlxspec.engine.snapshots import ChatFormat, FitSnapshot, StatsSnapshot
+from mlxspec.engine.template_sandbox import (
+    DEFAULT_TEMPLATE_SECONDS,
+    DEFAULT_TEMPLATE_STEPS,
+    TemplateBoundError,
+    TemplateBudget,
+    request_template,
+)
 from mlxspec.engine.types import (
     Cancelled,
     Constraint,
@@ -63,25 +76,34 @@ __all__ = [
     "BudgetTooSmallError",
     "ContextBudgetError",
     "QueueFullError",
+    "DEFAULT_PROMPT_CACHE_BYTES",
+    "DEFAULT_SSD_CACHE_BYTES",
+    "DEFAULT_TEMPLATE_SECONDS",
+    "DEFAULT_TEMPLATE_STEPS",
     "FLUSH_TIMEOUT_S",
     "Cancelled",
+    "ChatFormat",
     "Constraint",
     "ContextLengthError",
     "Delta",
     "Embeddings",
     "Engine",
+    "EngineProtocol",
     "EngineRequestError",
     "Event",
     "Failed",
+    "FitSnapshot",
     "Finished",
     "GenerationDefaults",
     "GenerationRequest",
     "LogitsParams",
     "ModelInfo",
+    "ModelMemory",
     "PromptError",
     "RequestHandle",
     "SamplingParams",
     "ScoredAnswers",
+    "StatsSnapshot",
     "TemplateBoundError",
     "TemplateBudget",
     "TokenLogprob",

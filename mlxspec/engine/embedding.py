@@ -191,7 +191,7 @@ def embed(
 
     out = []
     for tokens in prompts:
-        hidden = model.model(mx.array(tokens, dtype=mx.uint32)[None])
+        hidden = model.model(mx.array(list(tokens), dtype=mx.uint32)[None])
         last = hidden[0, -1, :dimensions].astype(mx.float32)
         # The epsilon only guards an all-zero state; real states have norm >> 1e-12.
         unit = last / mx.maximum(mx.linalg.norm(last), 1e-12)

@@ -2,15 +2,15 @@
 
 Requests queue to a single engine thread (as mlx-lm's ``ResponseGenerator``
 does). With ``max_batch > 1`` they join a continuous batch
-(:class:`~.batching.BatchLane`, on mlx-lm's ``BatchGenerator``) between decode
-steps; with ``max_batch == 1`` they run alone to their end on mlx-lm's
-``generate_step`` (the serial lane). A seeded request samples from a random
+(:class:`~.batching.BatchLane`, on mlxspec's own batched decode step,
+:mod:`.decode`) between decode steps; with ``max_batch == 1`` they run alone to
+their end on mlx-lm's ``generate_step`` (the serial lane). A seeded request samples from a random
 stream of its own (:class:`~.sampling.SeededSampler`), so it batches like any
 other (the reference; mlx_lm.server runs seeded requests alone); only a seeded
 one using XTC, whose coin comes from MLX's global stream, runs serially.
 In the batched lane a lone request also decodes on ``generate_step``, a token
-per loop turn, and moves into the batch when another arrives (:mod:`.solo`):
-one row of a ``BatchGenerator`` is slower than ``generate_step``. Either way a
+per loop turn, and moves into the batch when another arrives (:mod:`.solo`).
+Either way a
 :class:`~.rows.Row` detokenizes, matches stop strings and emits :mod:`types`
 events back to the request's event loop. Cancelling a handle stops it at the
 next decode step. The engine thread's loop lives in :mod:`.scheduler`.
@@ -27,7 +27,8 @@ import functools
 import queue
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -38,19 +39,29 @@ from mlxspec.engine.caches.prompt_cache import (
     PromptCache,
 )
 from mlxspec.engine.caches.ssd_cache import DEFAULT_SSD_CACHE_BYTES
+from mlxspec.engine.embedding import Embeddings, embed_texts
 from mlxspec.engine.loop.admission import Admission, AdmissionLimits
 from mlxspec.engine.loop.handles import ExclusiveJob, RequestHandle
 from mlxspec.engine.loop.jobs import Exclusive, Generate, Job, Stop
-from mlxspec.engine.loop.lanes import LaneParts, LoopStats, default_prefill_step
+from mlxspec.engine.loop.lanes import PREFILL_BATCH, LaneParts, LoopStats, default_prefill_step
 from mlxspec.engine.loop.scheduler import Scheduler
 from mlxspec.engine.model.cpu_weights import CpuWeights, apply_cpu_weights
 from mlxspec.engine.model.fit import ModelMemory, model_memory
+from mlxspec.engine.model.load import LoadOptions, adapter_fingerprint, load_model
 from mlxspec.engine.model.loader import read_model_info
 from mlxspec.engine.model.warmup import warm_up_engine
 from mlxspec.engine.prompt import encode_text, normalize_messages, quiet_length_warning, render_chat
 from mlxspec.engine.sampling.grammar import GrammarCache
 from mlxspec.engine.sampling.sampler import GenerationDefaults, read_generation_config
-from mlxspec.engine.template_sandbox import TemplateBudget
+from mlxspec.engine.scoring import ScoredAnswers, score_answers
+from mlxspec.engine.snapshots import (
+    ChatFormat,
+    FitSnapshot,
+    StatsSnapshot,
+    read_chat_format,
+    read_stats,
+)
+from mlxspec.engine.template_sandbox import TemplateBudget, request_template
 from mlxspec.engine.types import Constraint, GenerationRequest, ModelInfo
 
 T = TypeVar("T")
@@ -89,6 +100,8 @@ class Engine:
             take once on the engine thread before the first request
             (:mod:`.warmup`); ``None`` warms when the prompt cache is on and
             buckets tails (on a GPU). Default: ``None``.
+        prefill_batch (int): most prompts the batched lane prefills together
+            (mlx_lm.server's ``--prompt-concurrency``). Default: :data:`PREFILL_BATCH`.
 
     Raises:
         BudgetTooSmallError: ``limits`` leave no room for any request.
@@ -106,6 +119,7 @@ class Engine:
         grammar: bool = True,
         prefill_step: int | None = None,
         warmup: bool | None = None,
+        prefill_batch: int = PREFILL_BATCH,
     ) -> None:
         self.model = model
         self.max_batch = max_batch
@@ -120,6 +134,7 @@ class Engine:
         # as mlx_lm.server's XTC special tokens
         self._xtc_special = (*tokenizer.encode("\n"), *sorted(self._eos))
         self._prefill_step = default_prefill_step() if prefill_step is None else prefill_step
+        self._prefill_batch = prefill_batch
         self.grammars = GrammarCache(tokenizer, info.vocab_size, set(self._eos), enabled=grammar)
         #: What the engine loop counts (outcomes, handoffs, step times).
         self.loop_stats = LoopStats()
@@ -169,7 +184,8 @@ class Engine:
             self.prompt_cache,
             self.cache_namespace,
             self.grammars,
-            self.adapters,
+            prefill_batch=self._prefill_batch,
+            adapters=self.adapters,
         )
 
     @property
@@ -198,6 +214,10 @@ class Engine:
         grammar: bool = True,
         cpu_weights: str = "auto",
         warmup: bool | None = None,
+        load_options: LoadOptions | None = None,
+        prefill_step: int | None = None,
+        prefill_batch: int = PREFILL_BATCH,
+        prompt_cache_entries: int | None = None,
     ) -> Engine:
         """Load an MLX model folder with ``mlx_lm.load``.
 
@@ -219,6 +239,14 @@ class Engine:
                 (:func:`~.cpu_weights.apply_cpu_weights`). Default: ``"auto"``.
             warmup (bool | None): warm the prefill lengths at start (see
                 :class:`Engine`). Default: ``None`` (when tails are bucketed).
+            load_options (LoadOptions | None): adapter and tokenizer options
+                (:func:`~.model.load.load_model`). Default: ``None``.
+            prefill_step (int | None): prompt tokens per prefill chunk. Default:
+                ``None`` (:func:`~.lanes.default_prefill_step`).
+            prefill_batch (int): most prompts the batch prefills together.
+                Default: :data:`PREFILL_BATCH`.
+            prompt_cache_entries (int | None): most KV caches the prompt cache
+                keeps; ``None`` bounds only the bytes. Default: ``None``.
 
         Returns:
             Engine: not yet started; call :meth:`start` (``engine.cpu_weights``
@@ -227,17 +255,20 @@ class Engine:
         Raises:
             ValueError: ``cpu_weights`` is not a known mode.
         """
-        from mlx_lm import load
-
-        model, tokenizer = load(str(path))
+        options = load_options or LoadOptions()
+        model, tokenizer = load_model(Path(path), options)
         converted = apply_cpu_weights(model, cpu_weights)
         info = read_model_info(Path(path), model_id, model, tokenizer, source)
         if converted.float32:  # float32 activations give other KV numbers
             info = dataclasses.replace(info, weights=f"{info.weights}+float32")
+        if (adapter := adapter_fingerprint(options.adapter_path)) is not None:
+            info = dataclasses.replace(info, weights=f"{info.weights}+adapter:{adapter}")
         defaults = read_generation_config(Path(path)).merged(
             **(overrides or GenerationDefaults()).__dict__
         )
-        cache = PromptCache.tiered(prompt_cache_bytes, ssd_cache, ssd_cache_bytes)
+        cache = PromptCache.tiered(
+            prompt_cache_bytes, ssd_cache, ssd_cache_bytes, prompt_cache_entries
+        )
         engine = cls(
             model,
             tokenizer,
@@ -247,7 +278,9 @@ class Engine:
             limits=limits,
             prompt_cache=cache,
             grammar=grammar,
+            prefill_step=prefill_step,
             warmup=warmup,
+            prefill_batch=prefill_batch,
         )
         engine.cpu_weights = converted
         return engine
@@ -387,6 +420,69 @@ class Engine:
         except asyncio.CancelledError:
             job.left.set()
             raise
+
+    # What handlers ask beyond prompts and work (:class:`~.interface.EngineProtocol`):
+    # plain answers in place of the admission, counters, memory, tokenizer and caches.
+    @functools.cached_property
+    def chat_format(self) -> ChatFormat:
+        """The tokenizer's chat template text, inferred tool parser and thinking marker."""
+        return read_chat_format(self.tokenizer)
+
+    def request_template(self, template_kwargs: Mapping[str, Any] | None) -> Any:
+        """The template ``chat_template_kwargs`` bring, or ``None``
+        (:func:`~.template_sandbox.request_template`)."""
+        return request_template(self.tokenizer, template_kwargs)
+
+    def decode_tokens(self, ids: Sequence[int]) -> str:
+        """The text of token ids of the served model (special tokens kept)."""
+        return self.tokenizer.decode(list(ids))
+
+    def count_text_tokens(self, text: str) -> int:
+        """Tokens ``text`` encodes to, without special tokens (usage counts)."""
+        return len(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def hold(self, job: str) -> AbstractContextManager[None]:
+        """A place in the admission queue for work that generates nothing, for a
+        ``with`` block (:meth:`Admission.hold`). Raises ``QueueFullError`` naming ``job``."""
+        return self.admission.hold(self.in_flight, job)
+
+    async def score(self, messages: list[dict], answers: Sequence[str]) -> ScoredAnswers:
+        """Score ``answers`` as the reply to ``messages`` (:func:`~.scoring.score_answers`)."""
+        return await score_answers(self, messages, answers)
+
+    async def embed(
+        self,
+        texts: Sequence[str | Sequence[int]],
+        instruction: str | None,
+        dimensions: int | None = None,
+    ) -> Embeddings:
+        """Embed ``texts`` with the served model (:func:`~.embedding.embed_texts`)."""
+        return await embed_texts(self, texts, instruction, dimensions)
+
+    def stats_snapshot(self) -> StatsSnapshot:
+        """Request counters, admission and batch state now (:func:`~.snapshots.read_stats`)."""
+        return read_stats(self)
+
+    def fit_snapshot(self) -> FitSnapshot:
+        """The model's memory facts and the operator's limits."""
+        adm = self.admission
+        return FitSnapshot(self.memory, adm.limits.memory_budget, adm.context_limit)
+
+    def cache_stats(self) -> dict[str, dict[str, Any]]:
+        """``prompt_cache`` (and ``ssd_cache`` with an SSD tier) counters, by section."""
+        sections = {"prompt_cache": self.prompt_cache.stats()}
+        if self.prompt_cache.ssd is not None:
+            sections["ssd_cache"] = self.prompt_cache.ssd.stats()
+        return sections
+
+    def close_cache_session(self, session: str) -> None:
+        """Forget ``session``'s checkpoint association; its entries stay cached."""
+        self.prompt_cache.close_session(session)
+
+    def flush_cache(self, timeout: float) -> dict[str, Any]:
+        """Write every pending SSD snapshot, blocking up to ``timeout`` seconds
+        (:meth:`PromptCache.flush`); the report says whether all are ``durable``."""
+        return self.prompt_cache.flush(timeout)
 
     # Engine thread.
     def _run(self) -> None:

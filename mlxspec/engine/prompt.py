@@ -24,6 +24,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
+from mlxspec.engine.system_turns import inline_system_turns
 from mlxspec.engine.template_sandbox import TemplateBudget, render_template, request_template
 from mlxspec.engine.types import PromptError
 
@@ -214,16 +215,15 @@ def render_chat(
         )
     continuing = bool(kwargs.get("continue_final_message"))
     try:
-        if source is None:
-            text = tokenizer.apply_chat_template(
-                messages,
-                tools=tools or None,
-                add_generation_prompt=not continuing,
-                tokenize=False,
-                **kwargs,
-            )
-        else:
-            text = _render_request_template(tokenizer, source, budget, messages, tools, kwargs)
+        try:
+            text = _apply(tokenizer, source, budget, messages, tools, kwargs)
+        except PromptError:
+            raise
+        except Exception:
+            if not any(m.get("role") == "system" for m in messages[1:]):
+                raise
+            # Many templates refuse a system turn after the first message.
+            text = _apply(tokenizer, source, budget, inline_system_turns(messages), tools, kwargs)
     except PromptError:  # the budget, or a template that is no Jinja
         raise
     except Exception as exc:  # jinja2 TemplateError, TypeError from bad values
@@ -237,6 +237,27 @@ def render_chat(
     if not tokens:  # e.g. a chat_template_kwargs "chat_template" that renders nothing
         raise PromptError("the chat template rendered an empty prompt", param="messages")
     return tokens
+
+
+def _apply(
+    tokenizer: Any,
+    source: Any,
+    budget: TemplateBudget | None,
+    messages: list[dict],
+    tools: list | None,
+    kwargs: dict[str, Any],
+) -> str:
+    """The prompt text: the model's template, or (``source``) the request's, in the sandbox."""
+    if source is not None:
+        return _render_request_template(tokenizer, source, budget, messages, tools, kwargs)
+    continuing = bool(kwargs.get("continue_final_message"))
+    return tokenizer.apply_chat_template(
+        messages,
+        tools=tools or None,
+        add_generation_prompt=not continuing,
+        tokenize=False,
+        **kwargs,
+    )
 
 
 def _render_request_template(

@@ -37,7 +37,7 @@ import math
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 from mlxspec.engine.loop.lanes import default_prefill_step
 from mlxspec.engine.prompt import off_loop
@@ -242,7 +242,7 @@ def _prefill(model: Any, prompt: Sequence[int], cache: list) -> Generator[None, 
     ``[V]`` (float32) of the token after it."""
     import mlx.core as mx
 
-    tokens = mx.array(prompt, dtype=mx.uint32)[None]
+    tokens = mx.array(list(prompt), dtype=mx.uint32)[None]
     head = tokens.shape[1] - 1
     step = default_prefill_step()
     for start in range(0, head, step):
@@ -276,13 +276,13 @@ def _score_batch(
 
     n, width = len(group), max(len(c) for c in group)
     padded = mx.array([list(c) + [0] * (width - len(c)) for c in group], dtype=mx.uint32)
-    heads = first[padded[:, 0]].tolist()
+    heads = cast(list[float], first[padded[:, 0]].tolist())  # [n]
     if width == 1:
         return [float(h) for h in heads]
     rows = _batched_cache(cache, n) if copy else cache
     logits = model(padded[:, :-1], cache=rows).astype(mx.float32)
     picked = mx.take_along_axis(logits, padded[:, 1:, None], axis=-1)[..., 0]
-    logprobs = (picked - mx.logsumexp(logits, axis=-1)).tolist()
+    logprobs = cast(list[list[float]], (picked - mx.logsumexp(logits, axis=-1)).tolist())
     # Summed in double precision: long answers of a peaked model reach |score| ~ 1e3.
     return [
         math.fsum([head, *row[: len(c) - 1]])

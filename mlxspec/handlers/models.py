@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from mlxspec.errors import ApiError
-from mlxspec.handlers.common import current_engine
+from mlxspec.handlers.context import current_engine
 
 
 def _served_model() -> dict[str, Any]:

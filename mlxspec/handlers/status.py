@@ -1,12 +1,11 @@
 """``GET /stats``, ``GET /fit`` and ``GET /metrics``: read-only views of the server.
 
-They borrow counters and sizes and never touch MLX (no engine work, no lock):
-``/stats`` reports admission, batch, request and cache state; ``/fit`` how the
+They render the engine's plain snapshots and never touch MLX (no engine work,
+no lock): ``/stats`` reports admission, batch, request and cache state
+(``stats_snapshot``, ``fit_snapshot``, ``cache_stats``); ``/fit`` how the
 model fits this machine and the decode rate its memory bandwidth allows;
-``/metrics`` the Prometheus registry. Sections other components own appear
-when present: ``prompt_cache`` when the engine has a ``prompt_cache`` with
-``stats()`` (and ``ssd_cache`` when it has an SSD tier), ``response_store``
-when the app state holds one with ``stats()``.
+``/metrics`` the Prometheus registry. ``response_store`` appears when the app
+state holds one with ``stats()``.
 """
 
 from __future__ import annotations
@@ -20,8 +19,8 @@ from connexion.context import scope
 from starlette.responses import Response
 
 from mlxspec import __version__
-from mlxspec.engine.model.fit import ModelMemory
-from mlxspec.handlers.common import current_engine
+from mlxspec.engine import FitSnapshot, ModelInfo, ModelMemory, StatsSnapshot
+from mlxspec.handlers.context import current_engine
 from mlxspec.host import machine
 from mlxspec.http.metrics import CONTENT_TYPE
 
@@ -32,79 +31,60 @@ TYPICAL_CONTEXT = 8192
 async def get_stats() -> dict[str, Any]:
     """Server, admission, batch, request and cache state (reference ``GET /stats``)."""
     engine = current_engine()
-    state = scope["state"]
+    stats, fit = engine.stats_snapshot(), engine.fit_snapshot()
     body = {
-        "server": _server(engine),
-        "admission": _admission(engine),
-        "batch": _batch(engine),
-        "requests": _requests(engine),
-        "kv_quant": _kv_quant(engine.memory),
+        "server": _server(engine.info),
+        "admission": _admission(stats, fit),
+        "batch": _batch(stats),
+        "requests": {"submitted": stats.submitted, **stats.outcomes},
+        "kv_quant": _kv_quant(fit.memory),
+        **engine.cache_stats(),
     }
-    cache = getattr(engine, "prompt_cache", None)
-    if callable(getattr(cache, "stats", None)):
-        body["prompt_cache"] = cache.stats()
-    ssd = getattr(cache, "ssd", None)
-    if callable(getattr(ssd, "stats", None)):
-        body["ssd_cache"] = ssd.stats()
-    store = state.get("response_store")
+    store = scope["state"].get("response_store")
     if callable(getattr(store, "stats", None)):
         body["response_store"] = store.stats()
     return body
 
 
-def _requests(engine: Any) -> dict[str, int]:
-    counters = engine.counters
-    outcomes = {k: int(counters.get(k, 0)) for k in ("completed", "cancelled", "failed")}
-    return {"submitted": engine.submitted, **outcomes}
-
-
-def _server(engine: Any) -> dict[str, Any]:
+def _server(info: ModelInfo) -> dict[str, Any]:
     return {
         "owner": "serve",
         "version": __version__,
-        "model": engine.info.id,
-        "started_at": engine.info.created,
-        "uptime_s": round(max(0.0, time.time() - engine.info.created), 3),
+        "model": info.id,
+        "started_at": info.created,
+        "uptime_s": round(max(0.0, time.time() - info.created), 3),
     }
 
 
-def _admission(engine: Any) -> dict[str, Any]:
-    adm, in_flight = engine.admission, engine.in_flight
-    usable = _usable_bytes(engine)
+def _admission(stats: StatsSnapshot, fit: FitSnapshot) -> dict[str, Any]:
+    usable = _usable_bytes(fit)
     return {
-        "max_queue": adm.limits.max_queue,
-        "queue_depth": adm.waiting(in_flight),
-        "in_flight": in_flight,
-        "rejected": dict(adm.rejected),
-        "max_safe_context": _max_safe_context(engine, usable),
-        "enforced_context_tokens": adm.enforced_context,
-        "memory_budget_bytes": adm.limits.memory_budget,
+        "max_queue": stats.max_queue,
+        "queue_depth": stats.waiting,
+        "in_flight": stats.in_flight,
+        "rejected": stats.rejected,
+        "max_safe_context": _max_safe_context(fit, usable),
+        "enforced_context_tokens": stats.enforced_context,
+        "memory_budget_bytes": fit.memory_budget,
         "usable_bytes": usable,
-        "weights_bytes": engine.memory.weights_bytes,
+        "weights_bytes": fit.memory.weights_bytes,
     }
 
 
-def _batch(engine: Any) -> dict[str, Any]:
-    adm, in_flight = engine.admission, engine.in_flight
-    batched = engine.max_batch > 1
+def _batch(stats: StatsSnapshot) -> dict[str, Any]:
+    batched = stats.max_batch > 1
     return {
-        "configured": engine.max_batch,
+        "configured": stats.max_batch,
         "mode": "batch" if batched else "serial",
         "batched": batched,
-        "active_rows": adm.running(in_flight),
-        "pending_rows": adm.waiting(in_flight),
-        "submitted_rows": engine.submitted,
-        "kv_bytes": engine.running_kv_tokens * engine.memory.kv_bytes_per_token,
-        "kv_budget_bytes": _kv_budget_bytes(adm),
-        "steps": engine.step_times.snapshot(),
-        "solo_steps": engine.solo_times.snapshot(),
+        "active_rows": stats.running,
+        "pending_rows": stats.waiting,
+        "submitted_rows": stats.submitted,
+        "kv_bytes": stats.kv_bytes,
+        "kv_budget_bytes": stats.kv_budget_bytes,
+        "steps": stats.steps,
+        "solo_steps": stats.solo_steps,
     }
-
-
-def _kv_budget_bytes(adm: Any) -> int | None:
-    """The cap on ``kv_bytes``: the KV room of ``--kv-budget`` and/or
-    ``--memory-budget`` in bytes; ``None`` without a byte budget."""
-    return None if adm.kv_room is None else adm.kv_room * adm.kv_bytes_per_token
 
 
 def _kv_quant(memory: ModelMemory) -> dict[str, Any]:
@@ -112,24 +92,23 @@ def _kv_quant(memory: ModelMemory) -> dict[str, Any]:
     return {"mode": "off", "dtype": memory.kv_dtype, "layers": {memory.kv_dtype: memory.layers}}
 
 
-def _usable_bytes(engine: Any) -> int:
+def _usable_bytes(fit: FitSnapshot) -> int:
     """Memory the model may use: the operator's budget, else the free device
     memory (GPU) or available RAM, plus the weights already resident in it."""
-    budget = engine.admission.limits.memory_budget
-    if budget is not None:
-        return int(budget)
+    if fit.memory_budget is not None:
+        return int(fit.memory_budget)
     gpu = machine.gpu()
     if gpu is not None and gpu.free_bytes is not None:
         free = gpu.free_bytes
     else:
         free = machine.memory()[1] or 0
-    return int(free) + engine.memory.weights_bytes
+    return int(free) + fit.memory.weights_bytes
 
 
-def _max_safe_context(engine: Any, usable: int) -> int:
+def _max_safe_context(fit: FitSnapshot, usable: int) -> int:
     """Tokens of context one request can use within ``usable`` bytes and the
     engine's context limit (window or operator cap)."""
-    return min(engine.admission.context_limit, engine.memory.context_for(usable))
+    return min(fit.context_limit, fit.memory.context_for(usable))
 
 
 async def get_fit() -> dict[str, Any]:
@@ -145,8 +124,9 @@ async def get_fit() -> dict[str, Any]:
     else:
         bandwidth = await asyncio.to_thread(machine.bandwidth_gbs)
         source = "host memory copy (NumPy, one thread)"
-    memory, usable = engine.memory, _usable_bytes(engine)
-    context = _max_safe_context(engine, usable)
+    fit = engine.fit_snapshot()
+    memory, usable = fit.memory, _usable_bytes(fit)
+    context = _max_safe_context(fit, usable)
     typical = min(TYPICAL_CONTEXT, context)
     kv_bytes = memory.kv_bytes_per_token * context
     transient = memory.transient_bytes(usable)

@@ -7,7 +7,7 @@ from typing import Any
 from starlette.responses import Response
 
 from mlxspec import __version__
-from mlxspec.handlers.common import current_engine
+from mlxspec.handlers.context import current_engine
 from mlxspec.openapi import load_spec
 
 

@@ -16,8 +16,6 @@ checked by Connexion's security middleware (:mod:`mlxspec.http.security`).
 from __future__ import annotations
 
 import asyncio
-import logging
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -30,14 +28,19 @@ from starlette.exceptions import HTTPException
 from starlette.types import Receive, Scope, Send
 
 from mlxspec.config import ServeConfig
-from mlxspec.engine import (
-    ContextBudgetError,
-    ContextLengthError,
-    EngineRequestError,
-    QueueFullError,
+from mlxspec.engine import EngineRequestError, QueueFullError
+from mlxspec.errors import (
+    ApiError,
+    error_json,
+    error_status,
+    from_exception,
+    from_status,
+    send_error,
+    surface_for_path,
 )
-from mlxspec.errors import ApiError, error_json, error_status, send_error, surface_for_path
 from mlxspec.handlers.responses.store import ResponseStore
+from mlxspec.http.access_log import ErrorNotes
+from mlxspec.http.aliases import PathAliases, path_aliases
 from mlxspec.http.cors import ApiCORSMiddleware
 from mlxspec.http.dispatch import MIDDLEWARES, prepare_app, remember_body_definitions
 from mlxspec.http.guard import RequestGuard
@@ -57,24 +60,8 @@ from mlxspec.openapi.validation import (
     enable_openapi_31,
 )
 
-log = logging.getLogger("mlxspec.http.app")
-
-#: HTTP status -> error kind, for errors raised by Connexion or Starlette.
-_STATUS_KINDS = {
-    400: "invalid_request",
-    401: "unauthorized",
-    404: "not_found",
-    405: "method_not_allowed",
-    413: "payload_too_large",
-    415: "unsupported_media_type",
-}
-
-
 #: The 415 message of a POST body sent without ``Content-Type``.
 NO_TYPE = "a request body needs a Content-Type: send application/json"
-
-#: Connexion's 415 detail for a body that is not JSON; group 1 is the media type.
-_CONNEXION_415 = re.compile(r"Invalid Content-type \((.*)\), expected ")
 
 
 class SnakeCaseResolver(Resolver):
@@ -103,64 +90,17 @@ def _render(
     )
 
 
-def _from_status(status: int, detail: Any, headers: Any = None) -> ApiError:
-    kind = _STATUS_KINDS.get(status)
-    if kind is None:
-        return ApiError(
-            "server_error" if status >= 500 else "invalid_request",
-            "internal server error" if status >= 500 else str(detail),
-        )
-    messages = {"not_found": "not found", "method_not_allowed": "method not allowed"}
-    message = messages.get(kind) or str(detail or kind.replace("_", " "))
-    if kind == "unsupported_media_type" and (media := _CONNEXION_415.match(message)):
-        # Connexion's text ends in a Python list repr; say it in the API's words
-        message = f"Content-Type '{media[1]}' is not supported: send application/json"
-    # Connexion's parameter validation passes jsonschema's whole report (the failing
-    # schema and instance after a blank line): the first line is the message.
-    message = message.split("\n\nFailed validating", 1)[0]
-    allow = (headers or {}).get("Allow") if kind == "method_not_allowed" else None
-    if kind == "unauthorized":  # RFC 6750 section 3: name the scheme to use
-        return ApiError(kind, message, headers={"WWW-Authenticate": "Bearer"})
-    return ApiError(kind, message, headers={"Allow": allow} if allow else None)
-
-
-def _api_error(req: ConnexionRequest, exc: Exception) -> ConnexionResponse:
-    assert isinstance(exc, ApiError)
-    return _render(exc, req)
-
-
-def _engine_error(req: ConnexionRequest, exc: Exception) -> ConnexionResponse:
-    assert isinstance(exc, EngineRequestError)
-    kind = "invalid_request"
-    if isinstance(exc, ContextLengthError):
-        kind = "context_length_exceeded"
-    elif isinstance(exc, ContextBudgetError):
-        kind = "context_over_budget"
-    return _render(ApiError(kind, exc.message, param=exc.param), req)
-
-
-#: Seconds a refused client should wait (RFC 9110 section 10.2.3): about one
-#: decode step of a full batch frees a slot.
-RETRY_AFTER_S = 1
-
-
-def _queue_full(req: ConnexionRequest, exc: Exception) -> ConnexionResponse:
-    assert isinstance(exc, QueueFullError)
-    retry = {"Retry-After": str(RETRY_AFTER_S)}
-    return _render(ApiError("queue_full", exc.message, headers=retry), req)
-
-
-def _problem(req: ConnexionRequest, exc: Exception) -> ConnexionResponse:
-    assert isinstance(exc, (ProblemException, HTTPException))
-    status = getattr(exc, "status", None) or getattr(exc, "status_code", 500)
-    detail = getattr(exc, "detail", None) or getattr(exc, "title", None)
-    return _render(_from_status(int(status), detail, getattr(exc, "headers", None)), req)
+def _error(req: ConnexionRequest, exc: Exception) -> ConnexionResponse:
+    """Any exception a request raised, answered as :func:`~mlxspec.errors.from_exception`
+    maps it (an unexpected one is logged there)."""
+    return _render(from_exception(exc), req)
 
 
 def _problem_handler(
     allow: Callable[[str], str | None], suggest: Callable[[str, str], str | None]
 ) -> Callable[[ConnexionRequest, Exception], ConnexionResponse]:
-    """:func:`_problem`, with a 405's ``Allow`` taken from the document
+    """:func:`_error` for the HTTP errors of routing and Connexion, with a
+    405's ``Allow`` taken from the document
     (:func:`~.paths.allowed_methods`) and a route-miss 404 naming the route a
     mistyped base URL meant (:func:`~.paths.suggest_path`), in that route's
     surface's envelope (an ``anthropic`` SDK pointed at ``/v1`` parses it). With
@@ -168,47 +108,57 @@ def _problem_handler(
     llama.cpp's server and vLLM check the key before routing)."""
 
     def handle(req: ConnexionRequest, exc: Exception) -> ConnexionResponse:
-        status = getattr(exc, "status_code", None) or getattr(exc, "status", None)
-        if status in (404, 405):
+        err = from_exception(exc)
+        if err.kind in ("not_found", "method_not_allowed"):
             config = req.scope.get("state", {}).get("config")
             if refusal := key_refusal(req, getattr(config, "api_key", None)):
-                return _render(_from_status(401, refusal), req)
+                return _render(from_status(401, refusal), req)
         path = req.url.path
-        if status == 405 and path.endswith("/") and path != "/":
+        if err.kind == "method_not_allowed" and path.endswith("/") and path != "/":
             # a templated route took the slash as an empty last parameter
             # (POST /v1/models/): a path no operation declares, as GET's 404 says
-            status, exc = 404, HTTPException(status_code=404)
-        if status == 405:
-            methods = allow(path)
-            if methods:
-                exc.headers = {**(getattr(exc, "headers", None) or {}), "Allow": methods}
-        elif status == 404:
-            if (guess := suggest(req.url.path, req.method)) is not None:
-                why = (
-                    "no trailing slash"
-                    if guess == req.url.path.rstrip("/")
-                    else "check the client's base URL"
-                )
-                message = f"not found: did you mean {guess}? ({why})"
-                return _render(ApiError("not_found", message), req, surface_for_path(guess))
-        return _problem(req, exc)
+            err = from_status(404)
+        if err.kind == "method_not_allowed":
+            if methods := allow(path):
+                err.headers["Allow"] = methods
+        elif err.kind == "not_found" and (guess := suggest(path, req.method)) is not None:
+            why = (
+                "no trailing slash" if guess == path.rstrip("/") else "check the client's base URL"
+            )
+            message = f"not found: did you mean {guess}? ({why})"
+            return _render(ApiError("not_found", message), req, surface_for_path(guess))
+        return _render(err, req)
 
     return handle
 
 
-def _unexpected(req: ConnexionRequest, exc: Exception) -> ConnexionResponse:
-    log.error("unhandled error", exc_info=exc)
-    return _render(ApiError.internal(), req)
+class _Refused(Exception):
+    """A request answered before Connexion sees it, by a step of
+    :meth:`_WithEngine._admit` (``close``: ask the client to close the connection)."""
+
+    def __init__(self, error: ApiError, close: bool = False) -> None:
+        super().__init__(error.message)
+        self.error, self.close = error, close
 
 
 class _WithEngine:
-    """ASGI wrapper: puts the engine, config, metrics and Responses store (one
-    per app) into ``scope["state"]``, reads each POST body whole (up to
-    ``--max-body-bytes``), refuses a non-empty one without ``Content-Type`` (415:
-    a browser page can send such a body cross-origin without a preflight, see
-    :mod:`mlxspec.http.guard`; a POST without a body needs no type), normalises the
-    headers (:func:`_post_headers`), and ignores ``Content-Type`` on GET/HEAD,
-    which carry no body (Connexion would otherwise try to parse a form)."""
+    """ASGI wrapper in front of Connexion: the steps every HTTP request takes
+    before Connexion sees it (:meth:`_admit`), each of which may answer it
+    itself (:class:`_Refused`, in the envelope of the path's surface).
+
+    1. :meth:`_share_state`: the engine, config, metrics and Responses store
+       (one per app) go into ``scope["state"]``.
+    2. :meth:`_check_method`: a method a literal path does not take is a 405,
+       though a templated route also matches the path.
+    3. GET/HEAD: :func:`_without_content_type` (they carry no body; Connexion
+       would otherwise try to parse a form).
+    4. POST: :meth:`_take_body` reads the body whole (up to
+       ``--max-body-bytes``; 413 beyond, 408 when it arrives too slowly) and
+       hands Connexion normalised headers (:func:`_post_headers`), after
+       :meth:`_check_type`: a non-empty body without ``Content-Type`` is a 415
+       (a browser page can send such a body cross-origin without a preflight,
+       see :mod:`mlxspec.http.guard`; a POST without a body needs no type).
+    """
 
     def __init__(
         self, app: Any, engine: Any, config: Any, metrics: Metrics, spec: dict[str, Any]
@@ -221,60 +171,95 @@ class _WithEngine:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            state = scope.setdefault("state", {})
-            state["engine"], state["config"] = self.engine, self.config
-            state["metrics"] = self.metrics
-            state["response_store"] = self.response_store
-            headers = scope.get("headers", [])
-            method = scope.get("method")
-            methods = self.literal.get(scope.get("path", ""))
-            if methods is not None and method not in methods and method != "OPTIONS":
-                allow = ", ".join(m for m in METHOD_ORDER if m in methods)
-                err = ApiError("method_not_allowed", "method not allowed", headers={"Allow": allow})
-                await send_error(scope, send, err)
+            try:
+                scope, receive = await self._admit(scope, receive)
+            except _Refused as refused:
+                await send_error(scope, send, refused.error, close=refused.close)
                 return
-            if method in ("GET", "HEAD"):
-                kept = [(k, v) for k, v in headers if k != b"content-type"]
-                scope = {**scope, "headers": kept}
-            if method == "POST":
-                limit = getattr(self.config, "max_body_bytes", None)
-                try:
-                    body = await _read_capped(receive, limit, _declared_length(headers))
-                except _BodyTooLarge:
-                    await _too_large(scope, send, limit)
-                    return
-                except TimeoutError:
-                    gone = ApiError(
-                        "request_timeout",
-                        f"the request body arrived too slowly: it may pause for at most "
-                        f"{BODY_IDLE_TIMEOUT_S:g} s and must average {BODY_MIN_RATE} bytes/s "
-                        "after that",
-                    )
-                    await send_error(scope, send, gone, close=True)
-                    return
-                headers = _post_headers(headers, len(body))
-                if body and (why := self._type_refusal(scope["path"], headers)) is not None:
-                    await send_error(scope, send, ApiError("unsupported_media_type", why))
-                    return
-                scope = {**scope, "headers": headers}
-                receive = _replay(body, receive)
         await self.app(scope, receive, send)
 
-    def _type_refusal(self, path: str, headers: list[tuple[bytes, bytes]]) -> str | None:
-        """Why a POST body with these (normalised) headers is refused 415, or
-        ``None``: it has no ``Content-Type``, or is not JSON on a route that takes
-        no body. Connexion refuses other types on the routes that declare a body;
-        a path without a POST operation is left to routing (404, 405)."""
+    async def _admit(self, scope: Scope, receive: Receive) -> tuple[Scope, Receive]:
+        """The steps, in order (see the class); returns the scope and channel
+        Connexion gets.
+
+        Raises:
+            _Refused: a step answered the request.
+        """
+        self._share_state(scope)
+        self._check_method(scope)
+        method = scope.get("method")
+        if method in ("GET", "HEAD"):
+            scope = _without_content_type(scope)
+        elif method == "POST":
+            scope, receive = await self._take_body(scope, receive)
+        return scope, receive
+
+    def _share_state(self, scope: Scope) -> None:
+        state = scope.setdefault("state", {})
+        state["engine"], state["config"] = self.engine, self.config
+        state["metrics"] = self.metrics
+        state["response_store"] = self.response_store
+
+    def _check_method(self, scope: Scope) -> None:
+        """Raises :class:`_Refused` (405, with ``Allow``) for a method the
+        literal path does not take."""
+        methods = self.literal.get(scope.get("path", ""))
+        method = scope.get("method")
+        if methods is not None and method not in methods and method != "OPTIONS":
+            allow = ", ".join(m for m in METHOD_ORDER if m in methods)
+            headers = {"Allow": allow}
+            raise _Refused(ApiError("method_not_allowed", "method not allowed", headers=headers))
+
+    async def _take_body(self, scope: Scope, receive: Receive) -> tuple[Scope, Receive]:
+        """Read a POST's body whole; Connexion gets it again through
+        :func:`_replay`, with the headers of :func:`_post_headers`.
+
+        Raises:
+            _Refused: 413 over ``--max-body-bytes``, 408 when the body arrives
+                too slowly (:func:`_read_capped`), both closing the connection;
+                415 from :meth:`_check_type`.
+        """
+        limit = getattr(self.config, "max_body_bytes", None)
+        try:
+            body = await _read_capped(receive, limit, _declared_length(scope.get("headers", [])))
+        except _BodyTooLarge:
+            err = ApiError("payload_too_large", f"request body exceeds {limit} bytes")
+            raise _Refused(err, close=True) from None
+        except TimeoutError:
+            err = ApiError(
+                "request_timeout",
+                f"the request body arrived too slowly: it may pause for at most "
+                f"{BODY_IDLE_TIMEOUT_S:g} s and must average {BODY_MIN_RATE} bytes/s "
+                "after that",
+            )
+            raise _Refused(err, close=True) from None
+        headers = _post_headers(scope.get("headers", []), len(body))
+        if body:
+            self._check_type(scope["path"], headers)
+        return {**scope, "headers": headers}, _replay(body, receive)
+
+    def _check_type(self, path: str, headers: list[tuple[bytes, bytes]]) -> None:
+        """Raises :class:`_Refused` (415) for a POST body with these (normalised)
+        headers that has no ``Content-Type``, or is not JSON on a route that
+        takes no body. Connexion refuses other types on the routes that declare
+        a body; a path without a POST operation is left to routing (404, 405)."""
         takes_body = self.takes_body(path)
         if takes_body is None:
-            return None
+            return
         media = next((v for k, v in headers if k == b"content-type"), b"")
+        why = None
         if not media:  # absent or empty (Connexion would read the body as JSON)
-            return NO_TYPE
-        kind = media.partition(b";")[0].decode("latin-1")
-        if not takes_body and kind != "application/json":
-            return f"{path} takes no request body: send none, or send application/json"
-        return None
+            why = NO_TYPE
+        elif not takes_body and media.partition(b";")[0].decode("latin-1") != "application/json":
+            why = f"{path} takes no request body: send none, or send application/json"
+        if why is not None:
+            raise _Refused(ApiError("unsupported_media_type", why))
+
+
+def _without_content_type(scope: Scope) -> Scope:
+    """``scope`` without its ``Content-Type`` headers."""
+    kept = [(k, v) for k, v in scope.get("headers", []) if k != b"content-type"]
+    return {**scope, "headers": kept}
 
 
 def _post_headers(headers: list[tuple[bytes, bytes]], length: int) -> list[tuple[bytes, bytes]]:
@@ -394,11 +379,6 @@ def _replay(body: bytes, receive: Receive) -> Receive:
     return replay
 
 
-async def _too_large(scope: Scope, send: Send, limit: int | None) -> None:
-    err = ApiError("payload_too_large", f"request body exceeds {limit} bytes")
-    await send_error(scope, send, err, close=True)
-
-
 def create_app(engine: Any, config: Any = None, *, validate_responses: bool = False) -> Any:
     """Build the ASGI app serving the OpenAPI document's routes.
 
@@ -432,15 +412,14 @@ def create_app(engine: Any, config: Any = None, *, validate_responses: bool = Fa
             spec_path="/openapi.json", swagger_ui=False
         ),
     )
-    app.add_error_handler(ApiError, _api_error)
-    app.add_error_handler(EngineRequestError, _engine_error)
-    app.add_error_handler(QueueFullError, _queue_full)
+    for raised in (ApiError, EngineRequestError, QueueFullError):
+        app.add_error_handler(raised, _error)
     problem = _problem_handler(allowed_methods(spec), suggest_path(spec))
     app.add_error_handler(404, problem)
     app.add_error_handler(405, problem)
     app.add_error_handler(ProblemException, problem)
     app.add_error_handler(HTTPException, problem)
-    app.add_error_handler(Exception, _unexpected)
+    app.add_error_handler(Exception, _error)
     metrics = Metrics(engine)
     asgi: Any = _WithEngine(app, engine, config, metrics, spec)
     asgi = RequestMetricsMiddleware(asgi, metrics, RouteLabels(spec))
@@ -452,4 +431,4 @@ def create_app(engine: Any, config: Any = None, *, validate_responses: bool = Fa
             allow_headers=["*"],
             expose_headers=["Retry-After"],
         )
-    return RequestGuard(asgi, config)
+    return ErrorNotes(PathAliases(RequestGuard(asgi, config), path_aliases(spec)))

@@ -39,6 +39,7 @@ import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from mlxspec.errors import ApiError, error_json, error_status, surface_for_path
+from mlxspec.http.access_log import access_log_config
 
 __all__ = ["ConnectionLimits", "EdgeProtocol", "edge_protocol", "uvicorn_config"]
 
@@ -270,6 +271,7 @@ def uvicorn_config(app: Any, config: Any, **overrides: Any) -> Any:
         "log_level": config.log_level,
         "http": edge_protocol(limits),
         "timeout_keep_alive": config.keep_alive_timeout,
+        "log_config": access_log_config(),  # access lines name the error of a 4xx/5xx
         **overrides,
     }
     return uvicorn.Config(app, **options)

@@ -5,7 +5,7 @@ process-global one: tests build many apps). Four feeds fill it:
 
 * :class:`RequestMetricsMiddleware` counts every HTTP response by the route
   template of the OpenAPI document, method and status;
-* :class:`GenerationWatch`, driven by ``handlers.common.outputs`` (which sees
+* :class:`GenerationWatch`, driven by ``handlers.events.outputs`` (which sees
   every event of every surface), times the first token (TTFT, split into the
   queue time before the engine started the request and the prefill time
   after) and the gaps between tokens, and counts prompt, generated and
@@ -15,7 +15,7 @@ process-global one: tests build many apps). Four feeds fill it:
   generate nothing, so they are neither prompt tokens of a generation nor
   seen by :class:`GenerationWatch`);
 * :class:`_EngineCollector` reads the engine's own counters at scrape time
-  (queue depth, active rows, outcomes, admission refusals).
+  (``stats_snapshot``: queue depth, active rows, outcomes, admission refusals).
 
 Metric names follow the Prometheus naming guide (base units, ``_total`` on
 counters, added by the client library).
@@ -32,7 +32,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from mlxspec.engine import Delta, Finished, RequestHandle
+from mlxspec.engine import Delta, EngineProtocol, Finished, RequestHandle
 
 #: Content-Type of the text exposition format, version 0.0.4.
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -48,12 +48,12 @@ class Metrics:
     """The instruments of one app, in their own registry.
 
     Args:
-        engine: the served engine (an :class:`mlxspec.engine.Engine` or a fake);
-            its ``admission``, ``counters`` and ``in_flight`` are read at scrape
-            time where present.
+        engine (EngineProtocol | None): the served engine; its
+            ``stats_snapshot()`` is read at scrape time. ``None``: the engine
+            gauges and counters stay at zero.
     """
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: EngineProtocol | None) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
@@ -172,15 +172,13 @@ class GenerationWatch:
 class _EngineCollector:
     """Engine state read at scrape time (no bookkeeping on the hot path)."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: EngineProtocol | None) -> None:
         self._engine = engine
 
     def collect(self) -> Iterator[Metric]:
-        engine = self._engine
-        admission = getattr(engine, "admission", None)
-        in_flight = int(getattr(engine, "in_flight", 0))
-        waiting = admission.waiting(in_flight) if admission is not None else 0
-        active = admission.running(in_flight) if admission is not None else in_flight
+        stats = self._engine.stats_snapshot() if self._engine is not None else None
+        waiting = stats.waiting if stats is not None else 0
+        active = stats.running if stats is not None else 0
         yield GaugeMetricFamily(
             "mlxspec_queue_depth", "Requests waiting for a decode slot.", value=waiting
         )
@@ -190,7 +188,7 @@ class _EngineCollector:
         outcomes = CounterMetricFamily(
             "mlxspec_generations", "Ended generations by outcome.", labels=["outcome"]
         )
-        counters = getattr(engine, "counters", {})
+        counters = stats.outcomes if stats is not None else {}
         for outcome in ("completed", "cancelled", "failed"):
             outcomes.add_metric([outcome], counters.get(outcome, 0))
         yield outcomes
@@ -199,7 +197,7 @@ class _EngineCollector:
             "Requests refused at admission, by reason.",
             labels=["reason"],
         )
-        for reason, count in sorted(getattr(admission, "rejected", {}).items()):
+        for reason, count in sorted((stats.rejected if stats is not None else {}).items()):
             rejected.add_metric([reason], count)
         yield rejected
 
@@ -225,7 +223,7 @@ class RouteLabels:
                 if isinstance(op, dict)
                 for p in op.get("parameters", [])
             ]
-            wide = {p.get("name") for p in params if p.get("schema", {}).get("format") == "path"}
+            wide = {str(p["name"]) for p in params if p.get("schema", {}).get("format") == "path"}
             routes.append((template.count("{"), template, _template_regex(template, wide)))
         # Literal paths before parameterised ones.
         self._routes = [(regex, template) for _, template, regex in sorted(routes)]

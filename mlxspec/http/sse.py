@@ -14,15 +14,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
-import logging
+import operator
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 from starlette.responses import StreamingResponse
 
-from mlxspec.errors import ApiError, anthropic_error_body, openai_error_json
-
-log = logging.getLogger("mlxspec.http.sse")
+from mlxspec.errors import ApiError, anthropic_error_body, from_exception, openai_error_json
 
 DONE = b"data: [DONE]\n\n"
 KEEPALIVE = b": keep-alive\n\n"
@@ -98,6 +96,71 @@ class FrameTemplate:
 SLOT = "\x00mlxspec-slot\x00"
 
 
+def chunk_framer(
+    head: dict[str, Any], text_choice: dict[str, Any]
+) -> Callable[[dict[str, Any]], dict[str, Any] | bytes]:
+    """The framer of an OpenAI stream's chunks, ``{**head, "choices": [choice]}``,
+    that encodes only the text of a per-token chunk.
+
+    A choice shaped as ``text_choice`` (its other members equal, a string
+    where :data:`SLOT` stands) comes out as its frame already (``bytes``),
+    from a :class:`FrameTemplate` per choice ``index``: equal, byte for byte,
+    to :func:`data_frame` of the chunk. Any other choice comes back as the
+    chunk object, for :func:`openai_events` to frame (the caller may still add
+    to it, e.g. ``usage``). This runs once per streamed token.
+
+    Args:
+        head (dict): the chunk's members before ``choices`` (``id``, ``object``, ...).
+        text_choice (dict): a per-token choice without its ``index``: constant
+            members, and :data:`SLOT` where the text goes, as a member or as
+            the only member of an object member (chat's ``delta: {"content": SLOT}``).
+
+    Returns:
+        Callable: choice object -> its frame (``bytes``) or its chunk (``dict``).
+
+    Raises:
+        ValueError: ``text_choice`` holds no :data:`SLOT` where it may stand.
+    """
+    outer, key = _slot_path(text_choice)
+    fixed = [k for k in text_choice if k != (outer or key)]
+    members_of = operator.itemgetter(*fixed) if fixed else lambda choice: None
+    expected = members_of(text_choice)
+    size = len(text_choice) + 1  # and ``index``
+    templates: dict[int, FrameTemplate] = {}
+
+    def template(choice: dict[str, Any]) -> FrameTemplate:
+        slot = SLOT if outer is None else {key: SLOT}
+        slotted = {**head, "choices": [{**choice, (outer or key): slot}]}
+        templates[choice["index"]] = made = FrameTemplate(slotted)
+        return made
+
+    def frame(choice: dict[str, Any]) -> dict[str, Any] | bytes:
+        text = None
+        try:  # the per-token shape, in as few lookups as may be (once per token)
+            if len(choice) == size and members_of(choice) == expected:
+                inner = choice if outer is None else choice[outer]
+                if outer is None or len(inner) == 1:
+                    text = inner.get(key)
+        except (KeyError, TypeError, AttributeError):  # another shape
+            pass
+        if text is None:
+            return {**head, "choices": [choice]}
+        return (templates.get(choice["index"]) or template(choice)).frame(text)
+
+    return frame
+
+
+def _slot_path(text_choice: dict[str, Any]) -> tuple[str | None, str]:
+    """Where :data:`SLOT` stands in ``text_choice``: ``(None, key)`` for a
+    member, ``(outer, key)`` for the only member of an object member."""
+    for key, value in text_choice.items():
+        if value is SLOT:
+            return None, key
+        if type(value) is dict and list(value.values()) == [SLOT]:
+            return key, next(iter(value))
+    raise ValueError("a per-token choice needs the slot as a member or an object's only member")
+
+
 def error_frame(err: ApiError) -> bytes:
     """An in-band OpenAI error event, sent when a stream fails after its headers."""
     return b"data: " + openai_error_json(err).encode() + b"\n\n"
@@ -108,10 +171,11 @@ async def openai_events(
 ) -> AsyncIterator[bytes]:
     """Frame an OpenAI-style stream: each payload as ``data:``, then ``[DONE]``.
 
-    A failure mid-stream becomes one error frame and the stream ends without
-    ``[DONE]`` (reference, chat "Streaming"). ``on_close`` always runs, also when
-    the client disconnects (Starlette cancels the iterator), so the engine
-    request is cancelled.
+    A failure mid-stream becomes one error frame (the error
+    :func:`~mlxspec.errors.from_exception` maps it to) and the stream ends
+    without ``[DONE]`` (reference, chat "Streaming"). ``on_close`` always
+    runs, also when the client disconnects (Starlette cancels the iterator),
+    so the engine request is cancelled.
 
     Args:
         payloads (AsyncIterator): JSON-able chunks, in order.
@@ -124,11 +188,8 @@ async def openai_events(
         async for payload in payloads:
             yield payload if isinstance(payload, bytes) else data_frame(payload)
         yield DONE
-    except ApiError as err:
-        yield error_frame(err)
-    except Exception:
-        log.exception("stream failed")
-        yield error_frame(ApiError.internal())
+    except Exception as exc:
+        yield error_frame(from_exception(exc))
     finally:
         if on_close is not None:
             on_close()
@@ -193,10 +254,10 @@ async def named_events(
     """Frame a stream of named events (OpenAI Responses, Anthropic): no ``[DONE]``.
 
     The protocol's own terminal event ends the stream. A failure mid-stream is
-    handed to ``on_error``, whose events (e.g. ``error`` then
-    ``response.failed``) close the stream; an unexpected exception is logged
-    and reported as the internal error. ``on_close`` always runs, also on
-    client disconnect.
+    mapped by :func:`~mlxspec.errors.from_exception` (an unexpected exception
+    is logged and reported as the internal error) and handed to ``on_error``,
+    whose events (e.g. ``error`` then ``response.failed``) close the stream.
+    ``on_close`` always runs, also on client disconnect.
 
     Args:
         frames (AsyncIterator[tuple[str, Any] | bytes]): ``(event name,
@@ -212,11 +273,8 @@ async def named_events(
             async for frame in frames:
                 # bytes are already framed (e.g. a keep-alive comment)
                 yield frame if isinstance(frame, bytes) else named_frame(*frame)
-        except ApiError as err:
-            failure = err
-        except Exception:
-            log.exception("stream failed")
-            failure = ApiError.internal()
+        except Exception as exc:
+            failure = from_exception(exc)
         else:
             return
         for event, payload in on_error(failure):

@@ -69,9 +69,10 @@ def cache_length(cache: list[Any]) -> int | None:
     """Tokens held by a per-layer KV cache list, or ``None`` if it cannot tell
     (recurrent layers keep state, not positions)."""
     offsets = {getattr(c, "offset", None) for c in cache}
-    if len(offsets) != 1 or None in offsets:
+    if len(offsets) != 1:
         return None
-    return int(offsets.pop())
+    (offset,) = offsets
+    return None if offset is None else int(offset)
 
 
 def compact(cache: list[Any], wait: bool) -> None:

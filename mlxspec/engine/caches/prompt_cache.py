@@ -90,6 +90,9 @@ class PromptCache:
         bucket_tails (bool | None): trim hits with :func:`~.kv.bucket_tail`.
             Default: ``None`` (on when MLX computes on a GPU, where kernels
             are planned per shape; on the CPU it would only add prefill).
+        max_entries (int | None): most KV caches kept at once, least recently
+            used out first (mlx_lm.server's ``--prompt-cache-size``); ``None``
+            bounds only the bytes. Default: ``None``.
     """
 
     def __init__(
@@ -99,10 +102,12 @@ class PromptCache:
         min_hit_fraction: float = MIN_HIT_FRACTION,
         min_hit_tokens: int = MIN_HIT_TOKENS,
         bucket_tails: bool | None = None,
+        max_entries: int | None = None,
     ):
         from mlx_lm.models.cache import PromptTrie
 
         self.max_bytes = max_bytes
+        self.max_entries = max_entries
         self.ssd = ssd
         self.min_hit_fraction = min_hit_fraction
         self.min_hit_tokens = min_hit_tokens
@@ -130,7 +135,9 @@ class PromptCache:
         )
 
     @classmethod
-    def tiered(cls, max_bytes: int, ssd_dir: Path | None, ssd_bytes: int) -> PromptCache:
+    def tiered(
+        cls, max_bytes: int, ssd_dir: Path | None, ssd_bytes: int, max_entries: int | None = None
+    ) -> PromptCache:
         """A RAM cache with an SSD tier in ``ssd_dir`` when given (``--ssd-cache``);
         with a RAM budget of 0 the SSD tier is not used either (a warning is logged).
 
@@ -138,6 +145,7 @@ class PromptCache:
             max_bytes (int): RAM budget in bytes.
             ssd_dir (Path | None): directory of the SSD tier.
             ssd_bytes (int): disk budget of the SSD tier in bytes.
+            max_entries (int | None): most entries kept in RAM. Default: ``None``.
 
         Returns:
             PromptCache: the cache.
@@ -145,7 +153,7 @@ class PromptCache:
         if ssd_dir is not None and max_bytes <= 0:
             log.warning("the prompt cache is off (budget 0): --ssd-cache is not used")
         ssd = SsdCache(ssd_dir, ssd_bytes) if ssd_dir is not None and max_bytes > 0 else None
-        return cls(max_bytes, ssd)
+        return cls(max_bytes, ssd, max_entries=max_entries)
 
     @property
     def enabled(self) -> bool:
@@ -339,7 +347,10 @@ class PromptCache:
         """Drop least recently used entries until within budget, sparing
         session checkpoints while any other entry remains (lock held)."""
         pinned = set(self._sessions.values())
-        while self._bytes > self.max_bytes and self._entries:
+        while self._entries and (
+            self._bytes > self.max_bytes
+            or (self.max_entries is not None and len(self._entries) > self.max_entries)
+        ):
             victim = next((k for k in self._entries if k not in pinned), None)
             if victim is None:
                 victim = next(iter(self._entries))
@@ -362,7 +373,7 @@ class PromptCache:
     def _kept(self, key: tuple) -> list[Any] | None:
         """The kept RAM cache for ``(namespace, tokens)``, or ``None``."""
         with self._lock:
-            entry = self._entries.get(key)  # type: ignore[call-overload]
+            entry = self._entries.get(key)
         return entry.cache if entry is not None else None
 
     def stats(self) -> dict[str, Any]:

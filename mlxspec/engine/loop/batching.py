@@ -1,29 +1,28 @@
-"""Continuous batching on mlx-lm's ``BatchGenerator`` (engine thread only).
+"""Continuous batching on mlxspec's own decode step (engine thread only).
 
 Requests join the running batch between decode steps and leave it when they
-finish or are cancelled; each keeps its own sampler, logits processors and
-token budget (``BatchGenerator.insert``'s per-sequence options). Output
-bookkeeping is the same :class:`~.rows.Row` the serial lane uses. A request
-that began decoding alone (:mod:`.solo`) joins mid-generation through
-:meth:`BatchLane.adopt`.
+finish or are cancelled; each keeps its own sampler settings, logits processors
+and token budget, and :class:`~.decode.DecodeBatch` applies them to all rows
+at once, one host read per step. Output bookkeeping is the same
+:class:`~.rows.Row` the serial lane uses. A request that began decoding alone
+(:mod:`.solo`) joins mid-generation through :meth:`BatchLane.adopt`.
 
 With a :class:`~.prompt_cache.PromptCache`, a request joins with a copy of the
-best kept KV cache and only its uncached prompt tail (``insert``'s ``caches``
-and ``all_tokens``, as ``mlx_lm.server`` does); when it leaves, its KV cache
-(prompt plus generated tokens) is kept for later requests.
+best kept KV cache and only its uncached prompt tail (as ``mlx_lm.server``
+does); when it leaves, its KV cache (prompt plus generated tokens) is kept for
+later requests.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from mlxspec.engine.adapters.batch_rows import RowsModel
-from mlxspec.engine.adapters.registry import NO_ADAPTER, AdapterPick
+from mlxspec.engine.adapters.registry import AdapterPick
+from mlxspec.engine.loop.decode import DecodeBatch, Slot, Token
 from mlxspec.engine.loop.handles import flush_wakeups
 from mlxspec.engine.loop.lanes import Handoff, LaneParts, StepTimes, start_request
-from mlxspec.engine.loop.rows import Row
 from mlxspec.engine.types import Failed
 
 if TYPE_CHECKING:
@@ -52,30 +51,28 @@ class BatchLane:
         on_done: Callable[[RequestHandle, str], None],
         times: StepTimes | None = None,
     ) -> None:
-        from mlx_lm.generate import BatchGenerator
+        from mlx_lm.utils import maybe_set_recommended_wired_limit
 
         self._parts = parts
         self._on_done = on_done
         self.times = StepTimes() if times is None else times
-        self._rows: dict[int, Row] = {}
-        model = parts.model
-        if parts.adapters is not None:  # each call selects its rows' adapters
-            model = RowsModel(model, parts.adapters, self._pick_of)
-        self._gen = BatchGenerator(
-            model,
-            stop_tokens=[[t] for t in sorted(parts.eos)],
-            completion_batch_size=max_batch,
-            prefill_batch_size=min(max_batch, 8),
-            prefill_step_size=parts.prefill_step,
+        #: The decode step; rows beyond ``max_batch`` wait there, unstarted,
+        #: until one leaves (a request's ``started_at``, the end of its queue
+        #: time, is its first prefill step).
+        self.batch = DecodeBatch(
+            parts.model,
+            parts.prefill_step,
+            max_batch,
+            prefill_rows=min(max_batch, parts.prefill_batch),
+            # every model call of the batch selects its rows' adapters
+            select=lambda slots: parts.rows([s.row.pick for s in slots]),
         )
-        #: Rows whose request has not started: mlx-lm's generator holds a row
-        #: beyond its ``completion_batch_size`` until one leaves, and the request's
-        #: ``started_at`` (the end of its queue time) is its first prefill step.
-        self._unstarted: set[int] = set()
         self._cache = parts.prompt_cache
+        self._route_s, self._routed = 0.0, 0  # this step's routing time and tokens
+        self._old_wired_limit = maybe_set_recommended_wired_limit()  # Metal only
 
     def __len__(self) -> int:
-        return len(self._rows)
+        return len(self.batch)
 
     def add(self, handle: RequestHandle, max_tokens: int) -> None:
         """Queue ``handle``'s request into the batch with a budget of ``max_tokens`` (>= 1)."""
@@ -87,32 +84,10 @@ class BatchLane:
     def adopt(self, handoff: Handoff) -> None:
         """Continue a request in the batch: a new one (:meth:`add`) or one that
         decoded alone so far (:meth:`~.solo.SoloRun.handoff`), whose row keeps
-        its count, text and stop-string state.
-
-        Raises:
-            ValueError: ``BatchGenerator.insert`` rejected the row's options.
-        """
-        (uid,) = self._gen.insert(
-            [handoff.feed],
-            max_tokens=[handoff.max_tokens],
-            caches=[handoff.cache],
-            all_tokens=[handoff.held],
-            samplers=[handoff.sampler],
-            logits_processors=[handoff.chain],
-        )
-        self._rows[uid] = handoff.row
-        if handoff.row.handle.started_at is None:
-            self._unstarted.add(uid)
-
-    def _forget(self, uid: int) -> RequestHandle:
-        """Drop row ``uid``; returns its request's handle."""
-        self._unstarted.discard(uid)
-        return self._rows.pop(uid).handle
-
-    def _pick_of(self, uid: int) -> AdapterPick:
-        """Row ``uid``'s adapters (the base model for a row that has left)."""
-        row = self._rows.get(uid)
-        return row.pick if row is not None else NO_ADAPTER
+        its count, text and stop-string state."""
+        slot = self.batch.add(handoff)
+        if self._cache.enabled:  # the KV cache is kept before Finished goes out
+            handoff.row.before_finish = lambda: self._keep(slot)
 
     def _prefill_once(
         self, prompt: tuple[int, ...], session: str | None, pick: AdapterPick
@@ -143,84 +118,70 @@ class BatchLane:
 
     def step(self) -> None:
         """Drop cancelled requests, then run one prefill/decode step and route its tokens."""
-        gone = [uid for uid, row in self._rows.items() if row.handle.cancelled]
+        gone = [slot for slot in self.batch.slots if slot.row.handle.cancelled]
         if gone:
-            self._keep(self._gen.remove(gone, return_prompt_caches=self._cache.enabled))
-            for uid in gone:
-                self._on_done(self._forget(uid), "cancelled")
-        if not self._rows:
+            if self._cache.enabled:
+                for slot in gone:
+                    self._keep(slot)
+            self.batch.remove(gone)
+            for slot in gone:
+                self._on_done(slot.row.handle, "cancelled")
+        if not len(self.batch):
             return
         began, start = time.monotonic(), time.perf_counter()
-        prompts, responses = self._gen.next()
-        routed = time.perf_counter()
-        if self._unstarted:
-            self._mark_started(prompts, responses, began)
-        self._route(responses)
-        self.times.add(len(responses), routed - start, time.perf_counter() - routed)
+        self._route_s, self._routed = 0.0, 0
+        for slot in self.batch.step(self._route):
+            if slot.row.handle.started_at is None:
+                slot.row.handle.started_at = began
+        total = time.perf_counter() - start
+        self.times.add(self._routed, total - self._route_s, self._route_s)
 
-    def _mark_started(self, prompts: list[Any], responses: list[Any], began: float) -> None:
-        """Set ``started_at`` to ``began`` (the step's start, ``time.monotonic()``)
-        on the requests whose rows appear in the step for the first time (a
-        prefill chunk, or a token for a row adopted with no prompt to prefill)."""
-        for r in (*prompts, *responses):
-            if r.uid in self._unstarted:
-                self._unstarted.discard(r.uid)
-                self._rows[r.uid].handle.started_at = began
-
-    def _route(self, responses: list[Any]) -> None:
-        """Hand each response's token to its row; remove the rows that ended."""
-        finished = []
-        for r in responses:
-            row = self._rows.get(r.uid)
-            if row is None:
-                continue
-            if self._cache.enabled:
-                row.before_finish = lambda r=r: self._keep_finished(r)
-            ended = row.push(r.token, r.logprobs)
-            if not ended and r.finish_reason is not None:
+    def _route(self, tokens: list[Token]) -> None:
+        """Hand each token to its row; remove the rows that ended."""
+        start = time.perf_counter()
+        finished: list[Slot] = []
+        for t in tokens:
+            row = t.slot.row
+            ended = row.push(t.id, t.logprobs)
+            if not ended and t.slot.generated >= t.slot.budget:
                 row.finish_length()
                 ended = True
             if ended:
-                finished.append(r.uid)
-        if finished:  # rows ended by a stop string are still in the generator
-            flush_wakeups()  # the rows served so far need not wait for the removal
-            self._gen.remove(finished)
-        for uid in finished:
-            self._on_done(self._forget(uid), "completed")
+                finished.append(t.slot)
+        if finished:
+            self.batch.remove(finished)
+            for slot in finished:
+                self._on_done(slot.row.handle, "completed")
+        self._routed += len(tokens)
+        self._route_s += time.perf_counter() - start
 
-    def _keep_finished(self, r: Any) -> None:
-        """Keep the KV cache of the row ending at response ``r``: the generator
-        hands it over when it ended the row itself, else the row is removed
-        now (a stop string or EOS matched on our side)."""
+    def _keep(self, slot: Slot) -> None:
+        """Keep ``slot`` 's KV cache (prompt plus generated tokens) in the
+        prompt cache, under its request's session and its adapters' namespace."""
         flush_wakeups()  # the rows served so far need not wait for the keep
-        if r.finish_reason is not None:
-            self._keep({r.uid: (r.prompt_cache, r.all_tokens)})
-        else:
-            self._keep(self._gen.remove([r.uid], return_prompt_caches=True))
-
-    def _keep(self, caches: dict[int, tuple[list[Any], list[int]]]) -> None:
-        """Hand leaving rows' KV caches (``uid -> (cache, tokens it holds)``)
-        to the prompt cache, under each request's session."""
-        for uid, (cache, tokens) in caches.items():
-            row = self._rows.get(uid)
-            if row is not None:  # a row that left unseen has no namespace to keep it in
-                self._parts.keep(tokens, cache, row.request.session, row.pick)
+        held = self.batch.extract(slot)
+        if held is not None:
+            cache, tokens = held
+            self._parts.keep(tokens, cache, slot.row.request.session, slot.row.pick)
 
     def fail_all(self, message: str) -> int:
         """Fail every request in the batch with ``message`` (each ends through
         ``on_done``); returns how many."""
-        rows = list(self._rows.values())
-        self._rows.clear()
-        self._unstarted.clear()
-        for row in rows:
-            row.handle.emit(Failed(message))
-            self._on_done(row.handle, "failed")
-        return len(rows)
+        slots = self.batch.clear()  # no MLX work: the batch may be what broke
+        for slot in slots:
+            slot.row.handle.emit(Failed(message))
+            self._on_done(slot.row.handle, "failed")
+        return len(slots)
 
     def close(self) -> None:
-        """Release the generator (wired-memory limit) and cancel what is left."""
-        for row in self._rows.values():
-            row.handle.cancel()
-        self._rows.clear()
-        self._unstarted.clear()
-        self._gen.close()
+        """Cancel what is left and restore the wired-memory limit."""
+        import mlx.core as mx
+
+        for slot in self.batch.clear():
+            slot.row.handle.cancel()
+        if self._old_wired_limit is not None:
+            from mlx_lm.generate import generation_stream
+
+            mx.synchronize(generation_stream)
+            mx.set_wired_limit(self._old_wired_limit)
+            self._old_wired_limit = None

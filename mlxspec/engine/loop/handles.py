@@ -175,7 +175,8 @@ class ExclusiveJob:
     """
 
     def __init__(self, fn: Callable[[], Any]) -> None:
-        self.fn, self.future = fn, concurrent.futures.Future()
+        self.fn = fn
+        self.future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         self.left = threading.Event()
         self._steps: Any = None
 

@@ -41,6 +41,9 @@ PREFILL_STEP = 512
 #: 23.3 s against 25.0 s), while a batched chunk of 8 prompts x 512 tokens took
 #: ~30 s, the time a client that left mid-prefill kept its slot and the queue waited.
 CPU_PREFILL_STEP = 128
+#: Most prompts the batched lane prefills together (mlx_lm.server's
+#: ``--prompt-concurrency`` default).
+PREFILL_BATCH = 8
 
 
 def default_prefill_step() -> int:
@@ -55,8 +58,10 @@ class StepTimes:
     """Where a lane's steps spend their time, since start (engine thread
     writes, ``GET /stats`` reads).
 
-    A batched step is one ``BatchGenerator.next()`` call (a prefill chunk and/or
-    one decode step of every running row); a lone request's decode step is one
+    A batched step is one :meth:`~.decode.DecodeBatch.step` (a decode step of
+    every running row queued, a prefill chunk of rows joining, the previous
+    step's tokens read); its ``generate_s`` includes the host's wait for the
+    tokens and ``route_s`` excludes it. A lone request's decode step is one
     ``next()`` of its ``generate_step`` (:mod:`.solo`). Either is followed by
     routing its tokens to the requests (detokenizing, stop strings, logprobs,
     events: :class:`~.rows.Row`). Measured with ``time.perf_counter``, so a
@@ -138,6 +143,7 @@ class LaneParts:
         namespace (CacheNamespace): the engine's cache namespace.
         grammars (GrammarCache | None): compiles constraints into per-request
             processors; ``None`` ignores constraints.
+        prefill_batch (int): most prompts prefilled together. Default: :data:`PREFILL_BATCH`.
         adapters (AdapterRegistry | None): the mounted LoRA adapters; ``None``
             serves the base model only. Default: ``None``.
     """
@@ -150,6 +156,7 @@ class LaneParts:
     prompt_cache: PromptCache
     namespace: CacheNamespace
     grammars: GrammarCache | None = None
+    prefill_batch: int = PREFILL_BATCH
     adapters: AdapterRegistry | None = None
 
     def keep(
@@ -204,7 +211,7 @@ class LaneParts:
 
 @dataclass
 class Handoff:
-    """A request ready to decode (``BatchGenerator.insert``'s per-row options).
+    """A request ready to decode: what a lane needs to continue it.
 
     Args:
         row (Row): the request's output bookkeeping (keeps counting across a move).

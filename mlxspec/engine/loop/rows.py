@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Collection
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from mlxspec.engine.adapters.registry import NO_ADAPTER, AdapterPick
 from mlxspec.engine.loop.stops import HeldLogprobs, StopMatcher
@@ -86,17 +86,60 @@ def keep_leading_space(detokenizer: Any) -> None:
         detokenizer.text, detokenizer.offset = "\n", 1
 
 
-def token_logprob(
-    tokenizer: Any, token: int, logprobs: Any, top_k: int, detokenizer: Any = None
+class StepLogprobs(NamedTuple):
+    """One token's log-probability and its top candidates, read to the host.
+
+    The batched decode step reads these for all its reporting rows at once
+    (:func:`~mlxspec.engine.sampling.batch_sampler.logprob_rows`); the lone
+    lane reads them from its row of log-probabilities (:func:`read_logprobs`).
+
+    Attributes:
+        value (float): the token's log-probability.
+        ids (list[int]): candidate ids, by descending log-probability (at
+            least as many as the row reports).
+        values (list[float]): their log-probabilities.
+    """
+
+    value: float
+    ids: list[int]
+    values: list[float]
+
+
+def read_logprobs(token: int, logprobs: Any, top_k: int) -> StepLogprobs:
+    """Read ``token``'s log-probability and the ``top_k`` most likely ids.
+
+    Args:
+        token (int): the generated token id.
+        logprobs (mx.array): shape ``(vocab,)``, float, log-softmax of the logits
+            after logits processors and before the sampler (mlx-lm ``generate_step``).
+        top_k (int): how many candidates to read; ``0`` for none.
+
+    Returns:
+        StepLogprobs: candidates by descending log-probability.
+    """
+    import mlx.core as mx
+
+    ids: list[int] = []
+    values: list[float] = []
+    if top_k > 0:
+        part = mx.argpartition(-logprobs, kth=top_k - 1)[:top_k]
+        top = logprobs[part]
+        order = mx.argsort(-top)
+        ids = cast(list[int], part[order].tolist())  # [top_k]
+        values = cast(list[float], top[order].tolist())
+    return StepLogprobs(logprobs[token].item(), ids, values)
+
+
+def logprob_entry(
+    tokenizer: Any, token: int, step: StepLogprobs, top_k: int, detokenizer: Any = None
 ) -> TokenLogprob:
-    """Log-probability of ``token`` and, if ``top_k > 0``, the top-k candidates.
+    """The :class:`~.types.TokenLogprob` of ``token`` from what was read.
 
     Args:
         tokenizer: an mlx-lm ``TokenizerWrapper`` (for raw vocab pieces).
         token (int): the generated token id.
-        logprobs (mx.array): shape ``(vocab,)``, float, log-softmax of the logits
-            after logits processors and before the sampler (mlx-lm ``generate_step``).
-        top_k (int): how many candidates to report; ``0`` for none.
+        step (StepLogprobs): its log-probability and candidates.
+        top_k (int): how many candidates to report (the first of ``step``'s).
         detokenizer: the request's streaming detokenizer, which selects how a
             piece maps to bytes (:func:`piece_bytes`). Default: ``None``
             (``tokenizer.detokenizer``).
@@ -105,27 +148,43 @@ def token_logprob(
         TokenLogprob: with ``top`` sorted by descending log-probability and
         each token's bytes; a non-finite value is reported as :data:`LOGPROB_FLOOR`.
     """
-    import mlx.core as mx
-
     detok = tokenizer.detokenizer if detokenizer is None else detokenizer
     top: tuple[TopLogprob, ...] = ()
     if top_k > 0:
-        ids = mx.argpartition(-logprobs, kth=top_k - 1)[:top_k]
-        values = logprobs[ids]
-        order = mx.argsort(-values)
-        ids_l, vals_l = ids[order].tolist(), values[order].tolist()
-        pieces = tokenizer.convert_ids_to_tokens(ids_l)
+        ids, vals = step.ids[:top_k], step.values[:top_k]
+        pieces = tokenizer.convert_ids_to_tokens(ids)
         top = tuple(
             TopLogprob(i, p, finite_logprob(v), piece_bytes(detok, tokenizer, i, p))
-            for i, p, v in zip(ids_l, pieces, vals_l, strict=True)
+            for i, p, v in zip(ids, pieces, vals, strict=True)
         )
     piece = tokenizer.convert_ids_to_tokens([token])[0]
     return TokenLogprob(
         token,
-        finite_logprob(logprobs[token].item()),
+        finite_logprob(step.value),
         top,
         piece_bytes(detok, tokenizer, token, piece),
     )
+
+
+def token_logprob(
+    tokenizer: Any, token: int, logprobs: Any, top_k: int, detokenizer: Any = None
+) -> TokenLogprob:
+    """Log-probability of ``token`` and, if ``top_k > 0``, the top-k candidates
+    (:func:`read_logprobs`, then :func:`logprob_entry`).
+
+    Args:
+        tokenizer: an mlx-lm ``TokenizerWrapper`` (for raw vocab pieces).
+        token (int): the generated token id.
+        logprobs (mx.array): shape ``(vocab,)``, float, log-softmax of the logits
+            after logits processors and before the sampler (mlx-lm ``generate_step``).
+        top_k (int): how many candidates to report; ``0`` for none.
+        detokenizer: the request's streaming detokenizer. Default: ``None``.
+
+    Returns:
+        TokenLogprob: see :func:`logprob_entry`.
+    """
+    step = read_logprobs(token, logprobs, top_k)
+    return logprob_entry(tokenizer, token, step, top_k, detokenizer)
 
 
 class Row:
@@ -177,7 +236,9 @@ class Row:
 
         Args:
             token (int): the sampled token id.
-            logprobs (mx.array): shape ``(vocab,)``, the step's log-probabilities.
+            logprobs (mx.array | StepLogprobs | None): shape ``(vocab,)``, the
+                step's log-probabilities, or what the batched step read of
+                them (``None`` when the request reports none).
 
         Returns:
             bool: True when the request ended here (EOS, a stop string or a
@@ -187,7 +248,10 @@ class Row:
         entry = None
         if self._held is not None:
             k = self.request.top_logprobs
-            entry = token_logprob(self._tokenizer, token, logprobs, k, self._detok)
+            step = logprobs if isinstance(logprobs, StepLogprobs) else None
+            if step is None:
+                step = read_logprobs(token, logprobs, k)
+            entry = logprob_entry(self._tokenizer, token, step, k, self._detok)
         if token in self._eos:
             eos = replace(entry, eos=True) if entry is not None else None
             self._finish("stop", flush=True, eos=eos)
@@ -195,7 +259,7 @@ class Row:
         self._detok.add_token(token)
         segment = self._detok.last_segment
         text = self._stops.feed(segment)
-        lps = ()
+        lps: tuple[TokenLogprob, ...] = ()
         if self._held is not None:
             lps = self._held.push(entry, segment, text, stopped=self._stops.stopped, end=False)
         if text or entry is not None:

@@ -1,7 +1,9 @@
 """One request decoding alone on mlx-lm's ``generate_step``, a token per engine step.
 
-``generate_step`` is mlx-lm's fastest single-sequence loop; one row of a
-``BatchGenerator`` decodes at about 0.7x of it (``benchmarks/README.md``). A
+``generate_step`` is mlx-lm's fastest single-sequence loop (one row of
+mlx-lm's ``BatchGenerator`` decoded at about 0.7x of it; mlxspec's own batched
+step, :mod:`.decode`, runs one unpadded row without a mask, near it:
+``benchmarks/README.md``). A
 :class:`SoloRun` drives ``generate_step`` one token at a time, so the engine
 loop sees new jobs between tokens. The serial lane runs it to the end
 (:func:`run_alone`); the batched lane runs a lone request this way and, when a
@@ -242,8 +244,9 @@ def run_alone(
     """
     import mlx.core as mx
 
-    if needs_global_seed(handle.request.sampling):
-        mx.random.seed(handle.request.sampling.seed)
+    seed = handle.request.sampling.seed
+    if seed is not None and needs_global_seed(handle.request.sampling):
+        mx.random.seed(seed)
     run = SoloRun(handle, parts, budget, lane="serial", times=times)
     while not run.step():
         if between is not None:

@@ -16,7 +16,9 @@ checkpoint's float16), as it would for any float32 checkpoint.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -62,7 +64,7 @@ def float32_bytes(model: nn.Module) -> int:
         int: bytes (4 per value).
     """
     values = 0
-    for _, module in tree_flatten(model.leaf_modules(), is_leaf=nn.Module.is_module):
+    for _, module in _flat(model.leaf_modules(), is_leaf=nn.Module.is_module):
         params = dict(tree_flatten(module.parameters()))
         bits = getattr(module, "bits", None)
         if bits and "scales" in params:
@@ -73,8 +75,14 @@ def float32_bytes(model: nn.Module) -> int:
     return 4 * values
 
 
+def _flat(tree: Any, is_leaf: Callable[..., bool] | None = None) -> list[tuple[str, Any]]:
+    """``tree_flatten``'s ``(path, leaf)`` list (its stub also admits the dict it
+    fills when given a dict ``destination``, which this module never passes)."""
+    return cast(list[tuple[str, Any]], tree_flatten(tree, is_leaf=is_leaf))
+
+
 def _held_bytes(model: nn.Module) -> int:
-    return sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+    return sum(v.nbytes for _, v in _flat(model.parameters()))
 
 
 def _ram_bytes() -> int:
@@ -122,7 +130,7 @@ def _why_not(model: nn.Module, mode: str) -> str | None:
         return "--cpu-weights native"
     if mx.default_device().type != mx.DeviceType.cpu:
         return "not on the CPU"
-    dtypes = {v.dtype for _, v in tree_flatten(model.parameters())}
+    dtypes = {v.dtype for _, v in _flat(model.parameters())}
     if dtypes == {mx.float32}:
         return "already float32"
     if mode == "float32":

@@ -7,7 +7,7 @@ allocation. Used for operator memory budgets (admission) and ``GET /fit``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 #: Share of the usable memory held back for activations, logits and allocator
 #: slack when estimating how much context fits (an estimate, not a measurement).
@@ -61,7 +61,8 @@ def model_memory(model: Any) -> ModelMemory:
     """
     from mlx.utils import tree_flatten
 
-    params = [value for _, value in tree_flatten(model.parameters())]
+    # tree_flatten's stub also admits the dict it fills for a dict ``destination``.
+    params = [value for _, value in cast(list[tuple[str, Any]], tree_flatten(model.parameters()))]
     weights = sum(int(p.nbytes) for p in params)
     dtype = _activation_dtype(params)
     args = getattr(model, "args", None)

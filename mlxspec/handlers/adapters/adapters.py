@@ -17,7 +17,7 @@ from connexion.context import scope
 
 from mlxspec.engine import find_adapters, inside, read_folder, scan_dirs
 from mlxspec.errors import ApiError
-from mlxspec.handlers.common import JSON, current_engine
+from mlxspec.handlers.context import JSON, current_engine
 
 
 async def list_adapters() -> Any:

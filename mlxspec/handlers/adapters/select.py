@@ -11,14 +11,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from mlxspec.engine import Engine, parse_spec
+from mlxspec.engine import EngineProtocol, parse_spec
 
 
-def request_adapters(engine: Engine, body: Mapping[str, Any]) -> tuple[str, ...]:
+def request_adapters(engine: EngineProtocol, body: Mapping[str, Any]) -> tuple[str, ...]:
     """The adapter ids ``body`` generates with, in summing order; ``()`` is the base model.
 
     Args:
-        engine (Engine): the serving engine (its ``adapters``).
+        engine (EngineProtocol): the serving engine (its ``adapters``).
         body (Mapping): a chat or completion body (other surfaces carry their
             ``adapter`` and ``model`` onto it).
 

@@ -2,23 +2,20 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from mlxspec.engine import Engine
-from mlxspec.handlers.chat.choices import (
-    ChoiceStream,
-    cancel_all,
-    choice_count,
-    choices_usage,
-    gather_choices,
-    stream_chunks,
-    submit_choices,
-    text_framer,
+from mlxspec.handlers.chat.choices import ChoiceStream, choices_usage, stream_chunks, usage_apart
+from mlxspec.handlers.chat.logprobs import chat_chunk_logprobs, chat_logprobs
+from mlxspec.handlers.context import (
+    JSON,
+    SYSTEM_FINGERPRINT,
+    current_engine,
+    logprobs_format,
+    new_id,
+    now,
 )
-from mlxspec.handlers.chat.logprobs import chat_chunk_logprobs, chat_logprobs, current_format
-from mlxspec.handlers.common import JSON, SYSTEM_FINGERPRINT, current_engine, new_id, now
+from mlxspec.handlers.events import cancel_all, gather_choices
 from mlxspec.handlers.turns.parser import (
     ChatTurn,
     ReasoningDelta,
@@ -28,26 +25,26 @@ from mlxspec.handlers.turns.parser import (
     ToolCallStart,
     TurnEnd,
 )
-from mlxspec.handlers.turns.turns import Turn, collect_turn, open_turn, turn_events
+from mlxspec.handlers.turns.turns import Turn, collect_turn, open_turns, turn_events
 from mlxspec.http import sse
 
 
 async def create_chat_completion(body: dict[str, Any]) -> Any:
     """Template the messages, generate ``n`` choices, answer as JSON or an SSE stream."""
-    engine = current_engine()
-    turns = await open_turns(engine, body)
-    warning = turns[0].warning
-    fmt = current_format()
+    engine, fmt = current_engine(), logprobs_format()
     head = {
         "id": new_id("chatcmpl"),
         "created": now(),
         "model": engine.info.id,
         "system_fingerprint": SYSTEM_FINGERPRINT,
     }
+    turns = await open_turns(engine, body)
+    warning = turns[0].warning
     handles = [t.handle for t in turns]
     if body.get("stream"):
         streams = [_choice_chunks(turn, i, fmt) for i, turn in enumerate(turns)]
-        chunks = stream_chunks(streams, _chunker(head))
+        apart = usage_apart(body, {**head, "object": "chat.completion.chunk"})
+        chunks = stream_chunks(streams, _chunker(head), apart)
         # Keep-alive comments fill silences (a withheld tool call, a long prefill).
         frames = sse.openai_events(sse.with_keepalive(chunks), on_close=cancel_all(handles))
         response = sse.event_stream(frames)
@@ -65,31 +62,14 @@ async def create_chat_completion(body: dict[str, Any]) -> Any:
     return body_out, 200, {**JSON, **warning}
 
 
-async def open_turns(engine: Engine, body: dict[str, Any]) -> list[Turn]:
-    """Template once and submit the body's ``n`` choices (see :mod:`.choices`)."""
-    n = choice_count(body)
-    first = await open_turn(engine, body, group=n)  # admits all n choices, or none
-    runs = submit_choices(engine, first.request, first.handle, n, "messages")
-    return [dataclasses.replace(first, request=request, handle=handle) for request, handle in runs]
+#: A per-token choice of a chat stream: a bare content delta.
+_TEXT_CHOICE = {"delta": {"content": sse.SLOT}, "logprobs": None, "finish_reason": None}
 
 
 def _chunker(head: dict[str, Any]) -> Callable[[dict[str, Any]], dict[str, Any] | bytes]:
     """Wraps a choice object into a ``chat.completion.chunk``; a bare content
-    delta (the per-token chunk) comes out already framed (:func:`.choices.text_framer`)."""
-
-    def wrap(choice: dict[str, Any]) -> dict[str, Any]:
-        return {**head, "object": "chat.completion.chunk", "choices": [choice]}
-
-    def content(choice: dict[str, Any]) -> str | None:
-        delta = choice["delta"]
-        if choice["logprobs"] is not None or choice["finish_reason"] is not None:
-            return None
-        return delta["content"] if len(delta) == 1 and "content" in delta else None
-
-    def slotted(choice: dict[str, Any]) -> dict[str, Any]:
-        return {**choice, "delta": {"content": sse.SLOT}}
-
-    return text_framer(wrap, content, slotted)
+    delta (the per-token chunk) comes out already framed (:func:`.sse.chunk_framer`)."""
+    return sse.chunk_framer({**head, "object": "chat.completion.chunk"}, _TEXT_CHOICE)
 
 
 def _choice(index: int, turn: Turn, result: ChatTurn, fmt: str) -> dict[str, Any]:

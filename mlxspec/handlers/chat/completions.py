@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mlxspec.engine import (
-    Engine,
+    EngineProtocol,
     Finished,
     GenerationRequest,
     RequestHandle,
@@ -20,26 +20,21 @@ from mlxspec.engine import (
     token_prompt,
 )
 from mlxspec.handlers.adapters.select import request_adapters
-from mlxspec.handlers.chat.choices import (
-    ChoiceStream,
-    cancel_all,
-    choice_count,
-    choices_usage,
-    gather_choices,
-    stream_chunks,
-    submit_choices,
-    text_framer,
-)
-from mlxspec.handlers.chat.logprobs import CompletionLogprobs, current_format
-from mlxspec.handlers.common import (
+from mlxspec.handlers.chat.choices import ChoiceStream, choices_usage, stream_chunks, usage_apart
+from mlxspec.handlers.chat.logprobs import CompletionLogprobs
+from mlxspec.handlers.context import (
     JSON,
     SYSTEM_FINGERPRINT,
-    collect,
     current_engine,
+    logprobs_format,
     new_id,
     now,
-    outputs,
     request_headers,
+)
+from mlxspec.handlers.events import cancel_all, collect, gather_choices, outputs, submit_choices
+from mlxspec.handlers.requests import (
+    choice_count,
+    choice_requests,
     session_key,
     to_generation_request,
 )
@@ -50,20 +45,8 @@ from mlxspec.http import sse
 async def create_completion(body: dict[str, Any]) -> Any:
     """Tokenize ``prompt`` as mlx-lm does (or take its token ids), generate ``n``
     choices, answer as JSON or SSE."""
-    engine = current_engine()
+    engine, fmt, headers = current_engine(), logprobs_format(), request_headers()
     adapter = request_adapters(engine, body)  # an unknown id is a 400 before any work
-    body, warning = await structured_output(engine, body, chat=False)
-    prompt = await off_loop(prompt_tokens, engine, body["prompt"])
-    session = session_key(body, request_headers())
-    first = to_generation_request(body, prompt, engine.defaults, engine.info, session, adapter)
-    # The output continues the prompt's text, so a leading space is kept
-    # (OpenAI and vLLM do; mlx_lm.server trims it: docs/deviations.md).
-    first = dataclasses.replace(first, continuation=True)
-    n = choice_count(body)
-    handle = engine.submit(first, prompt_param="prompt", group=n)  # all n choices, or none
-    runs = submit_choices(engine, first, handle, n, "prompt")
-    handles = [handle for _, handle in runs]
-    fmt = current_format()
     head = {
         "id": new_id("cmpl"),
         "object": "text_completion",
@@ -71,9 +54,19 @@ async def create_completion(body: dict[str, Any]) -> Any:
         "model": engine.info.id,
         "system_fingerprint": SYSTEM_FINGERPRINT,
     }
+    body, warning = await structured_output(engine, body, chat=False)
+    prompt = await off_loop(prompt_tokens, engine, body["prompt"])
+    session = session_key(body, headers)
+    first = to_generation_request(body, prompt, engine.defaults, engine.info, session, adapter)
+    # The output continues the prompt's text, so a leading space is kept
+    # (OpenAI and vLLM do; mlx_lm.server trims it: docs/deviations.md).
+    first = dataclasses.replace(first, continuation=True)
+    requests = choice_requests(first, choice_count(body))
+    handles = submit_choices(engine, requests, "prompt")  # all n choices, or none
+    runs = list(zip(requests, handles, strict=True))
     if body.get("stream"):
         streams = [_choice_chunks(req, handle, i, fmt) for i, (req, handle) in enumerate(runs)]
-        chunks = stream_chunks(streams, _chunker(head))
+        chunks = stream_chunks(streams, _chunker(head), usage_apart(body, head))
         response = sse.event_stream(sse.openai_events(chunks, on_close=cancel_all(handles)))
         response.headers.update(warning)
         return response
@@ -94,7 +87,7 @@ async def create_completion(body: dict[str, Any]) -> Any:
     return out, 200, {**JSON, **warning}
 
 
-def prompt_tokens(engine: Engine, prompt: str | list) -> list[int]:
+def prompt_tokens(engine: EngineProtocol, prompt: str | list) -> list[int]:
     """The token ids of a validated ``prompt`` (a prompt thread's work).
 
     The document admits OpenAI's shapes of one prompt: a string, tokenized as
@@ -102,7 +95,7 @@ def prompt_tokens(engine: Engine, prompt: str | list) -> list[int]:
     one-element list holding either (the batch form with one entry).
 
     Args:
-        engine (Engine): the serving engine (its tokenizer and vocabulary size).
+        engine (EngineProtocol): the serving engine (its text prompts and vocabulary size).
         prompt (str | list): the body's ``prompt``.
 
     Returns:
@@ -119,19 +112,15 @@ def prompt_tokens(engine: Engine, prompt: str | list) -> list[int]:
     return token_prompt(prompt, engine.info.vocab_size)
 
 
+#: A per-token choice of a text completion stream: text without logprobs.
+_TEXT_CHOICE = {"text": sse.SLOT, "logprobs": None, "finish_reason": None}
+
+
 def _chunker(head: dict[str, Any]) -> Callable[[dict[str, Any]], dict[str, Any] | bytes]:
     """Wraps a choice object into a ``text_completion`` chunk; a text chunk
     without logprobs (the per-token chunk) comes out already framed
-    (:func:`.choices.text_framer`)."""
-
-    def wrap(choice: dict[str, Any]) -> dict[str, Any]:
-        return {**head, "choices": [choice]}
-
-    def text(choice: dict[str, Any]) -> str | None:
-        plain = choice["logprobs"] is None and choice["finish_reason"] is None
-        return choice["text"] if plain else None
-
-    return text_framer(wrap, text, lambda choice: {**choice, "text": sse.SLOT})
+    (:func:`.sse.chunk_framer`)."""
+    return sse.chunk_framer(head, _TEXT_CHOICE)
 
 
 async def _choice_chunks(

@@ -1,7 +1,7 @@
 """Logprobs on the wire, in the server's ``--logprobs-format``.
 
 ``mlx`` (the default, for parity) is ``mlx_lm.server``'s block on non-streamed
-choices only (:func:`~.common.logprobs_block`). ``openai`` is OpenAI's shapes:
+choices only (:func:`logprobs_block`). ``openai`` is OpenAI's shapes:
 chat's ``{"content": [{token, logprob, bytes, top_logprobs}], "refusal"}`` and
 the legacy completions lists ``{tokens, token_logprobs, top_logprobs,
 text_offset}``, on stream chunks too. Token texts there are what each token
@@ -19,18 +19,10 @@ import codecs
 from collections.abc import Sequence
 from typing import Any
 
-from connexion.context import scope
-
 from mlxspec.engine import GenerationRequest, TokenLogprob, TopLogprob
-from mlxspec.handlers.common import logprobs_block
 
+#: The ``--logprobs-format`` values (:func:`mlxspec.handlers.context.logprobs_format`).
 MLX, OPENAI = "mlx", "openai"
-
-
-def current_format() -> str:
-    """The serving config's logprobs format (``"mlx"`` when the app has no config)."""
-    config = scope["state"].get("config")
-    return getattr(config, "logprobs_format", None) or MLX
 
 
 def wanted(request: GenerationRequest) -> bool:
@@ -145,3 +137,19 @@ class CompletionLogprobs:
             "top_logprobs": top,
             "text_offset": offsets,
         }
+
+
+def logprobs_block(entries: list[TokenLogprob], top_logprobs: int) -> dict[str, Any]:
+    """mlx_lm.server's logprobs block (``generate_response``).
+
+    With ``top_logprobs > 0`` each entry is the top-1 candidate merged with
+    the sorted top list (mlx-lm's ``dict(top[0], top_logprobs=top)``);
+    otherwise ``{id, logprob}`` of each generated token.
+    """
+    if top_logprobs > 0:
+        content = []
+        for e in entries:
+            top = [{"id": t.id, "token": t.token, "logprob": t.logprob} for t in e.top]
+            content.append(dict(top[0], top_logprobs=top) if top else {})
+        return {"content": content}
+    return {"content": [{"id": e.id, "logprob": e.logprob} for e in entries]}

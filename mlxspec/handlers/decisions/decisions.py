@@ -3,17 +3,17 @@
 
 Both contracts parse into one :class:`~.decision_wire.DecisionRequest`
 (:mod:`.decision_wire`); each question is one prompt whose candidate answers
-the engine scores (:func:`mlxspec.engine.score_answers`), and the
-probabilities become the contract's answer objects.
+the engine scores (``engine.score``, :func:`mlxspec.engine.score_answers`),
+and the probabilities become the contract's answer objects.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from mlxspec.engine import PromptError, score_answers
+from mlxspec.engine import PromptError
 from mlxspec.errors import ApiError
-from mlxspec.handlers.common import JSON, current_engine, until_disconnect
+from mlxspec.handlers.context import JSON, current_engine
 from mlxspec.handlers.decisions.wire import (
     DecisionRequest,
     answer_texts,
@@ -22,6 +22,7 @@ from mlxspec.handlers.decisions.wire import (
     question_messages,
     render_answer,
 )
+from mlxspec.handlers.events import until_disconnect
 
 
 async def create_decision(body: dict[str, Any]) -> Any:
@@ -59,13 +60,11 @@ async def _decide(request: DecisionRequest, systemone: bool) -> tuple[str, list[
     engine = current_engine()
     answers, used = [], 0
     # One place in the admission queue for the whole request, like a generation.
-    with engine.admission.hold(engine.in_flight, "decision"):
+    with engine.hold("decision"):
         for question in request.questions:
             messages = question_messages(request, question)
             try:
-                scored = await until_disconnect(
-                    score_answers(engine, messages, answer_texts(question))
-                )
+                scored = await until_disconnect(engine.score(messages, answer_texts(question)))
             except PromptError as exc:
                 raise ApiError(
                     "invalid_request", exc.message, param="state" if systemone else "input"

@@ -206,7 +206,8 @@ class _Assets:
         ]
 
     def _scan(self, text: str) -> list[str]:
-        found, position = [], 0
+        found: list[str] = []
+        position = 0
         while True:
             hits = [(text.find(ref, position), -len(ref), ref) for ref in self.urls]
             hits = [hit for hit in hits if hit[0] >= 0]
@@ -253,12 +254,12 @@ def _systemone_question(name: str, q: Mapping[str, Any], assets: _Assets) -> Que
     if q["type"] == "choice":
         options = tuple(
             Option(key, compact_json(key), _as_text(desc, f"{at}.criteria.{key}"))
-            for key, desc in criteria.items()
+            for key, desc in q["criteria"].items()  # required for a choice
         )
         return Question("choice", name, text, options, images)
     levels = tuple(
         Option(j, _as_text(level, f"{at}.criteria.{j}") or str(j), "", level)
-        for j, level in enumerate(criteria)
+        for j, level in enumerate(q["criteria"])  # required for a score
     )
     return Question("score", name, text, levels, images)
 

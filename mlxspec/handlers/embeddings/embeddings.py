@@ -1,11 +1,11 @@
 """``POST /v1/embeddings`` (operationId ``createEmbedding``): OpenAI's list shape.
 
 Only an embedding model serves it (``ModelInfo.embedding``); vectors come from
-:func:`mlxspec.engine.embed_texts` and are sent as JSON floats or, with
-``encoding_format: base64``, as base64 of little-endian float32 bytes (the
-OpenAI SDKs' default request); ``dimensions`` shortens them (the leading
-dimensions, normalised again). The input tokens of a request that got its
-vectors are counted in ``/metrics`` (``mlxspec_embedding_tokens_total``).
+``engine.embed`` (:func:`mlxspec.engine.embed_texts`) and are sent as JSON
+floats or, with ``encoding_format: base64``, as base64 of little-endian
+float32 bytes (the OpenAI SDKs' default request); ``dimensions`` shortens
+them (the leading dimensions, normalised again). The input tokens of a request
+that got its vectors are counted in ``/metrics`` (``mlxspec_embedding_tokens_total``).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from mlxspec.engine import embed_texts
 from mlxspec.errors import ApiError
-from mlxspec.handlers.common import JSON, current_engine, current_metrics, until_disconnect
+from mlxspec.handlers.context import JSON, current_engine, current_metrics
+from mlxspec.handlers.events import until_disconnect
 
 
 async def create_embedding(body: dict[str, Any]) -> Any:
@@ -40,9 +40,9 @@ async def create_embedding(body: dict[str, Any]) -> Any:
         )
     texts = _inputs(body["input"])
     # A place in the admission queue, as a generation takes (429 when full).
-    with engine.admission.hold(engine.in_flight, "embedding"):
+    with engine.hold("embedding"):
         result = await until_disconnect(
-            embed_texts(engine, texts, body.get("instruction"), body.get("dimensions"))
+            engine.embed(texts, body.get("instruction"), body.get("dimensions"))
         )
     if (metrics := current_metrics()) is not None:
         metrics.embedding_tokens.inc(result.tokens)

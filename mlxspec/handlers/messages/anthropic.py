@@ -15,7 +15,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mlxspec.errors import ApiError
-from mlxspec.handlers.common import ADAPTER_FIELDS, SAMPLER_FIELDS, SESSION_FIELDS
+from mlxspec.handlers.messages.tool_changes import offered_tools
+from mlxspec.handlers.requests import ADAPTER_FIELDS, SAMPLER_FIELDS, SESSION_FIELDS
 
 #: Fields copied unchanged: Anthropic's sampling fields, mlx-lm's extras (no
 #: ``logit_bias``: the protocol has none), the prompt-cache session labels and
@@ -33,13 +34,17 @@ EMPTY_TURN = "is empty: every message needs content except a final assistant mes
 def to_chat_body(body: Mapping[str, Any]) -> dict[str, Any]:
     """Translate an Anthropic Messages body into an OpenAI chat completion body.
 
-    ``system`` becomes a leading system message; ``tool_use`` blocks become the
+    ``system`` becomes a leading system message, and a ``system`` turn in
+    ``messages`` (the ``mid-conversation-system`` beta) a system message where it
+    stands; ``tool_use`` blocks become the
     assistant's ``tool_calls`` (``input`` as JSON text); ``tool_result`` blocks
     become ``tool`` messages placed before the rest of their user turn (Anthropic
     requires them first); ``image`` blocks stay ``image`` parts, which a
     text-only model answers with a 400 naming it and the block type;
     ``thinking`` blocks are dropped. Tools without both ``name`` and
-    ``input_schema`` (server tools) are dropped; ``tool_choice`` maps ``auto`` ->
+    ``input_schema`` (server tools) are dropped, and the betas' tool changes
+    (deferred tools, ``tool_addition``/``tool_removal``) are applied by
+    :func:`~.tool_changes.offered_tools`; ``tool_choice`` maps ``auto`` ->
     ``"auto"``, ``any`` -> ``"required"``, ``tool`` -> the named function,
     ``none`` -> ``"none"``, and ``disable_parallel_tool_use`` ->
     ``parallel_tool_calls: false``; ``thinking`` sets the template variable
@@ -58,23 +63,32 @@ def to_chat_body(body: Mapping[str, Any]) -> dict[str, Any]:
         dict: a new chat body; ``body`` is not mutated.
 
     Raises:
-        ApiError: an empty turn before the last (:func:`check_empty_turns`); tool
+        ApiError: no user or assistant turn; an empty turn before the last
+            (:func:`check_empty_turns`); tool
             results and tool uses that do not pair up (:func:`check_tool_pairs`);
             a thinking budget not below ``max_tokens`` (:func:`check_thinking_budget`);
             a prefill with structured output (the Anthropic SDK documents the two
             as incompatible).
     """
+    if all(m["role"] == "system" for m in body["messages"]):
+        raise ApiError(
+            "invalid_request",
+            "messages holds only system turns: send at least one user message to answer",
+        )
     check_empty_turns(body["messages"])
     check_thinking_budget(body)
     check_tool_pairs(body["messages"])
     messages = _system(body.get("system"))
-    for message in body["messages"]:
-        messages.extend(_turn(message))
+    for i, message in enumerate(body["messages"]):
+        if message["role"] == "system":
+            messages.extend(_system_turn(message, body["messages"][i + 1 :]))
+        else:
+            messages.extend(_turn(message))
     chat: dict[str, Any] = {"messages": messages}
     chat.update((k, body[k]) for k in PASSTHROUGH if body.get(k) is not None)
     if body.get("stop_sequences"):
         chat["stop"] = list(body["stop_sequences"])
-    tools = [_tool(t) for t in body.get("tools") or () if "name" in t and "input_schema" in t]
+    tools = [_tool(t) for t in offered_tools(body.get("tools") or (), body["messages"])]
     if tools:
         chat["tools"] = tools
     choice = body.get("tool_choice")
@@ -123,7 +137,9 @@ def check_empty_turns(messages: Sequence[Mapping[str, Any]]) -> None:
     """
     last = len(messages) - 1
     for i, message in enumerate(messages):
-        if (i < last or message["role"] == "user") and _empty(message["content"]):
+        if "content" not in message:  # a system turn of output_config only
+            continue
+        if (i < last or message["role"] != "assistant") and _empty(message["content"]):
             raise ApiError("invalid_request", f"messages.{i}.content {EMPTY_TURN}")
 
 
@@ -166,7 +182,8 @@ def check_tool_pairs(messages: Sequence[Mapping[str, Any]]) -> None:
     not a ``tool_use`` of the previous (assistant) message, and an assistant
     message whose ``tool_use`` blocks the next message does not all answer
     ("Tool use": results come in the user turn right after the call), so
-    results split over two user turns are refused; it also refuses text (or
+    results split over two user turns are refused (``system`` turns between
+    them are passed over); it also refuses text (or
     any block) before the results ("Parallel tool use": every ``tool_result``
     before any text; its error reads that the message must begin with the
     results). A conversation may end on an assistant ``tool_use`` (nothing
@@ -179,12 +196,15 @@ def check_tool_pairs(messages: Sequence[Mapping[str, Any]]) -> None:
         ApiError: 400 ``invalid_request`` naming the message (and block) by
             its dotted path, as Anthropic's errors do.
     """
-    for i, message in enumerate(messages):
+    # System turns (a beta) stand between turns without breaking a call from its results.
+    turns = [(i, m) for i, m in enumerate(messages) if m["role"] != "system"]
+    for k, (i, message) in enumerate(turns):
         _check_unique(message, i)
         _check_results_first(message, i)
         answered = _block_ids(message, "tool_result", "tool_use_id")
         if answered:
-            previous = messages[i - 1] if i and messages[i - 1]["role"] == "assistant" else None
+            before = turns[k - 1][1] if k else None
+            previous = before if before is not None and before["role"] == "assistant" else None
             called = _block_ids(previous, "tool_use", "id") if previous else {}
             for use_id, j in answered.items():
                 if use_id not in called:
@@ -194,8 +214,8 @@ def check_tool_pairs(messages: Sequence[Mapping[str, Any]]) -> None:
                         f"{json.dumps(use_id, ensure_ascii=False)}, "
                         "which no tool_use block of the previous (assistant) message has",
                     )
-        if message["role"] == "assistant" and i + 1 < len(messages):
-            replies = _block_ids(messages[i + 1], "tool_result", "tool_use_id")
+        if message["role"] == "assistant" and k + 1 < len(turns):
+            replies = _block_ids(turns[k + 1][1], "tool_result", "tool_use_id")
             missing = [u for u in _block_ids(message, "tool_use", "id") if u not in replies]
             if missing:
                 ids = ", ".join(json.dumps(u, ensure_ascii=False) for u in missing)
@@ -270,6 +290,21 @@ def _system(system: str | list[Mapping[str, Any]] | None) -> list[dict[str, Any]
     return [{"role": "system", "content": [_text_part(b["text"]) for b in system]}]
 
 
+def _system_turn(
+    message: Mapping[str, Any], after: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """A ``system`` turn in ``messages`` as a system message where it stands: its
+    text blocks (tool changes are read by :func:`offered_tools`); none when it
+    has no text, or ``clear_at: "next_user_message"`` and a user turn follows
+    (the beta's rule: it is shown only for the user turn it follows)."""
+    content = message.get("content") or ""
+    if message.get("clear_at") == "next_user_message" and any(m["role"] == "user" for m in after):
+        return []
+    if not isinstance(content, str):
+        content = "".join(b["text"] for b in content if b["type"] == "text")
+    return [{"role": "system", "content": content}] if content else []
+
+
 def _turn(message: Mapping[str, Any]) -> list[dict[str, Any]]:
     """One Anthropic turn as OpenAI messages (a user turn with tool results
     becomes ``tool`` messages, then a user message with what remains)."""
@@ -323,12 +358,20 @@ def _tool_call(block: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _result_part(block: Mapping[str, Any]) -> dict[str, Any]:
+    """A tool result's block as a content part; a ``tool_reference`` (the tool it
+    loads is now among the tools) becomes a line of text naming it."""
+    if block.get("type") == "tool_reference":
+        return _text_part(f"Tool loaded: {block.get('tool_name')}")
+    return _part(block)
+
+
 def _tool_message(block: Mapping[str, Any]) -> dict[str, Any]:
     content = block.get("content")
     if content is None:
         content = ""
     elif not isinstance(content, str):
-        content = [_part(b) for b in content]
+        content = [_result_part(b) for b in content]
     return {"role": "tool", "tool_call_id": block["tool_use_id"], "content": content}
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from mlxspec.engine import Finished
 from mlxspec.handlers.adapters.select import with_model
-from mlxspec.handlers.common import JSON, current_engine
+from mlxspec.handlers.context import JSON, current_engine
 from mlxspec.handlers.messages.anthropic import to_chat_body
 from mlxspec.handlers.turns.parser import (
     ChatEvent,

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mlxspec.errors import ApiError
-from mlxspec.handlers.common import ADAPTER_FIELDS, SAMPLER_FIELDS, SESSION_FIELDS
+from mlxspec.handlers.requests import ADAPTER_FIELDS, SAMPLER_FIELDS, SESSION_FIELDS
 from mlxspec.handlers.responses.store import Conversation
 
 #: Fields carried to the chat body as they are: the sampler and penalty

@@ -285,6 +285,7 @@ class ResponseBuilder:
             return []
         frames = self._close("completed")
         index, spec = len(self.output), _TEXT_ITEMS[kind]
+        item: dict[str, Any]
         if kind == "message":
             item = {"id": item_id("msg"), "type": "message", "status": "in_progress"}
             item.update(role="assistant", content=[])

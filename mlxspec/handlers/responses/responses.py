@@ -21,10 +21,10 @@ from typing import Any
 
 from connexion.context import scope
 
-from mlxspec.engine import Engine, PromptError
+from mlxspec.engine import EngineProtocol, PromptError
 from mlxspec.errors import ApiError
 from mlxspec.handlers.adapters.select import with_model
-from mlxspec.handlers.common import JSON, current_engine, now
+from mlxspec.handlers.context import JSON, current_engine, now
 from mlxspec.handlers.responses.input import assistant_message, to_chat_body
 from mlxspec.handlers.responses.output import Frame, ResponseBuilder, item_id, turn_as_events
 from mlxspec.handlers.responses.store import Conversation, ResponseStore, Running, StoredResponse
@@ -122,7 +122,7 @@ async def _run_in_background(
         async for _ in _frames(turn, builder, keep):
             pass
     except ApiError as exc:
-        cancelled = exc.spec.status == 499  # the engine request was cancelled
+        cancelled = exc.kind == "cancelled"  # the engine request was cancelled
         builder.stop("cancelled" if cancelled else "failed")
         if not cancelled:
             builder.fail(exc)  # sets ``error``
@@ -332,7 +332,7 @@ def _keeper(
 
 
 def _skeleton(
-    body: dict[str, Any], turn: Turn, conversation: Conversation, engine: Engine
+    body: dict[str, Any], turn: Turn, conversation: Conversation, engine: EngineProtocol
 ) -> dict[str, Any]:
     """The response fields known before generation: ids and the echoed request."""
     sampling = turn.request.sampling
@@ -361,11 +361,11 @@ def _skeleton(
     }
 
 
-def _token_counter(engine: Engine) -> Callable[[str], int]:
+def _token_counter(engine: EngineProtocol) -> Callable[[str], int]:
     """Tokens in a text by the served tokenizer, for ``reasoning_tokens``
     (the think markers themselves are not counted)."""
 
     def count(text: str) -> int:
-        return len(engine.tokenizer.encode(text, add_special_tokens=False))
+        return engine.count_text_tokens(text)
 
     return count

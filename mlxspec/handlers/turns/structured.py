@@ -17,20 +17,20 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from mlxspec.engine import Constraint, Engine
-from mlxspec.handlers.common import STRUCTURED_FIELDS, to_constraint
+from mlxspec.engine import Constraint, EngineProtocol
+from mlxspec.handlers.requests import STRUCTURED_FIELDS, to_constraint
 
 #: Longest ``Warning`` header value sent (reasons can quote a whole grammar).
 MAX_WARNING = 400
 
 
 async def structured_output(
-    engine: Engine, body: dict[str, Any], *, chat: bool
+    engine: EngineProtocol, body: dict[str, Any], *, chat: bool
 ) -> tuple[dict[str, Any], dict[str, str]]:
     """Check a body's constraint compiles; if not, switch to the degrade path.
 
     Args:
-        engine (Engine): the serving engine (its grammar cache compiles).
+        engine (EngineProtocol): the serving engine (its grammar cache compiles).
         body (dict): a validated chat or completion body.
         chat (bool): ``True`` for chat bodies (describe the constraint in a
             system instruction), ``False`` for text completions (header only).

@@ -21,26 +21,31 @@ from typing import Any, TypeVar
 
 from connexion.context import scope
 
-from mlxspec.engine import Engine, TemplateBudget, off_loop, request_template, template_off_loop
-from mlxspec.handlers.common import until_disconnect
+from mlxspec.engine import (
+    EngineProtocol,
+    TemplateBudget,
+    off_loop,
+    template_off_loop,
+)
+from mlxspec.handlers.events import until_disconnect
 
 T = TypeVar("T")
 
 
-def template_budget(engine: Engine, body: Mapping[str, Any]) -> TemplateBudget | None:
+def template_budget(engine: EngineProtocol, body: Mapping[str, Any]) -> TemplateBudget | None:
     """The budget of the chat template ``body`` brings, or ``None`` when the
     prompt renders with the model's own (the operator's, unbounded).
 
     Args:
-        engine (Engine): the serving engine (its tokenizer knows the model's
-            own templates' names).
+        engine (EngineProtocol): the serving engine (it knows the model's own
+            templates' names).
         body (Mapping): an OpenAI-shaped chat body, validated.
 
     Returns:
         TemplateBudget | None: the server's ``--request-template-steps`` and
         ``--request-template-seconds``, with a stop flag of its own.
     """
-    if request_template(engine.tokenizer, body.get("chat_template_kwargs")) is None:
+    if engine.request_template(body.get("chat_template_kwargs")) is None:
         return None
     config = scope["state"].get("config")
     defaults = TemplateBudget()
@@ -51,13 +56,13 @@ def template_budget(engine: Engine, body: Mapping[str, Any]) -> TemplateBudget |
 
 
 async def build_prompt(
-    engine: Engine, budget: TemplateBudget | None, fn: Callable[..., T], *args: Any
+    engine: EngineProtocol, budget: TemplateBudget | None, fn: Callable[..., T], *args: Any
 ) -> T:
     """Run ``fn(*args)`` (a prompt build) off the event loop; with a ``budget``
     (the body brings its own template), guarded as the module docstring says.
 
     Args:
-        engine (Engine): the serving engine (its admission counts the render).
+        engine (EngineProtocol): the serving engine (its admission counts the render).
         budget (TemplateBudget | None): from :func:`template_budget`.
         fn (Callable[..., T]): the build, rendering with ``budget``.
         *args: its arguments.
@@ -72,7 +77,7 @@ async def build_prompt(
     """
     if budget is None:
         return await off_loop(fn, *args)
-    with engine.admission.hold(engine.in_flight, "chat template"):
+    with engine.hold("chat template"):
         render = asyncio.ensure_future(template_off_loop(fn, *args))
         try:
             return await until_disconnect(asyncio.shield(render))

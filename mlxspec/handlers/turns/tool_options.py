@@ -62,25 +62,32 @@ def turn_options(body: Mapping[str, Any]) -> TurnOptions:
     )
 
 
-def template_kwargs(body: Mapping[str, Any], template: str = "") -> dict[str, Any] | None:
+def template_kwargs(
+    body: Mapping[str, Any], template: str = "", defaults: Mapping[str, Any] | None = None
+) -> dict[str, Any] | None:
     """The chat template variables of a body (pure).
 
-    ``chat_template_kwargs`` as given; ``reasoning_effort`` sets
-    ``enable_thinking`` (``"none"`` off, any other level on) unless the client
-    set it explicitly, and reaches templates that read a ``reasoning_effort``
-    variable (gpt-oss) as is (reference, chat request body).
+    ``chat_template_kwargs`` as given, over the server's ``defaults``
+    (mlx_lm.server merges a request's over its ``--chat-template-args`` the same
+    way); ``reasoning_effort`` sets ``enable_thinking`` (``"none"`` off, any
+    other level on) unless the client set it explicitly, and reaches templates
+    that read a ``reasoning_effort`` variable (gpt-oss) as is (reference, chat
+    request body).
 
     Args:
         body (Mapping): the chat body.
         template (str): the chat template text. Default: ``""``.
+        defaults (Mapping | None): the server's template variables. Default: ``None``.
 
     Returns:
         dict | None: the variables, or ``None`` when there are none.
     """
-    kwargs = dict(body.get("chat_template_kwargs") or {})
+    client = body.get("chat_template_kwargs") or {}
+    kwargs = {**(defaults or {}), **client}
     effort = body.get("reasoning_effort")
     if effort is not None:
-        kwargs.setdefault("enable_thinking", effort != "none")
+        if "enable_thinking" not in client:
+            kwargs["enable_thinking"] = effort != "none"
         if "reasoning_effort" in template:
             kwargs.setdefault("reasoning_effort", effort)
     return kwargs or None

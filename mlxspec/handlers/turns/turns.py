@@ -20,20 +20,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlxspec.engine import (
+    ChatFormat,
     Constraint,
     Delta,
-    Engine,
+    EngineProtocol,
     Finished,
     GenerationRequest,
     RequestHandle,
     TemplateBudget,
-    request_template,
 )
 from mlxspec.handlers.adapters.select import request_adapters
-from mlxspec.handlers.common import (
-    cancel_on_disconnect,
-    outputs,
-    request_headers,
+from mlxspec.handlers.context import request_headers
+from mlxspec.handlers.events import cancel_on_disconnect, outputs, submit_choices
+from mlxspec.handlers.requests import (
+    choice_count,
+    choice_requests,
     session_key,
     to_generation_request,
 )
@@ -83,25 +84,26 @@ class Turn:
 
 
 @functools.lru_cache(maxsize=8)
-def _choice(engine: Engine) -> ParserChoice:
-    """The served model's parser formats, detected once per engine."""
-    return detect(engine.tokenizer)
+def _choice(chat_format: ChatFormat) -> ParserChoice:
+    """The served model's parser formats, detected once per chat format."""
+    return detect(chat_format)
 
 
-def _opens_thinking(engine: Engine, prompt: list[int], choice: ParserChoice) -> bool:
+def _opens_thinking(engine: EngineProtocol, prompt: list[int], choice: ParserChoice) -> bool:
     """True when the rendered prompt ends inside an open thinking channel
     (templates that write ``<think>`` into the generation prompt)."""
     if choice.reasoning is None:
         return False
     parser = reasoning_parser_class(choice.reasoning)
-    tail = engine.tokenizer.decode(list(prompt[-16:]))
+    tail = engine.decode_tokens(prompt[-16:])
     return tail.rfind(parser.start) > tail.rfind(parser.end)
 
 
-async def open_turn(
-    engine: Engine, body: Mapping[str, Any], prompt_param: str = "messages", group: int = 1
-) -> Turn:
-    """Template an OpenAI-shaped chat body (off the event loop) and submit it.
+async def open_turns(
+    engine: EngineProtocol, body: Mapping[str, Any], prompt_param: str = "messages"
+) -> list[Turn]:
+    """Template an OpenAI-shaped chat body (off the event loop) and submit its
+    ``n`` choices, one engine request each, on the one prompt.
 
     Every grammar the turn would run under is compiled first (off the event
     loop), so one that cannot be enforced takes the degrade path before the
@@ -112,23 +114,21 @@ async def open_turn(
     asked for in a system instruction (:func:`~.tool_options.forcing_instruction`).
     Either way ``Turn.warning`` holds the ``Warning`` header.
 
-    Args:
-        engine (Engine): the serving engine.
-        body (Mapping): an OpenAI chat completion body (other surfaces translate
-            to this shape first); ``messages``, ``tools``, ``chat_template_kwargs``,
-            the structured-output and the sampling fields are read.
-        prompt_param (str): the request field named in prompt errors.
-            Default: ``"messages"``.
-        group (int): the body's ``n``: the engine admits this request and the
-            ``n - 1`` siblings submitted next (:func:`.choices.submit_choices`)
-            all or none. Default: ``1``.
-
-    Returns:
-        Turn: the submitted request.
-
     A template the body brings (``chat_template_kwargs.chat_template``, on a
     server that allows it) renders within the server's bounds, counted by
     admission and stopped when the client leaves (:mod:`.templates`).
+
+    Args:
+        engine (EngineProtocol): the serving engine.
+        body (Mapping): an OpenAI chat completion body (other surfaces translate
+            to this shape first); ``messages``, ``tools``, ``chat_template_kwargs``,
+            ``n``, the structured-output and the sampling fields are read.
+        prompt_param (str): the request field named in prompt errors.
+            Default: ``"messages"``.
+
+    Returns:
+        list[Turn]: one per choice, in index order; the engine admitted all of
+        them or none (:func:`~mlxspec.handlers.events.submit_choices`).
 
     Raises:
         PromptError: the template cannot render the messages
@@ -146,8 +146,21 @@ async def open_turn(
     )
     if p.forced:  # the tool call wins over any structured-output constraint
         request = dataclasses.replace(request, constraint=p.constraint)
-    handle = engine.submit(request, prompt_param=prompt_param, group=group)
-    return Turn(request, handle, p.options, p.choice, p.thinking, p.warning)
+    requests = choice_requests(request, choice_count(p.body))
+    handles = submit_choices(engine, requests, prompt_param)
+    return [
+        Turn(request, handle, p.options, p.choice, p.thinking, p.warning)
+        for request, handle in zip(requests, handles, strict=True)
+    ]
+
+
+async def open_turn(
+    engine: EngineProtocol, body: Mapping[str, Any], prompt_param: str = "messages"
+) -> Turn:
+    """:func:`open_turns` for a body of one choice (the Messages and Responses
+    surfaces translate to a chat body without ``n``)."""
+    (turn,) = await open_turns(engine, body, prompt_param)
+    return turn
 
 
 @dataclass
@@ -165,12 +178,12 @@ class _Prepared:
     warning: dict[str, str]
 
 
-async def _prepare(engine: Engine, body: Mapping[str, Any]) -> _Prepared:
+async def _prepare(engine: EngineProtocol, body: Mapping[str, Any]) -> _Prepared:
     """Compile the turn's grammars, take the degrade path where one fails, and
-    render the prompt (see :func:`open_turn`)."""
+    render the prompt (see :func:`open_turns`)."""
     run, warning = await structured_output(engine, dict(body), chat=True)
     options = turn_options(run)
-    choice = _choice(engine)
+    choice = _choice(engine.chat_format)
     budget = template_budget(engine, run)
     prompt, thinking = await build_prompt(
         engine, budget, _render, engine, run, options, choice, budget
@@ -187,20 +200,20 @@ async def _prepare(engine: Engine, body: Mapping[str, Any]) -> _Prepared:
     return _Prepared(run, prompt, thinking, options, choice, forced, constraint, warning)
 
 
-async def count_prompt(engine: Engine, body: Mapping[str, Any]) -> int:
-    """Tokens of the prompt :func:`open_turn` would submit for ``body``: the same
+async def count_prompt(engine: EngineProtocol, body: Mapping[str, Any]) -> int:
+    """Tokens of the prompt :func:`open_turns` would submit for ``body``: the same
     template, tools, template variables and degrade-path instruction (a grammar
     that does not compile is described in a system message), without generating.
 
     Raises:
         PromptError: the template cannot render the messages.
-        ApiError: an invalid ``tool_choice`` (400), as :func:`open_turn`.
+        ApiError: an invalid ``tool_choice`` (400), as :func:`open_turns`.
     """
     return len((await _prepare(engine, body)).prompt)
 
 
 def _render(
-    engine: Engine,
+    engine: EngineProtocol,
     body: Mapping[str, Any],
     options: TurnOptions,
     choice: ParserChoice,
@@ -209,9 +222,9 @@ def _render(
     """The prompt tokens of ``body`` and whether they leave the thinking channel
     open (a prompt thread's work: see :func:`.templates.build_prompt`)."""
     tools = list(options.tools) if options.tools and options.tool_choice != "none" else None
-    own = request_template(engine.tokenizer, body.get("chat_template_kwargs"))
-    template = own if own is not None else getattr(engine.tokenizer, "chat_template", "")
-    kwargs = template_kwargs(body, str(template or ""))
+    own = engine.request_template(body.get("chat_template_kwargs"))
+    template = own if own is not None else engine.chat_format.chat_template
+    kwargs = template_kwargs(body, str(template or ""), engine.defaults.template_kwargs)
     prompt = engine.chat_prompt(body["messages"], tools, kwargs, budget)
     return prompt, _opens_thinking(engine, prompt, choice)
 

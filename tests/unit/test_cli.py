@@ -1,0 +1,207 @@
+"""The ``mlxspec`` command line: flags, and clean failures for bad models."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mlxspec.cli.flags import parse_config
+from mlxspec.config import ServeConfig
+
+
+def test_defaults() -> None:
+    assert parse_config(["serve"]) == ServeConfig()
+
+
+def test_flags() -> None:
+    cfg = parse_config(
+        [
+            "serve",
+            "some/model",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "9000",
+            "--max-tokens",
+            "64",
+            "--temperature",
+            "0.5",
+            "--top-p",
+            "0.9",
+            "--top-k",
+            "40",
+            "--log-level",
+            "debug",
+        ]
+    )
+    assert cfg == ServeConfig(
+        model="some/model",
+        host="0.0.0.0",
+        port=9000,
+        max_tokens=64,
+        temperature=0.5,
+        top_p=0.9,
+        top_k=40,
+        log_level="debug",
+    )
+    assert parse_config(["serve", "--batch", "1"]).batch == 1
+    assert ServeConfig().cpu_weights == "auto"
+    assert parse_config(["serve", "--cpu-weights", "native"]).cpu_weights == "native"
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [["--max-tokens", "0"], ["--port", "99999"], ["--batch", "0"], ["--cpu-weights", "fp8"]],
+)
+def test_bad_flag_exits_2(flags: list[str]) -> None:
+    with pytest.raises(SystemExit) as err:
+        parse_config(["serve", *flags])
+    assert err.value.code == 2
+
+
+def run_serve(*args: str, cache: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "MLXSPEC_CACHE_DIR": str(cache)}
+    port = [] if "--port" in args else ["--port", "0"]
+    return subprocess.run(
+        [sys.executable, "-m", "mlxspec", "serve", *args, *port],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda d: str(d / "does-not-exist"),
+        lambda d: str(d),  # a folder without config.json
+        lambda d: (
+            (d / "broken.gguf").write_bytes(b"GGUF\x03\x00garbage") and str(d / "broken.gguf")
+        ),
+        lambda d: "nobody/not-in-the-cache",
+    ],
+)
+def test_unusable_model_is_one_line_and_exit_2(tmp_path: Path, make) -> None:
+    spec = make(tmp_path) or str(tmp_path / "broken.gguf")
+    proc = run_serve(spec, cache=tmp_path / "cache")
+    assert proc.returncode == 2, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("mlxspec: error: ")]
+    assert len(errors) == 1 and proc.stderr.rstrip().endswith(errors[0]), proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_busy_port_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "MLXSPEC_CACHE_DIR": str(tmp_path)}
+        proc = subprocess.run(
+            [sys.executable, "-m", "mlxspec", "serve", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        f"mlxspec: error: cannot listen on 127.0.0.1:{port}: Address already in use"
+    )
+
+
+def test_the_port_is_checked_before_the_model(tmp_path: Path) -> None:
+    """A busy port is reported before any model is looked at (it was ~13 s later,
+    after the load): with a model that does not exist, the port error comes."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        proc = run_serve(str(tmp_path / "no-model"), "--port", str(port), cache=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().endswith(
+        f"mlxspec: error: cannot listen on 127.0.0.1:{port}: Address already in use"
+    )
+
+
+@pytest.mark.parametrize("name", ["config.json", "tokenizer_config.json"])
+def test_a_broken_json_file_is_named(tmp_path: Path, name: str) -> None:
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "llama"}')
+    (folder / name).write_text("")  # a truncated download
+    proc = run_serve(str(folder), cache=tmp_path / "cache")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        f"mlxspec: error: {folder / name} is not valid JSON (Expecting value: line 1 column 1 "
+        "(char 0)): fix or replace it"
+    )
+
+
+def test_serve_env_defaults_turn_cudnn_attention_off_unless_set() -> None:
+    from mlxspec.config import apply_serve_env_defaults
+
+    env: dict[str, str] = {}
+    apply_serve_env_defaults(env)
+    assert env == {"MLX_CUDA_USE_CUDNN_SDPA": "0"}
+    env = {"MLX_CUDA_USE_CUDNN_SDPA": "1"}
+    apply_serve_env_defaults(env)
+    assert env == {"MLX_CUDA_USE_CUDNN_SDPA": "1"}
+
+
+def test_serve_raises_the_open_files_limit_within_the_hard_limit() -> None:
+    # In a child: the limits are the process's own, and mlx-lm is not imported yet
+    # (its utils module sets (2048, 4096) on import, lowering the hard limit).
+    code = (
+        "import resource, sys\n"
+        "calls = []\n"
+        "real = resource.setrlimit\n"
+        "def spy(which, limits):\n"
+        "    calls.append(limits)\n"
+        "    real(which, limits)\n"
+        "resource.setrlimit = spy\n"
+        "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+        "real(resource.RLIMIT_NOFILE, (min(256, hard), hard))\n"
+        "from mlxspec.host.machine import raise_open_files_limit\n"
+        "got = raise_open_files_limit(wanted=1024)\n"
+        "now = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+        "again = raise_open_files_limit(wanted=300)\n"
+        "print(got, now[0], now[1] == hard, again, 'mlx_lm.utils' in sys.modules, calls)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    got, soft, hard_kept, again, imported, calls = out.stdout.split(maxsplit=5)
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    expected = 1024 if hard == resource.RLIM_INFINITY else min(1024, hard)
+    assert (int(got), int(soft), hard_kept, imported) == (expected, expected, "True", "True")
+    assert int(again) == expected  # never lowered
+    assert "(2048, 4096)" not in calls  # mlx-lm's import-time call was skipped
+    assert calls.strip() == f"[({expected}, {hard})]"  # only the raise itself
+
+
+def test_a_memory_budget_beyond_the_machine_is_warned_about(caplog) -> None:
+    import logging
+
+    from mlxspec.cli.main import _warn_if_beyond_memory
+    from mlxspec.host import machine
+
+    total = machine.memory()[0]
+    assert total is not None  # Linux /proc/meminfo
+    with caplog.at_level(logging.WARNING, logger="mlxspec.cli.main"):
+        _warn_if_beyond_memory(None)
+        _warn_if_beyond_memory(total // 4)
+        assert caplog.messages == []
+        _warn_if_beyond_memory(total * 1000)
+    assert caplog.messages == [
+        f"--memory-budget {total * 1000} bytes is more than this machine's memory "
+        f"({total} bytes): it limits nothing"
+    ]
