@@ -31,8 +31,11 @@ reloads a round dominate it, runs ``--mlx-lm-mixed-rounds`` times: once with
 completion tokens over the round's wall time), TTFT and inter-token gap medians;
 the summary is the median over rounds per server and workload, and
 ``mixed_over_same`` (target >= 0.8 for mlxspec, issue 19). No cell starts once
-``--budget-s`` seconds have passed since the script started. The JSON is
-rewritten after every cell (``--json``, default ``benchmarks/results/<name>.json``;
+``--budget-s`` seconds have passed since the script started; a cell that fails
+(an HTTP error, an in-band stream error) is kept in ``failures`` and the next one
+runs. ``gather_check`` records whether the device runs the mixed path's
+``gather_mm`` products at all (in a child process, before the servers start).
+The JSON is rewritten after every cell (``--json``, default ``benchmarks/results/<name>.json``;
 the servers' logs beside it), then a PNG plot::
 
     python benchmarks/adapters_bench.py --name adapters-cpu --mlx-lm   # SmolLM2-135M shapes
@@ -110,6 +113,8 @@ async def stream(client: httpx.AsyncClient, base: str, body: dict) -> dict:
             if not line.startswith("data: {"):
                 continue
             chunk = json.loads(line[6:])
+            if chunk.get("error"):  # an in-band failure: the cell fails, not a slow count
+                raise RuntimeError(f"stream error: {json.dumps(chunk['error'])[:500]}")
             usage = chunk.get("usage") or usage
             if any((c.get("delta") or {}).get("content") for c in chunk.get("choices") or []):
                 stamps.append(time.perf_counter())
@@ -248,7 +253,13 @@ def run(args, tokenizer, folders: list[Path], report: dict, save, began: float) 
             if time.perf_counter() - began > args.budget_s:
                 report["stopped"] = f"{args.budget_s:.0f}s budget spent before {cell}"
                 return
-            found = measure_cell(args, tokenizer, bases[cell[1]], cell, folders)
+            try:
+                found = measure_cell(args, tokenizer, bases[cell[1]], cell, folders)
+            except (RuntimeError, httpx.HTTPError) as exc:  # kept, and the next cell runs
+                report.setdefault("failures", []).append({"cell": cell, "error": str(exc)[:800]})
+                save()
+                print(f"round {cell[0]} {cell[1]} {cell[2]} failed: {exc}", flush=True)
+                continue
             cells[cell[1]][cell[2]].append(found)
             report["summary"] = summarise(
                 {s: {w: c for w, c in v.items() if c} for s, v in cells.items()}
@@ -300,6 +311,32 @@ def plot(report: dict, path: Path) -> None:
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
+
+
+#: The mixed path's products on the device, alone (``AdapterLinear``: ``gather_mm``
+#: of bfloat16 rows against float32 stacks, one row per adapter, at a decode step and
+#: a prefill chunk), so a backend that lacks a case names it before the servers start.
+GATHER_CHECK = """
+import sys, mlx.core as mx
+hidden, rank, rows, length = map(int, sys.argv[1:])
+a = mx.zeros((rows + 1, hidden, rank)); b = mx.zeros((rows + 1, rank, hidden))
+idx = mx.arange(rows, dtype=mx.int32) + 1
+for n in (1, length):
+    x = mx.zeros((rows, n, hidden), dtype=mx.bfloat16)
+    mx.eval(mx.gather_mm(mx.gather_mm(x, a, rhs_indices=idx), b, rhs_indices=idx))
+print(mx.default_device(), "gather_mm ok at", (rows, 1, hidden), "and", (rows, length, hidden))
+"""
+
+
+def gather_check(args) -> str:
+    """:data:`GATHER_CHECK` in a child process: its last output line."""
+    hidden = json.loads((Path(args.model) / "config.json").read_text())["hidden_size"]
+    shape = [str(v) for v in (hidden, args.rank, args.streams, args.prompt_tokens)]
+    done = subprocess.run(
+        [sys.executable, "-c", GATHER_CHECK, *shape], capture_output=True, text=True, timeout=300
+    )
+    lines = (done.stdout + done.stderr).strip().splitlines() or [f"exit {done.returncode}"]
+    return lines[-1][:500]
 
 
 def random_cpu_model(out: Path) -> Path:
@@ -392,6 +429,8 @@ def main(argv: list[str] | None = None) -> int:
         ]
         report["adapter_bytes"] = (folders[0] / "adapters.safetensors").stat().st_size
         report["make_adapters_s"] = time.perf_counter() - t0
+        report["gather_check"] = gather_check(args)
+        print(report["gather_check"], flush=True)
         try:
             run(args, tokenizer, folders, report, save, began)
         finally:
