@@ -197,6 +197,9 @@ def test_available_scans_the_cache_and_env_dirs(
     assert rows["a"]["mounted"] and not rows["b"]["mounted"]
     assert rows["alien"]["base_model"] == "org/Other-Model" and not rows["alien"]["compatible"]
     assert rows["b"]["compatible"] and rows["b"]["rank"] == 4
+    # the concrete path wins over /v1/adapters/{adapter_id}: no unmount of "available"
+    gone = http.delete("/v1/adapters/available")
+    assert gone.status_code == 405 and gone.headers["allow"] == "GET, HEAD"
 
 
 def test_adapter_dirs_confine_mounting(engine: object, adapter_dirs: Path, tmp_path: Path) -> None:
