@@ -93,7 +93,7 @@ case "$1" in
   adapters)
     name=$2 size=$3; shift 3; mkdir -p "$OUT"
     # the script stops starting cells at 360 s (--budget-s); timeout is the backstop
-    timeout -k 20 -s INT 470 python3 benchmarks/adapters_bench.py --preset h200 \
+    timeout -k 20 -s INT 450 python3 benchmarks/adapters_bench.py --preset h200 \
       --model /tmp/rand$size --name "$name" --json "$OUT/$name.json" --mlx-lm "$@" ;;
   overhead)
     name=$2 size=$3; shift 3
