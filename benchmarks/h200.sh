@@ -16,6 +16,10 @@
 #     bash benchmarks/h200.sh bench NAME SIZE [serve_bench args]     servers side by side
 #       (results/NAME.partial.json holds each level as soon as it is measured; pass it
 #       back with --resume in a later call to carry on an interrupted run)
+#     bash benchmarks/h200.sh adapters NAME SIZE [adapters_bench args]     issue 19's LoRA run:
+#       8 streams on 8 random rank-16 adapters vs 8 on one vs 8 on none, mlxspec and
+#       mlx_lm.server's per-request adapters (--preset h200: under 8 minutes with both
+#       servers' starts; $OUT/NAME.json rewritten after every cell, the servers' logs beside it)
 #     bash benchmarks/h200.sh overhead NAME SIZE [stream_overhead args]
 #       per-token wall time of one stream at each layer (stream_generate, engine, ASGI, serve)
 #   or (carry .whl/py, the py-spy wheel): bash benchmarks/h200.sh profile SIZE [full]
@@ -89,6 +93,11 @@ case "$1" in
     # copied back even when the call is cut off: what was measured so far is kept
     trap 'cp benchmarks/results/"$name".* "$OUT"/ 2>/dev/null || true' EXIT
     python3 benchmarks/serve_bench.py --model /tmp/rand$size --name "$name" "$@" ;;
+  adapters)
+    name=$2 size=$3; shift 3; mkdir -p "$OUT"
+    # the script stops starting cells at 360 s (--budget-s); timeout is the backstop
+    timeout -k 20 -s INT 450 python3 benchmarks/adapters_bench.py --preset h200 \
+      --model /tmp/rand$size --name "$name" --json "$OUT/$name.json" --mlx-lm "$@" ;;
   overhead)
     name=$2 size=$3; shift 3
     python3 benchmarks/stream_overhead.py --model /tmp/rand$size --json "$OUT/$name.json" "$@" ;;

@@ -17,8 +17,10 @@ import shutil
 from pathlib import Path
 
 #: Llama shapes: (hidden, layers, intermediate, heads, kv_heads). 8b is
-#: Llama-3-8B's body; 1b is Llama-3.2-1B's.
+#: Llama-3-8B's body; 1b is Llama-3.2-1B's; 135m is SmolLM2-135M's (its embedding
+#: tied to the output, as there), for CPU runs.
 SIZES = {
+    "135m": (576, 30, 1536, 9, 3),
     "1b": (2048, 16, 8192, 32, 8),
     "8b": (4096, 32, 14336, 32, 8),
 }
@@ -36,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", choices=sorted(SIZES), default="8b")
     ap.add_argument("--tokenizer-from", type=Path, required=True)
     ap.add_argument("--context", type=int, default=8192)
+    ap.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     args = ap.parse_args(argv)
 
     import mlx.core as mx
@@ -55,13 +58,13 @@ def main(argv: list[str] | None = None) -> int:
         "vocab_size": src["vocab_size"],
         "rope_theta": 500000.0,
         "max_position_embeddings": args.context,
-        "tie_word_embeddings": False,
-        "torch_dtype": "bfloat16",
+        "tie_word_embeddings": args.size == "135m",
+        "torch_dtype": args.dtype,
     }
     args.out.mkdir(parents=True, exist_ok=True)
     mx.random.seed(0)
     model = Model(ModelArgs.from_dict(config))
-    model.set_dtype(mx.bfloat16)
+    model.set_dtype(getattr(mx, args.dtype))
     params = dict(tree_flatten(model.parameters()))
     n = sum(v.size for v in params.values())
     mx.save_safetensors(str(args.out / "model.safetensors"), params)

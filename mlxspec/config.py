@@ -95,8 +95,14 @@ class ServeConfig:
             Default: ``100000``.
         request_template_seconds (float): most seconds one render of a
             request's template may take. Default: ``2.0``.
-        adapter_path (str | None): LoRA adapter folder loaded onto the model
-            (mlx_lm.server's ``--adapter-path``). Default: ``None``.
+        adapter_path (str | None): an adapter folder (``--adapter-path``,
+            mlx_lm.server's spelling): a LoRA one is mounted at start-up as the
+            default adapter of requests that name none (hot-swappable over
+            ``/v1/adapters``); a DoRA or full fine-tune is applied at load, as
+            mlx_lm.server does. Default: ``None``.
+        adapter_dirs (tuple[str, ...]): the directories ``POST /v1/adapters``
+            may read adapters from; ``()`` allows any path the server can read.
+            Default: ``()``.
         trust_remote_code (bool): let the tokenizer run the model's code. Default: ``False``.
         chat_template (str | None): a chat template replacing the model's. Default: ``None``.
         use_default_chat_template (bool): the tokenizer class's default template
@@ -173,6 +179,8 @@ class ServeConfig:
     whisper_idle_unload: float = 300.0
     whisper_resident: bool = False
     max_audio_seconds: float | None = 3600.0
+    # Where POST /v1/adapters may read LoRA adapters from.
+    adapter_dirs: tuple[str, ...] = ()
 
     @property
     def template_defaults(self) -> dict[str, Any]:

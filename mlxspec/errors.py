@@ -59,6 +59,8 @@ ERROR_TABLE: dict[str, ErrorSpec] = {
     # /admin request or a /ws/chat handshake from a foreign Origin (--allowed-origins).
     "host_not_allowed": ErrorSpec(403, "permission_error", "host_not_allowed"),
     "origin_not_allowed": ErrorSpec(403, "permission_error", "origin_not_allowed"),
+    # POST /v1/adapters naming a folder outside --adapter-dirs.
+    "adapter_path_not_allowed": ErrorSpec(403, "permission_error", "adapter_path_not_allowed"),
     "not_found": ErrorSpec(404, "not_found_error"),
     # A stored Responses object that is unknown, expired or deleted (OpenAI
     # answers these as invalid requests with a 404).

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from mlxspec.engine import (
+    AdapterRegistry,
     AdmissionLimits,
     Cancelled,
     ChatFormat,
@@ -87,6 +88,8 @@ class FakeEngine:
         self.tokenizer = tokenizer
         self.info = info or ModelInfo(id="fake", context_window=4096, created=0)
         self.defaults = defaults or GenerationDefaults()
+        #: No model, so nothing can be mounted: every request runs on the base model.
+        self.adapters = AdapterRegistry(None, self.info.id)
         #: What every request is answered with (see the class docstring).
         self.script: Script = []
         #: How a script without an ending ends (``"length"``: the budget ran out).

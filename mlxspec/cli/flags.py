@@ -78,9 +78,24 @@ def _parser() -> argparse.ArgumentParser:
     )
     _add_cache_flags(serve)
     _template_flags(serve)
+    _adapter_flags(serve)
     mlx_lm_server_flags(serve)
     add_audio_flags(serve)
     return parser
+
+
+def _adapter_flags(serve: argparse.ArgumentParser) -> None:
+    """Where ``POST /v1/adapters`` may read (``--adapter-path``, the adapter mounted
+    at start, is mlx_lm.server's flag: :mod:`.mlx_lm_flags`)."""
+    serve.add_argument(
+        "--adapter-dirs",
+        action="append",
+        type=_origins,
+        default=[],
+        metavar="DIRS",
+        help="comma-separated directories POST /v1/adapters may mount from (repeatable); "
+        "other paths get 403 (default: any directory the server can read)",
+    )
 
 
 def _admission_flags(serve: argparse.ArgumentParser) -> None:
@@ -362,10 +377,11 @@ def parse_config(argv: Sequence[str] | None = None) -> ServeConfig:
         allow_request_templates=args.allow_request_templates or SWITCH_VALUES[templates],
         request_template_steps=args.request_template_steps,
         request_template_seconds=args.request_template_seconds,
+        adapter_path=args.adapter_path,
+        adapter_dirs=tuple(d for group in args.adapter_dirs for d in group),
         grammar=os.environ.get("MLXSPEC_GRAMMAR", "1") != "0",
         cpu_weights=args.cpu_weights,
         warmup=WARMUP_MODES[warmup],
-        adapter_path=args.adapter_path,
         trust_remote_code=args.trust_remote_code,
         chat_template=args.chat_template or None,
         use_default_chat_template=args.use_default_chat_template,

@@ -11,9 +11,13 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from mlxspec.cli.flags import parse_config
 from mlxspec.config import ServeConfig, apply_serve_env_defaults
+
+if TYPE_CHECKING:
+    from mlxspec.engine import AdapterFolder
 
 EXIT_MODEL_ERROR = 2
 #: uvicorn could not start serving (uvicorn's own ``STARTUP_FAILURE``).
@@ -46,8 +50,9 @@ def load_engine(config: ServeConfig):  # noqa: ANN201 - returns mlxspec.engine.E
         min_p=config.min_p,
         template_kwargs=config.template_defaults or None,
     )
+    mount = _start_adapter(config.adapter_path)  # a LoRA is mounted, others loaded
     options = LoadOptions(
-        config.adapter_path,
+        config.adapter_path if mount is None else None,
         config.trust_remote_code,
         config.chat_template,
         config.use_default_chat_template,
@@ -78,7 +83,56 @@ def load_engine(config: ServeConfig):  # noqa: ANN201 - returns mlxspec.engine.E
     except Exception as exc:  # mlx-lm raises many types for unreadable folders
         raise ModelLoadError(f"cannot load model from {resolved.path}: {exc}") from exc
     engine.start()
+    if mount is not None:
+        _mount_start_adapter(engine, mount)
     return engine
+
+
+def _start_adapter(path: str | None) -> AdapterFolder | None:
+    """The ``--adapter-path`` folder to mount as the default adapter (a LoRA
+    one: hot-swappable like any mounted adapter, mixed per row), or ``None``
+    when there is none or it is a DoRA or full fine-tune, which mlx-lm applies
+    at load (``LoadOptions.adapter_path``, as mlx_lm.server does).
+
+    Raises:
+        ModelLoadError: the folder has no ``adapter_config.json`` (mlx_lm.server's
+            check) or cannot be read as an adapter.
+    """
+    from mlxspec.engine import AdapterError, read_folder
+    from mlxspec.engine.model.loader import ModelLoadError
+
+    if path is None:
+        return None
+    if not (Path(path).expanduser() / "adapter_config.json").is_file():
+        raise ModelLoadError(f"adapter not found: {path} has no adapter_config.json")
+    try:
+        folder = read_folder(path)
+    except AdapterError as exc:
+        raise ModelLoadError(f"cannot read --adapter-path {path}: {exc.message}") from exc
+    return folder if folder.fine_tune_type == "lora" else None
+
+
+def _mount_start_adapter(engine, folder: AdapterFolder) -> None:  # noqa: ANN001 - an Engine
+    """Mount ``--adapter-path`` through the engine thread, as ``POST /v1/adapters``
+    does, and make it the default adapter; its id is the folder's name.
+
+    Raises:
+        ModelLoadError: the adapter does not fit the model.
+    """
+    import asyncio
+    import re
+
+    from mlxspec.engine import AdapterError
+    from mlxspec.engine.model.loader import ModelLoadError
+
+    name = re.sub(r"[^A-Za-z0-9._-]", "-", folder.path.name).lstrip("._-")[:64] or "adapter"
+    try:
+        mounted = asyncio.run(engine.run_exclusive(lambda: engine.adapters.mount(name, folder)))
+    except AdapterError as exc:
+        engine.close()
+        raise ModelLoadError(f"cannot mount --adapter-path {folder.path}: {exc.message}") from exc
+    engine.adapters.default = name
+    log.info("adapter %s mounted from %s (%d layers)", name, folder.path, mounted["mounted_layers"])
 
 
 def _warn_if_beyond_memory(budget: int | None) -> None:

@@ -43,7 +43,15 @@ def mlx_lm_server_flags(serve: argparse.ArgumentParser) -> None:
     ``--max-tokens``, ``--log-level`` and ``--prompt-cache-bytes`` are shared)."""
     group = serve.add_argument_group("mlx_lm.server flags")
     group.add_argument("--model", dest="model_flag", help="the model (same as MODEL)")
-    group.add_argument("--adapter-path", help="LoRA adapter folder to load onto the model")
+    group.add_argument(
+        "--adapter-path",
+        "--adapter",
+        dest="adapter_path",
+        metavar="DIR",
+        help="adapter folder (adapters.safetensors + adapter_config.json, as mlx_lm.lora saves "
+        "it): a LoRA is mounted at start as the default adapter of requests that name none "
+        "(replaceable over /v1/adapters); a DoRA or full fine-tune is applied at load",
+    )
     group.add_argument(
         "--trust-remote-code", action="store_true", help="let the tokenizer run the model's code"
     )

@@ -3,8 +3,9 @@
 No HTTP lives here. Handlers import only the names exported below: the typed
 request/event boundary (:mod:`.types`), what they may ask of the engine
 (:class:`EngineProtocol`, answered with the plain snapshots of :mod:`.snapshots`),
-the :class:`Engine` that implements it, the bounds of a chat template a request
-brings (:mod:`.template_sandbox`), and the non-generative forward paths:
+the :class:`Engine` that implements it, LoRA adapter folders, specs and the
+registry of mounted ones (:mod:`.adapters`), the bounds of a chat template a
+request brings (:mod:`.template_sandbox`), and the non-generative forward paths:
 decision scoring (:func:`score_answers`) and embeddings (:func:`embed_texts`);
 speech to text (:mod:`.audio`: the Whisper service as :class:`TranscriberProtocol`,
 its options, results, dictation sessions, audio decoding and their errors).
@@ -12,6 +13,16 @@ The configuration's defaults come from here too (the prompt cache's and the
 SSD tier's byte budgets, the template sandbox's bounds).
 """
 
+from mlxspec.engine.adapters.files import (
+    AdapterFolder,
+    find_adapters,
+    inside,
+    read_folder,
+    scan_dirs,
+)
+from mlxspec.engine.adapters.registry import AdapterRegistry
+from mlxspec.engine.adapters.spec import NONE as NO_ADAPTER_SPEC
+from mlxspec.engine.adapters.spec import AdapterError, parse_spec
 from mlxspec.engine.audio import (
     FALLBACK_TEMPERATURES,
     MIN_AUDIO_S,
@@ -87,6 +98,15 @@ __all__ = [
     "WindowDone",
     "decode_audio",
     "pcm_float32",
+    "AdapterError",
+    "AdapterFolder",
+    "AdapterRegistry",
+    "NO_ADAPTER_SPEC",
+    "find_adapters",
+    "inside",
+    "parse_spec",
+    "read_folder",
+    "scan_dirs",
     "AdmissionLimits",
     "BudgetTooSmallError",
     "ContextBudgetError",

@@ -32,6 +32,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, TypeVar
 
+from mlxspec.engine.adapters.registry import AdapterRegistry
 from mlxspec.engine.caches.prompt_cache import (
     DEFAULT_PROMPT_CACHE_BYTES,
     CacheNamespace,
@@ -157,9 +158,12 @@ class Engine:
         self.kv_gate = self.kv.line
         #: Prefix KV reuse across requests (``stats()`` feeds ``GET /stats``).
         self.prompt_cache = prompt_cache if prompt_cache is not None else PromptCache()
-        #: Everything that changes KV numbers: the model and its weights (no adapters
-        #: or KV quantisation yet).
+        #: Everything that changes KV numbers: the model and its weights (a request's
+        #: adapters add their digests at its start: ``LaneParts.namespace_of``).
         self.cache_namespace = CacheNamespace(info.id, weights=info.weights)
+        #: The LoRA adapters mounted on the model (:mod:`.adapters`); mount and
+        #: unmount through :meth:`run_exclusive`, so no forward pass runs meanwhile.
+        self.adapters = AdapterRegistry(model, info.id)
         #: Whether :meth:`start` warms the prefill lengths before serving.
         self.warmup = (
             self.prompt_cache.enabled and self.prompt_cache.bucket_tails
@@ -181,6 +185,7 @@ class Engine:
             self.cache_namespace,
             self.grammars,
             prefill_batch=self._prefill_batch,
+            adapters=self.adapters,
         )
 
     @property

@@ -5,7 +5,8 @@ engine boundary"): the model's facts and defaults, prompt building, admission
 checks, the grammar cache, submitting a generation, exclusive MLX work
 (scoring, embeddings, bandwidth probes), a place in the admission queue for
 work that generates nothing, plain snapshots for the read-only views and the
-prompt cache's operations. :class:`~mlxspec.engine.Engine` implements it, and
+prompt cache's operations, and the registry of mounted LoRA adapters.
+:class:`~mlxspec.engine.Engine` implements it, and
 so does the tests' ``FakeEngine`` (``tests/fakes.py``); handlers type the
 engine as this protocol and never touch its admission, counters, memory,
 tokenizer or caches.
@@ -17,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
+from mlxspec.engine.adapters.registry import AdapterRegistry
 from mlxspec.engine.embedding import Embeddings
 from mlxspec.engine.loop.handles import RequestHandle
 from mlxspec.engine.sampling.sampler import GenerationDefaults
@@ -37,10 +39,14 @@ class EngineProtocol(Protocol):
             size, start time, whether it embeds.
         defaults (GenerationDefaults): sampling defaults for omitted fields
             (server flags over the model's ``generation_config.json``).
+        adapters (AdapterRegistry): the mounted LoRA adapters: ids, checks,
+            listings and the default from any thread; ``mount`` and ``unmount``
+            only inside :meth:`run_exclusive` (the engine thread).
     """
 
     info: ModelInfo
     defaults: GenerationDefaults
+    adapters: AdapterRegistry
 
     @property
     def chat_format(self) -> ChatFormat:

@@ -112,6 +112,9 @@ class GenerationRequest:
         continuation (bool): the prompt ends inside text the output continues
             (an assistant prefill), so the output keeps a leading space, which
             mlx-lm's detokenizers drop at the start of an answer. Default: ``False``.
+        adapter (tuple[str, ...]): the mounted LoRA adapters to generate with, by
+            id, in the order their residuals are summed; ``()`` is the base model.
+            Resolved to weights when the request starts. Default: ``()``.
     """
 
     prompt: tuple[int, ...]
@@ -125,6 +128,7 @@ class GenerationRequest:
     constraint: Constraint | None = None
     shared_prefill: bool = False
     continuation: bool = False
+    adapter: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -31,12 +31,31 @@ def _served_model() -> dict[str, Any]:
     }
 
 
+def _adapter_models() -> list[dict[str, Any]]:
+    """The mounted LoRA adapters as models whose ``parent`` is the served model
+    (vLLM lists its LoRA modules this way; ``model: <id>`` selects one)."""
+    engine = current_engine()
+    info = engine.info
+    return [
+        {
+            "id": a,
+            "object": "model",
+            "created": info.created,
+            "owned_by": "mlxspec",
+            "parent": info.id,
+        }
+        for a in engine.adapters.ids()
+    ]
+
+
 def _rows() -> list[dict[str, Any]]:
-    """The served model first, then the Whisper model when one is configured
-    (the reference lists its transcription companion beside the chat model)."""
+    """The served model first, its mounted adapters, then the Whisper model when
+    one is configured (the reference lists its transcription companion beside the
+    chat model); a transcription-only server lists the Whisper model alone."""
     state = scope["state"]
     transcriber = state.get("transcriber")
-    rows = [] if state.get("engine") is None and transcriber is not None else [_served_model()]
+    chat = state.get("engine") is not None or transcriber is None
+    rows = [_served_model(), *_adapter_models()] if chat else []
     if transcriber is not None:
         rows.append(
             {
@@ -55,7 +74,8 @@ def _rows() -> list[dict[str, Any]]:
 
 
 async def list_models() -> dict[str, Any]:
-    """The served models as an OpenAI list (``{"object": "list", "data": [...]}``)."""
+    """The served model, its mounted adapters and the Whisper model, as an OpenAI
+    list (``{"object": "list", "data": [...]}``)."""
     return {"object": "list", "data": _rows()}
 
 
@@ -71,7 +91,8 @@ async def retrieve_model(model_id: str) -> dict[str, Any]:
             the id is ``""`` or ends in ``/``) the message names the path
             without it (the server matches paths exactly, as the reference).
     """
-    row = next((r for r in _rows() if r["id"] == model_id), None) or _rows()[0]
+    rows = _rows()
+    row = next((r for r in rows if r["id"] == model_id), None) or rows[0]
     if model_id != row["id"]:
         if not model_id or model_id.endswith("/"):
             path = f"/v1/models/{model_id.rstrip('/')}".rstrip("/")

@@ -47,6 +47,11 @@ SAMPLER_FIELDS = (
 #: The body fields that label a prompt-cache session (see :func:`session_key`).
 SESSION_FIELDS = ("session_id", "prompt_cache_key")
 
+#: The body field that selects LoRA adapters (:mod:`.adapters.select`): the
+#: chat-shaped surfaces carry it onto the chat body (and their handlers the
+#: ``model``, which may name an adapter too: :func:`.adapters.select.with_model`).
+ADAPTER_FIELDS = ("adapter",)
+
 
 def to_generation_request(
     body: Mapping[str, Any],
@@ -54,6 +59,7 @@ def to_generation_request(
     defaults: GenerationDefaults,
     model: ModelInfo | None = None,
     session: str | None = None,
+    adapter: tuple[str, ...] = (),
 ) -> GenerationRequest:
     """Convert a validated chat or completion body into an engine request.
 
@@ -70,6 +76,8 @@ def to_generation_request(
             cannot state (its vocabulary size). Default: ``None`` (unchecked).
         session (str | None): the prompt-cache session (:func:`session_key`).
             Default: ``None``.
+        adapter (tuple[str, ...]): the mounted adapters it selects
+            (``handlers.adapters.select.request_adapters``). Default: ``()``.
 
     Returns:
         GenerationRequest: a frozen engine request.
@@ -123,6 +131,7 @@ def to_generation_request(
         shared_prefill=choice_count(body) > 1,
         # an open final message (engine.prompt.render_chat) is continued
         continuation=bool((body.get("chat_template_kwargs") or {}).get("continue_final_message")),
+        adapter=adapter,
     )
 
 

@@ -71,6 +71,7 @@ def fake(tiny_engine: Any) -> FakeEngine:
 
 def test_the_protocol_declares_what_handlers_ask() -> None:
     assert protocol_members() == [
+        "adapters",
         "cache_stats",
         "chat_format",
         "chat_prompt",

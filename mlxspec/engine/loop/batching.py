@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from mlxspec.engine.adapters.registry import AdapterPick
 from mlxspec.engine.loop.decode import DecodeBatch, Slot, Token
 from mlxspec.engine.loop.handles import flush_wakeups
 from mlxspec.engine.loop.lanes import Handoff, LaneParts, StepTimes, start_request
@@ -63,9 +64,10 @@ class BatchLane:
             parts.prefill_step,
             max_batch,
             prefill_rows=min(max_batch, parts.prefill_batch),
+            # every model call of the batch selects its rows' adapters
+            select=lambda slots: parts.rows([s.row.pick for s in slots]),
         )
         self._cache = parts.prompt_cache
-        self._namespace = parts.namespace
         self._route_s, self._routed = 0.0, 0  # this step's routing time and tokens
         self._old_wired_limit = maybe_set_recommended_wired_limit()  # Metal only
 
@@ -76,7 +78,7 @@ class BatchLane:
         """Queue ``handle``'s request into the batch with a budget of ``max_tokens`` (>= 1)."""
         req = handle.request
         if req.shared_prefill:
-            self._prefill_once(req.prompt, req.session)
+            self._prefill_once(req.prompt, req.session, self._parts.pick(handle, lease=False))
         self.adopt(start_request(handle, self._parts, max_tokens, "batched"))
 
     def adopt(self, handoff: Handoff) -> None:
@@ -87,7 +89,9 @@ class BatchLane:
         if self._cache.enabled:  # the KV cache is kept before Finished goes out
             handoff.row.before_finish = lambda: self._keep(slot)
 
-    def _prefill_once(self, prompt: tuple[int, ...], session: str | None) -> None:
+    def _prefill_once(
+        self, prompt: tuple[int, ...], session: str | None, pick: AdapterPick
+    ) -> None:
         """Keep the KV cache of ``prompt[:-1]`` in the prompt cache unless it is
         there already, so the ``n`` sibling requests of one body prefill the
         prompt once and each starts from a copy (their ``fetch`` hits it).
@@ -100,15 +104,17 @@ class BatchLane:
         from mlx_lm.models.cache import make_prompt_cache
 
         head = prompt[:-1]
-        if len(head) < 2 or self._cache.covered(self._namespace, prompt) >= len(head):
+        namespace = self._parts.namespace_of(pick)  # the KV of these adapters' weights
+        if len(head) < 2 or self._cache.covered(namespace, prompt) >= len(head):
             return
         cache = make_prompt_cache(self._parts.model)
         tokens = mx.array(head, dtype=mx.uint32)[None]
         step = self._parts.prefill_step
-        for start in range(0, len(head), step):
-            self._parts.model(tokens[:, start : start + step], cache=cache)
-            mx.eval([c.state for c in cache])
-        self._cache.store(self._namespace, head, cache, session)
+        with self._parts.rows([pick]):
+            for start in range(0, len(head), step):
+                self._parts.model(tokens[:, start : start + step], cache=cache)
+                mx.eval([c.state for c in cache])
+        self._cache.store(namespace, head, cache, session)
 
     def step(self) -> None:
         """Drop cancelled requests, then run one prefill/decode step and route its tokens."""
@@ -151,12 +157,12 @@ class BatchLane:
 
     def _keep(self, slot: Slot) -> None:
         """Keep ``slot`` 's KV cache (prompt plus generated tokens) in the
-        prompt cache, under its request's session."""
+        prompt cache, under its request's session and its adapters' namespace."""
         flush_wakeups()  # the rows served so far need not wait for the keep
         held = self.batch.extract(slot)
         if held is not None:
             cache, tokens = held
-            self._parts.keep(tokens, cache, slot.row.request.session)
+            self._parts.keep(tokens, cache, slot.row.request.session, slot.row.pick)
 
     def fail_all(self, message: str) -> int:
         """Fail every request in the batch with ``message`` (each ends through

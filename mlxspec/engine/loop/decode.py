@@ -21,7 +21,8 @@ sampling functions, and owns the loop around them:
   ``prefill_step`` tokens per row and step, several rows at once
   (:class:`~.prefill.PrefillGroup`), so running rows keep decoding meanwhile;
 - the model is called in one place, :meth:`DecodeBatch.forward`, for decode
-  and prefill alike, so a per-row hook (adapters) can wrap that one method.
+  and prefill alike, inside the batch's ``select`` context given that call's
+  rows: the LoRA adapters' per-row selection (:meth:`.lanes.LaneParts.rows`).
 
 What the KV cache holds: a row's cache holds every token fed to the model for
 it. A decode step feeds each row its last token, so once step ``t + 1`` is
@@ -31,8 +32,10 @@ them and :meth:`DecodeBatch.extract` hands out exactly those.
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -124,12 +127,23 @@ class DecodeBatch:
         prefill_rows (int): a prefill chunk holds at most ``prefill_rows *
             prefill_step`` tokens (mlx-lm's ``BatchGenerator``: 8 rows of a
             chunk each): 8 long prompts, or more short ones. Default: ``8``.
+        select (Callable | None): given the rows of a model call, the context
+            the call runs in (the rows' adapters, :meth:`.lanes.LaneParts.rows`).
+            Default: ``None`` (none).
     """
 
-    def __init__(self, model: Any, prefill_step: int, max_rows: int, prefill_rows: int = 8):
+    def __init__(
+        self,
+        model: Any,
+        prefill_step: int,
+        max_rows: int,
+        prefill_rows: int = 8,
+        select: Callable[[Sequence[Slot]], AbstractContextManager[None]] | None = None,
+    ):
         from mlxspec.engine.caches import rows_attention
 
         self._model = model
+        self._select = select
         #: Whether padded rows' decode attention skips the mask (CUDA, :mod:`.rows_attention`).
         self.rows_attention = rows_attention.install(model)
         self.prefill_step = prefill_step
@@ -187,7 +201,8 @@ class DecodeBatch:
         Returns:
             mx.array: logits, shape ``(len(rows), L, vocab)``.
         """
-        return self._model(inputs, cache=cache)
+        with self._select(rows) if self._select is not None else contextlib.nullcontext():
+            return self._model(inputs, cache=cache)
 
     def step(self, route: Callable[[list[Token]], None]) -> list[Slot]:
         """Queue one decode step (and a prefill chunk for rows waiting), and

@@ -14,11 +14,14 @@ moved over mid-generation with its KV cache, logits processors and row.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from mlxspec.engine.adapters.registry import NO_ADAPTER, AdapterPick, AdapterRegistry
 from mlxspec.engine.caches.kv import cache_length
 from mlxspec.engine.caches.prompt_cache import CacheNamespace, PromptCache
 from mlxspec.engine.loop.rows import Row
@@ -141,6 +144,8 @@ class LaneParts:
         grammars (GrammarCache | None): compiles constraints into per-request
             processors; ``None`` ignores constraints.
         prefill_batch (int): most prompts prefilled together. Default: :data:`PREFILL_BATCH`.
+        adapters (AdapterRegistry | None): the mounted LoRA adapters; ``None``
+            serves the base model only. Default: ``None``.
     """
 
     model: Any
@@ -152,18 +157,56 @@ class LaneParts:
     namespace: CacheNamespace
     grammars: GrammarCache | None = None
     prefill_batch: int = PREFILL_BATCH
+    adapters: AdapterRegistry | None = None
 
-    def keep(self, tokens: Sequence[int], cache: list[Any], session: str | None) -> None:
-        """Keep ``cache`` in the prompt cache if it holds a prefix of ``tokens``
-        (and stores exactly that prefix); never raises, since the cache is an
-        optimisation and must not fail a request."""
+    def keep(
+        self,
+        tokens: Sequence[int],
+        cache: list[Any],
+        session: str | None,
+        pick: AdapterPick = NO_ADAPTER,
+    ) -> None:
+        """Keep ``cache`` (computed with ``pick``'s adapters) in the prompt cache if
+        it holds a prefix of ``tokens`` (and stores exactly that prefix); never
+        raises, since the cache is an optimisation and must not fail a request."""
         held = cache_length(cache)
         if held is None or held > len(tokens):
             return
         try:
-            self.prompt_cache.store(self.namespace, tuple(tokens[:held]), cache, session)
+            namespace = self.namespace_of(pick)
+            self.prompt_cache.store(namespace, tuple(tokens[:held]), cache, session)
         except Exception:
             log.exception("prompt cache store failed")
+
+    # The adapters' hooks: what a request's rows select and the KV they may share.
+    def namespace_of(self, pick: AdapterPick) -> CacheNamespace:
+        """The prompt-cache namespace of KV computed with ``pick``'s adapters."""
+        return self.namespace if pick.tag is None else self.namespace._replace(adapter=pick.tag)
+
+    def pick(self, handle: RequestHandle, lease: bool = True) -> AdapterPick:
+        """The adapters ``handle``'s request named, as slots; leased to it until
+        :meth:`release` unless ``lease`` is false (work within one engine step).
+
+        Raises:
+            AdapterError: one of them was unmounted since the request was accepted.
+        """
+        ids = handle.request.adapter
+        if self.adapters is None or not ids:
+            return NO_ADAPTER
+        if not lease:
+            return self.adapters.pick(ids)
+        return self.adapters.acquire(handle, ids)
+
+    def release(self, handle: RequestHandle) -> None:
+        """End ``handle``'s adapter lease (every request's end)."""
+        if self.adapters is not None:
+            self.adapters.release(handle)
+
+    def rows(self, picks: Sequence[AdapterPick]) -> AbstractContextManager[None]:
+        """A block whose model calls select ``picks[i]`` for row ``i``."""
+        if self.adapters is None:
+            return contextlib.nullcontext()
+        return self.adapters.rows(picks)
 
 
 @dataclass
@@ -205,7 +248,8 @@ class Handoff:
 def start_request(handle: RequestHandle, parts: LaneParts, budget: int, lane: str) -> Handoff:
     """Start a request: the steps both lanes take before its first prefill.
 
-    Fetches the best kept prefix of the prompt from the prompt cache, builds the
+    Leases the adapters it named (:meth:`LaneParts.pick`), fetches the best kept
+    prefix of the prompt from the prompt cache in their namespace, builds the
     grammar for its constraint, its :class:`~.rows.Row`, its sampler and its
     logits processors (mlx-lm's ``make_sampler`` and ``make_logits_processors``,
     through :mod:`~mlxspec.engine.sampling.sampler`).
@@ -222,10 +266,14 @@ def start_request(handle: RequestHandle, parts: LaneParts, budget: int, lane: st
         the prompt.
     """
     req = handle.request
-    cache, cached = parts.prompt_cache.fetch(parts.namespace, req.prompt, req.session)
+    pick = parts.pick(handle)  # its adapters' slots, leased until it ends
+    namespace = parts.namespace_of(pick)
+    cache, cached = parts.prompt_cache.fetch(namespace, req.prompt, req.session)
     grammar = None if parts.grammars is None else parts.grammars.for_request(req.constraint)
+    row = Row(handle, parts.tokenizer, parts.eos, lane=lane, cached=cached, grammar=grammar)
+    row.pick = pick
     return Handoff(
-        row=Row(handle, parts.tokenizer, parts.eos, lane=lane, cached=cached, grammar=grammar),
+        row=row,
         feed=list(req.prompt[cached:]),
         held=list(req.prompt[:cached]),
         cache=cache,

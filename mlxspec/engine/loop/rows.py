@@ -14,6 +14,7 @@ from collections.abc import Callable, Collection
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
+from mlxspec.engine.adapters.registry import NO_ADAPTER, AdapterPick
 from mlxspec.engine.loop.stops import HeldLogprobs, StopMatcher
 from mlxspec.engine.types import Delta, Finished, GenerationRequest, TokenLogprob, TopLogprob
 
@@ -227,6 +228,8 @@ class Row:
         #: Called once just before ``Finished`` is emitted (the lanes keep the
         #: KV cache here, so a client that got its answer finds it kept).
         self.before_finish: Callable[[], None] | None = None
+        #: The LoRA adapters its model calls select (``lanes.start_request`` sets it).
+        self.pick: AdapterPick = NO_ADAPTER
 
     def push(self, token: int, logprobs: Any) -> bool:
         """Consume one generated token.

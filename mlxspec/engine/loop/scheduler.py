@@ -33,7 +33,7 @@ from mlxspec.engine.loop.kv_ledger import KvLedger
 from mlxspec.engine.loop.lanes import LaneParts, LoopStats
 from mlxspec.engine.loop.solo import SoloRun, run_alone
 from mlxspec.engine.sampling.sampler import needs_global_seed
-from mlxspec.engine.types import Failed
+from mlxspec.engine.types import EngineRequestError, Failed
 
 log = logging.getLogger("mlxspec.engine")
 T = TypeVar("T")
@@ -218,6 +218,10 @@ class Scheduler:
         (an exception here used to end the engine thread, hanging every request)."""
         try:
             return fn()
+        except EngineRequestError as exc:  # the request, not the engine (an adapter gone)
+            handle.emit(Failed(exc.message))
+            self.end(handle, "failed")
+            return fallback
         except Exception:
             log.exception("generation failed")
             handle.emit(Failed("generation failed"))
@@ -226,8 +230,9 @@ class Scheduler:
 
     def end(self, handle: RequestHandle, outcome: str) -> None:
         """A request ended: count its outcome (``completed``, ``cancelled`` or
-        ``failed``) and release its KV projection."""
+        ``failed``) and release its KV projection and adapter lease."""
         self.kv.release(handle)
+        self.parts.release(handle)
         self.stats.outcomes[outcome] += 1
 
     def serial(self, job: Generate) -> None:

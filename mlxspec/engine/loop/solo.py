@@ -97,19 +97,23 @@ class SoloRun:
         if self.handle.cancelled:
             return self._cancel()
         try:
-            if self._steps is None:
-                if len(self.handle.request.prompt) - self._fed > self._parts.prefill_step:
-                    self._prefill_chunk()
-                    return False
-                self._steps = self._start()
-            start = time.perf_counter()
-            token, logprobs = next(self._steps)
-            stepped = time.perf_counter()
-            ended = self._push(token, logprobs)
-            self.times.add(1, stepped - start, time.perf_counter() - stepped)
+            with self._parts.rows([self.row.pick]):  # its adapters, in every model call here
+                return self._step()
         except BaseException:
             self._close()
             raise
+
+    def _step(self) -> bool:
+        if self._steps is None:
+            if len(self.handle.request.prompt) - self._fed > self._parts.prefill_step:
+                self._prefill_chunk()
+                return False
+            self._steps = self._start()
+        start = time.perf_counter()
+        token, logprobs = next(self._steps)
+        stepped = time.perf_counter()
+        ended = self._push(token, logprobs)
+        self.times.add(1, stepped - start, time.perf_counter() - stepped)
         if ended:
             self._close()
         return ended
@@ -214,7 +218,7 @@ class SoloRun:
 
     def _keep(self) -> None:
         """Keep the KV cache (it holds a prefix of the prompt and the tokens so far)."""
-        self._parts.keep(self._tokens, self._cache, self.handle.request.session)
+        self._parts.keep(self._tokens, self._cache, self.handle.request.session, self.row.pick)
 
 
 def run_alone(

@@ -19,6 +19,7 @@ from mlxspec.engine import (
     off_loop,
     token_prompt,
 )
+from mlxspec.handlers.adapters.select import request_adapters
 from mlxspec.handlers.chat.choices import ChoiceStream, choices_usage, stream_chunks, usage_apart
 from mlxspec.handlers.chat.logprobs import CompletionLogprobs
 from mlxspec.handlers.context import (
@@ -45,6 +46,7 @@ async def create_completion(body: dict[str, Any]) -> Any:
     """Tokenize ``prompt`` as mlx-lm does (or take its token ids), generate ``n``
     choices, answer as JSON or SSE."""
     engine, fmt, headers = current_engine(), logprobs_format(), request_headers()
+    adapter = request_adapters(engine, body)  # an unknown id is a 400 before any work
     head = {
         "id": new_id("cmpl"),
         "object": "text_completion",
@@ -55,7 +57,7 @@ async def create_completion(body: dict[str, Any]) -> Any:
     body, warning = await structured_output(engine, body, chat=False)
     prompt = await off_loop(prompt_tokens, engine, body["prompt"])
     session = session_key(body, headers)
-    first = to_generation_request(body, prompt, engine.defaults, engine.info, session)
+    first = to_generation_request(body, prompt, engine.defaults, engine.info, session, adapter)
     # The output continues the prompt's text, so a leading space is kept
     # (OpenAI and vLLM do; mlx_lm.server trims it: docs/deviations.md).
     first = dataclasses.replace(first, continuation=True)

@@ -16,11 +16,12 @@ from typing import Any
 
 from mlxspec.errors import ApiError
 from mlxspec.handlers.messages.tool_changes import offered_tools
-from mlxspec.handlers.requests import SAMPLER_FIELDS, SESSION_FIELDS
+from mlxspec.handlers.requests import ADAPTER_FIELDS, SAMPLER_FIELDS, SESSION_FIELDS
 
 #: Fields copied unchanged: Anthropic's sampling fields, mlx-lm's extras (no
-#: ``logit_bias``: the protocol has none) and the prompt-cache session labels.
-PASSTHROUGH = ("max_tokens", *SAMPLER_FIELDS, *SESSION_FIELDS)
+#: ``logit_bias``: the protocol has none), the prompt-cache session labels and
+#: the adapter selection.
+PASSTHROUGH = ("max_tokens", *SAMPLER_FIELDS, *SESSION_FIELDS, *ADAPTER_FIELDS)
 
 #: Prior-turn reasoning the client sends back; a template must not see it again.
 _DROPPED_BLOCKS = {"thinking", "redacted_thinking"}

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from mlxspec.engine import Finished
+from mlxspec.handlers.adapters.select import with_model
 from mlxspec.handlers.context import JSON, current_engine
 from mlxspec.handlers.messages.anthropic import to_chat_body
 from mlxspec.handlers.turns.parser import (
@@ -37,7 +38,7 @@ async def create_message(body: dict[str, Any]) -> Any:
     """Translate, generate, and answer as an Anthropic ``Message`` or event stream
     (with a ``Warning`` header when a forced tool call's grammar is not enforced)."""
     engine = current_engine()
-    turn = await open_turn(engine, to_chat_body(body))
+    turn = await open_turn(engine, with_model(to_chat_body(body), body))
     head = {
         "id": f"msg_{uuid.uuid4().hex}",
         "type": "message",

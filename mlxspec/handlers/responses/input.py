@@ -15,11 +15,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mlxspec.errors import ApiError
-from mlxspec.handlers.requests import SAMPLER_FIELDS, SESSION_FIELDS
+from mlxspec.handlers.requests import ADAPTER_FIELDS, SAMPLER_FIELDS, SESSION_FIELDS
 from mlxspec.handlers.responses.store import Conversation
 
 #: Fields carried to the chat body as they are: the sampler and penalty
-#: extensions, stop strings, the parser switches and the cache-session labels.
+#: extensions, stop strings, the parser switches, the cache-session labels and
+#: the adapter selection.
 CARRIED_FIELDS = (
     *SAMPLER_FIELDS,
     "logit_bias",
@@ -27,6 +28,7 @@ CARRIED_FIELDS = (
     "parallel_tool_calls",
     "chat_template_kwargs",
     *SESSION_FIELDS,
+    *ADAPTER_FIELDS,
 )
 
 #: Content part types that carry text, and the key holding it.

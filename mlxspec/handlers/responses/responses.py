@@ -23,6 +23,7 @@ from connexion.context import scope
 
 from mlxspec.engine import EngineProtocol, PromptError
 from mlxspec.errors import ApiError
+from mlxspec.handlers.adapters.select import with_model
 from mlxspec.handlers.context import JSON, current_engine, now
 from mlxspec.handlers.responses.input import assistant_message, to_chat_body
 from mlxspec.handlers.responses.output import Frame, ResponseBuilder, item_id, turn_as_events
@@ -70,7 +71,7 @@ async def create_response(body: dict[str, Any]) -> Any:
         )
     chat, conversation = to_chat_body(body, _previous(store, body))
     try:
-        turn = await open_turn(engine, chat, prompt_param="input")
+        turn = await open_turn(engine, with_model(chat, body), prompt_param="input")
     except PromptError as exc:
         raise _input_error(exc) from exc
     builder = ResponseBuilder(_skeleton(body, turn, conversation, engine), _token_counter(engine))

@@ -29,6 +29,7 @@ from mlxspec.engine import (
     RequestHandle,
     TemplateBudget,
 )
+from mlxspec.handlers.adapters.select import request_adapters
 from mlxspec.handlers.context import request_headers
 from mlxspec.handlers.events import cancel_on_disconnect, outputs, submit_choices
 from mlxspec.handlers.requests import (
@@ -134,11 +135,15 @@ async def open_turns(
             (``TemplateBoundError``: a request's template over the bounds).
         ContextLengthError: the prompt does not fit.
         ApiError: an invalid or unenforceable ``tool_choice`` (400).
+        AdapterError: an ``adapter`` (or adapter ``model``) that is not mounted (400).
         EngineRequestError, QueueFullError: as ``Engine.submit``.
     """
+    adapter = request_adapters(engine, body)  # an unknown id is a 400 before any work
     p = await _prepare(engine, body)
     session = session_key(p.body, request_headers())
-    request = to_generation_request(p.body, p.prompt, engine.defaults, engine.info, session)
+    request = to_generation_request(
+        p.body, p.prompt, engine.defaults, engine.info, session, adapter
+    )
     if p.forced:  # the tool call wins over any structured-output constraint
         request = dataclasses.replace(request, constraint=p.constraint)
     requests = choice_requests(request, choice_count(p.body))
