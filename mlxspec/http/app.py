@@ -458,7 +458,8 @@ def create_app(
     metrics = Metrics(engine)
     asgi: Any = _WithEngine(app, engine, config, metrics, spec, _audio_state(transcriber, config))
     if engine is not None:  # a transcription-only server has no chat to drive
-        asgi = ChatSocketMount(asgi, engine, config, metrics)  # /ws/chat, beside Connexion
+        # /ws/chat, beside Connexion; its ready frame says whether the microphone may show
+        asgi = ChatSocketMount(asgi, engine, config, metrics, transcriber is not None)
     asgi = RequestMetricsMiddleware(asgi, metrics, RouteLabels(spec))
     if config.allowed_origins:
         asgi = ApiCORSMiddleware(

@@ -119,10 +119,15 @@ class ChatSocketMount:
         engine (Engine): the serving engine.
         config (ServeConfig): the server's settings.
         metrics (Metrics): the app's metrics (turns are timed like HTTP requests).
+        transcription (bool): a Whisper service is configured (``ready.transcription``).
+            Default: ``False``.
     """
 
-    def __init__(self, app: ASGIApp, engine: Any, config: Any, metrics: Any) -> None:
+    def __init__(
+        self, app: ASGIApp, engine: Any, config: Any, metrics: Any, transcription: bool = False
+    ) -> None:
         self.app, self.engine, self.config, self.metrics = app, engine, config, metrics
+        self.transcription = transcription
         self._hub: ChatHub | None = None
         # The HTTP edge's Host rule, which passes WebSocket scopes on untouched.
         self.guard = RequestGuard(app, config)
@@ -173,7 +178,7 @@ class ChatSocketMount:
             cap = self.engine.stats_snapshot().enforced_context  # the operator's, if any
             window = cap or self.engine.info.context_window
             if self._hub is None:  # another connection may have opened it meanwhile
-                self._hub = ChatHub(self.engine, store, window)
+                self._hub = ChatHub(self.engine, store, window, self.transcription)
             else:
                 store.close()
         return self._hub

@@ -63,6 +63,7 @@ def test_a_socket_is_greeted(chat_server: LiveServer) -> None:
         ready = chat.greeting["ready"]
         assert ready["model"] == "tiny-llama"
         assert ready["contextWindow"] == 256 and ready["vision"] is False
+        assert ready["transcription"] is False  # no Whisper checkpoint: no microphone
         assert chat.greeting["history"]["sessionId"] is None
         assert chat.greeting["context"]["tokens"] == 0
 
@@ -367,6 +368,19 @@ def test_a_keyed_server_asks_for_the_key(tiny_engine: Any, tmp_path: Path) -> No
             connect(ws_url(server.base), additional_headers={"x-api-key": "no"}, open_timeout=10)
         assert refused.value.response.status_code == 401
         assert httpx.get(f"{server.base}/").status_code == 200  # the shell is public
+
+
+def test_a_server_with_a_transcriber_says_so_in_ready(tiny_engine: Any, tmp_path: Path) -> None:
+    """The page shows its microphone on ``ready.transcription``; the weights load
+    at the first session, so a checkpoint that names no files is enough here."""
+    from mlxspec.engine.audio import WhisperCheckpoint, WhisperService
+
+    whisper = WhisperService(WhisperCheckpoint("whisper-tiny.en", "mlx", folder=tmp_path),
+                             tiny_engine, tmp_path)  # fmt: skip
+    app = create_app(tiny_engine, ServeConfig(chat_db=str(tmp_path / "db")), transcriber=whisper)
+    with LiveServer(app) as server:
+        with ChatClient(server.base) as chat:
+            assert chat.greeting["ready"]["transcription"] is True
 
 
 def test_another_websocket_path_is_a_404(chat_server: LiveServer) -> None:

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,34 +24,10 @@ from fixtures.tiny_chat_model import build_visible_llama
 from fixtures.tool_models import build_tool_model
 from mlxspec.config import ServeConfig
 from mlxspec.http.app import create_app
+from tests.browser.harness import Watch
 from tests.conftest import LiveServer
 from tests.fakes import FakeEngine
 from tests.webchat_client import stats, wait_for
-
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-#: CI must run these tests (.ci/run exports MLXSPEC_REQUIRE_BROWSER=1, CI services
-#: set CI=true): there a missing browser or Playwright fails every test; elsewhere
-#: it skips them, saying what to install.
-CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
-REQUIRED = CI or os.environ.get("MLXSPEC_REQUIRE_BROWSER") == "1"
-try:
-    from playwright import sync_api
-except ImportError:  # the test extra was not installed
-    sync_api = None
-
-
-@pytest.fixture(scope="module", autouse=True)
-def a_browser() -> None:
-    """Fail (CI) or skip (elsewhere) before any server starts when nothing can
-    drive a browser."""
-    missing = []
-    if CHROMIUM is None:
-        missing.append("no chromium on PATH (apt-get install chromium; .ci/run does)")
-    if sync_api is None:
-        missing.append("no Playwright (pip install -e '.[test]')")
-    if missing:
-        (pytest.fail if REQUIRED else pytest.skip)("; ".join(missing))
-
 
 KEY = "browser-key"
 #: A scripted answer: thinking (the template opened it), Markdown, code, HTML and
@@ -97,79 +71,6 @@ def web(visible_engine: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     app = create_app(visible_engine, ServeConfig(chat_db=str(db)), validate_responses=True)
     with LiveServer(app) as server:
         yield server
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    with sync_api.sync_playwright() as playwright:
-        # root in a container: no sandbox; a small /dev/shm: use /tmp
-        args = ["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"]
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=args)
-        yield chromium
-        chromium.close()
-
-
-class Watch:
-    """What a page did: socket frames both ways, uncaught errors, foreign requests."""
-
-    def __init__(self, page: Any, base: str) -> None:
-        self.page, self.base = page, base
-        self.sent: list[dict[str, Any]] = []
-        self.received: list[dict[str, Any]] = []
-        self.errors: list[str] = []
-        self.foreign: list[str] = []
-        page.on("websocket", self._socket)
-        page.on("pageerror", lambda error: self.errors.append(str(error)))
-        page.on("request", self._request)
-
-    def _socket(self, ws: Any) -> None:
-        ws.on("framesent", lambda payload: self.sent.append(json.loads(payload)))
-        ws.on("framereceived", lambda payload: self.received.append(json.loads(payload)))
-
-    def _request(self, request: Any) -> None:
-        url = request.url
-        if not url.startswith((self.base + "/", self.base.replace("http", "ws") + "/", "data:")):
-            self.foreign.append(url)
-
-    def frames(self, kind: str, where: list[dict[str, Any]] | None = None) -> list[dict]:
-        return [f for f in (self.received if where is None else where) if f["type"] == kind]
-
-    def wait(self, test: Callable[[], Any], timeout: float = 30) -> Any:
-        """Poll ``test`` while the page runs (Playwright delivers events during waits)."""
-        deadline = time.monotonic() + timeout
-        while not (value := test()):
-            if time.monotonic() > deadline:
-                raise AssertionError("the page did not get there in time")
-            self.page.wait_for_timeout(50)
-        return value
-
-    def turns_ended(self) -> int:
-        return len(self.frames("turn_end"))
-
-
-@pytest.fixture()
-def open_page(browser: Any) -> Iterator[Callable[..., tuple[Any, Watch]]]:
-    """Opens the chat of a server in a fresh browser context (a new browser
-    profile); at the end, no page may have thrown or reached another origin."""
-    contexts, watches = [], []
-
-    def opener(server: LiveServer, **context: Any) -> tuple[Any, Watch]:
-        ctx = browser.new_context(**{"viewport": {"width": 1280, "height": 800}, **context})
-        contexts.append(ctx)
-        page = ctx.new_page()
-        page.on("dialog", lambda dialog: dialog.accept())
-        watch = Watch(page, server.base)
-        watches.append(watch)
-        page.goto(server.base + "/")
-        page.wait_for_selector("#prompt:not([disabled])")
-        return page, watch
-
-    yield opener
-    for ctx in contexts:
-        ctx.close()
-    for watch in watches:
-        assert not watch.errors, watch.errors
-        assert not watch.foreign, watch.foreign
 
 
 def ask(page: Any, watch: Watch, text: str) -> dict[str, Any]:

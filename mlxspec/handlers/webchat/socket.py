@@ -45,10 +45,15 @@ class ChatHub:
         store (ChatStore): the sessions database.
         context_window (int): tokens one turn may take (the operator's cap,
             else the model's window).
+        transcription (bool): a Whisper service answers ``/v1/audio/sessions``
+            (the page shows its microphone). Default: ``False``.
     """
 
-    def __init__(self, engine: Any, store: ChatStore, context_window: int) -> None:
+    def __init__(
+        self, engine: Any, store: ChatStore, context_window: int, transcription: bool = False
+    ) -> None:
         self.engine, self.store, self.context_window = engine, store, context_window
+        self.transcription = transcription
         self.sockets: set[ChatSocket] = set()
         self.thinking = detect(engine.chat_format).reasoning is not None
 
@@ -114,7 +119,7 @@ class ChatSocket:
                     "top_k": defaults.top_k,
                     "max_tokens": defaults.max_tokens,
                 },
-                "transcription": False,
+                "transcription": self.hub.transcription,
                 "contextWindow": self.hub.context_window,
             }
         )

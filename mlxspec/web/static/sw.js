@@ -4,7 +4,7 @@
 // background); every other request (/v1/*, /ws/chat, /stats, /fit, ...) goes
 // to the network untouched.
 
-const CACHE = "mlxspec-shell-v1";
+const CACHE = "mlxspec-shell-v2";
 const SHELL = [
   "/",
   "/manifest.webmanifest",
@@ -13,6 +13,8 @@ const SHELL = [
   "/assets/markdown.js",
   "/assets/panels.js",
   "/assets/socket.js",
+  "/assets/mic.js",
+  "/assets/mic-worklet.js",
   "/assets/marked.esm.js",
   "/assets/app.css",
   "/assets/hljs.js",

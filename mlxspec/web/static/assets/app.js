@@ -3,6 +3,7 @@
 // build step; everything is same-origin.
 
 import { MessageList } from "./messages.js";
+import { wireMic } from "./mic.js";
 import { SettingsDialog, askKey, modelInfo, showStatus } from "./panels.js";
 import { ChatConnection } from "./socket.js";
 
@@ -61,6 +62,7 @@ const handlers = {
   ready(frame) {
     state.ready = frame;
     showModel();
+    $("#mic").hidden = !frame.transcription; // a Whisper checkpoint serves /v1/audio/sessions
     $("#prompt").disabled = false;
     if (document.activeElement === document.body) $("#prompt").focus(); // autofocus skipped it while disabled
     if (state.sessionId) connection.send({ type: "open_session", id: state.sessionId });
@@ -239,6 +241,20 @@ function autosize() {
   box.style.height = `${Math.min(box.scrollHeight, 240)}px`;
 }
 
+/** Put a transcript at the caret (not sent: the person reads it first). */
+function insertTranscript(text) {
+  const box = $("#prompt");
+  const before = box.value.slice(0, box.selectionStart);
+  const after = box.value.slice(box.selectionEnd);
+  const lead = before && !/\s$/.test(before) ? " " : "";
+  const trail = after && !/^\s/.test(after) ? " " : "";
+  box.value = before + lead + text + trail + after;
+  const caret = (before + lead + text).length;
+  box.focus();
+  box.setSelectionRange(caret, caret);
+  autosize();
+}
+
 function stop() {
   send({ type: "abort" });
 }
@@ -294,6 +310,7 @@ function wire() {
   box.addEventListener("input", autosize);
   box.addEventListener("paste", onPaste);
   $("#stop").addEventListener("click", stop);
+  wireMic($("#mic"), { insert: insertTranscript, notice });
   $("#new-chat").addEventListener("click", newChat);
   $("#toggle-sidebar").addEventListener("click", () => toggleSidebar());
   $("#open-settings").addEventListener("click", () =>
