@@ -108,12 +108,15 @@ class SessionSettings:
             leaves the template's default.
         tools (tuple[dict, ...]): OpenAI function tools the model may call;
             its calls are shown, never run. Default: ``()``.
+        adapter (str | None): the chat body's ``adapter`` (a mounted id,
+            ``"a+b"``, ``"none"``); ``None`` is the server's default. Default: ``None``.
     """
 
     system_prompt: str | None = None
     sampling: dict[str, Any] = field(default_factory=dict)
     thinking: bool | None = None
     tools: tuple[dict[str, Any], ...] = ()
+    adapter: str | None = None
 
     def wire(self) -> dict[str, Any]:
         """The settings as frames carry them (camelCase, as the reference's frames)."""
@@ -122,6 +125,7 @@ class SessionSettings:
             "sampling": dict(self.sampling),
             "thinking": self.thinking,
             "tools": list(self.tools),
+            "adapter": self.adapter,
         }
 
     @classmethod
@@ -132,6 +136,7 @@ class SessionSettings:
             dict(data.get("sampling") or {}),
             data.get("thinking"),
             tuple(data.get("tools") or ()),
+            data.get("adapter"),
         )
 
 

@@ -20,7 +20,9 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from mlxspec.engine import EngineRequestError
 from mlxspec.errors import ApiError
+from mlxspec.handlers.adapters.select import request_adapters
 from mlxspec.handlers.turns.turns import count_prompt
 from mlxspec.handlers.webchat.frames import FrameError, dump_frame, error_frame, read_frame
 from mlxspec.handlers.webchat.sessions import ChatMessage, ChatStore, Session, SessionSettings
@@ -121,6 +123,7 @@ class ChatSocket:
                 },
                 "transcription": self.hub.transcription,
                 "contextWindow": self.hub.context_window,
+                "defaultAdapter": _default_adapter(engine),
             }
         )
         await self.send_sessions()
@@ -210,6 +213,15 @@ class ChatSocket:
     async def _on_set_tools(self, frame: dict[str, Any]) -> None:
         tools = tuple(frame["tools"] or ())
         await self._save(dataclasses.replace(self.settings, tools=tools))
+
+    async def _on_set_adapter(self, frame: dict[str, Any]) -> None:
+        spec = frame["adapter"]
+        if spec is not None:
+            try:  # checked now, as a chat body's would be: an unknown id is named at once
+                request_adapters(self.hub.engine, {"adapter": spec})
+            except EngineRequestError as exc:
+                raise as_api_error(exc) from exc
+        await self._save(dataclasses.replace(self.settings, adapter=spec))
 
     async def _on_set_sampling(self, frame: dict[str, Any]) -> None:
         fields = {k: frame[k] for k in SAMPLING_FIELDS if k in frame}
@@ -340,6 +352,12 @@ class ChatSocket:
         await self.send(
             {"type": "context", "tokens": tokens, "contextWindow": window, "percent": percent}
         )
+
+
+def _default_adapter(engine: Any) -> str | None:
+    """The adapter a turn that names none runs with (``--adapter-path``, while mounted)."""
+    default = engine.adapters.default
+    return default if default is not None and default in engine.adapters.ids() else None
 
 
 def _unknown(session_id: str) -> ApiError:

@@ -76,7 +76,7 @@ def chat_body(
         session_id (str): the session; also the prompt cache's session
             (``session_id``), so the next turn reuses this one's KV cache.
         settings (SessionSettings): system prompt, sampling, thinking switch,
-            tools (their calls are parsed as on the API, and shown).
+            tools (their calls are parsed as on the API, and shown), adapter.
         messages (Sequence[ChatMessage]): the conversation, ending with the
             user message to answer.
         overrides (dict | None): sampling fields for this turn only
@@ -101,6 +101,8 @@ def chat_body(
         body["chat_template_kwargs"] = {"enable_thinking": settings.thinking}
     if settings.tools:
         body["tools"] = list(settings.tools)
+    if settings.adapter is not None:
+        body["adapter"] = settings.adapter
     return body
 
 
@@ -180,7 +182,15 @@ class SocketTurn:
         if self._aborted:  # the abort came while the prompt was templated
             turn.handle.cancel()
         sampling = sampling_view(turn.request)
-        await self.send({"type": "turn_start", "sessionId": self.session_id, "sampling": sampling})
+        adapter = "+".join(turn.request.adapter) or None  # what the engine request runs with
+        await self.send(
+            {
+                "type": "turn_start",
+                "sessionId": self.session_id,
+                "sampling": sampling,
+                "adapter": adapter,
+            }
+        )
         finished: Finished | None = None
         reason = "aborted"
         try:

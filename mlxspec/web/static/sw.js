@@ -4,7 +4,7 @@
 // background); every other request (/v1/*, /ws/chat, /stats, /fit, ...) goes
 // to the network untouched.
 
-const CACHE = "mlxspec-shell-v2";
+const CACHE = "mlxspec-shell-v3";
 const SHELL = [
   "/",
   "/manifest.webmanifest",
@@ -14,6 +14,7 @@ const SHELL = [
   "/assets/panels.js",
   "/assets/socket.js",
   "/assets/mic.js",
+  "/assets/adapters.js",
   "/assets/mic-worklet.js",
   "/assets/marked.esm.js",
   "/assets/app.css",

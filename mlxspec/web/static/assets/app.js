@@ -2,6 +2,7 @@
 // list, the composer, the stats strip and the dialogs. Plain ES modules, no
 // build step; everything is same-origin.
 
+import { AdapterChip } from "./adapters.js";
 import { MessageList } from "./messages.js";
 import { wireMic } from "./mic.js";
 import { SettingsDialog, askKey, modelInfo, showStatus } from "./panels.js";
@@ -13,7 +14,7 @@ const state = {
   ready: null,
   model: { id: null, context: null },
   sessionId: null,
-  settings: { systemPrompt: null, sampling: {}, thinking: null, tools: [] },
+  settings: { systemPrompt: null, sampling: {}, thinking: null, tools: [], adapter: null },
   items: [],
   sessions: [],
   running: false,
@@ -31,8 +32,13 @@ const settingsDialog = new SettingsDialog($("#settings-dialog"), (chosen) => {
   send({ type: "set_sampling", scope: "session", ...chosen.sampling });
   if (state.ready?.thinking) send({ type: "set_thinking", enabled: chosen.thinking });
   send({ type: "set_tools", tools: chosen.tools });
-  state.settings = chosen;
+  state.settings = { ...state.settings, ...chosen }; // the adapter is the chip's
   showSettingsSummary();
+});
+
+const adapterChip = new AdapterChip($("#adapter-picker"), (adapter) => {
+  send({ type: "set_adapter", adapter });
+  state.settings = { ...state.settings, adapter };
 });
 
 const connection = new ChatConnection({
@@ -63,6 +69,7 @@ const handlers = {
     state.ready = frame;
     showModel();
     $("#mic").hidden = !frame.transcription; // a Whisper checkpoint serves /v1/audio/sessions
+    adapterChip.refresh(frame.defaultAdapter);
     $("#prompt").disabled = false;
     if (document.activeElement === document.body) $("#prompt").focus(); // autofocus skipped it while disabled
     if (state.sessionId) connection.send({ type: "open_session", id: state.sessionId });
@@ -78,12 +85,14 @@ const handlers = {
     list.render(state.items, state.running);
     renderSessions();
     showSettingsSummary();
+    adapterChip.show(frame.settings.adapter);
     if (!frame.sessionId) resetStrip();
   },
   turn_start(frame) {
     setRunning(true);
     state.live = list.startAnswer();
     $("#strip").dataset.sampling = JSON.stringify(frame.sampling);
+    $("#strip").dataset.adapter = frame.adapter ?? "";
   },
   text_delta: (frame) => state.live?.text_delta(frame.delta),
   thinking_delta: (frame) => state.live?.thinking_delta(frame.delta),
