@@ -10,6 +10,9 @@ import re
 from collections.abc import Sequence
 
 from mlxspec import __version__
+from mlxspec.cli.argtypes import non_negative_int as _non_negative_int
+from mlxspec.cli.argtypes import positive_float as _positive_float
+from mlxspec.cli.argtypes import positive_int as _positive_int
 from mlxspec.cli.audio_flags import add_audio_flags, audio_config
 from mlxspec.cli.mlx_lm_flags import mlx_lm_server_flags, refuse_not_yet
 from mlxspec.config import ServeConfig
@@ -197,13 +200,6 @@ def _http_edge_flags(serve: argparse.ArgumentParser) -> None:
     )
 
 
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError("must be a positive number of seconds")
-    return value
-
-
 def _add_cache_flags(serve: argparse.ArgumentParser) -> None:
     """Prompt cache flags (sizes as :func:`parse_bytes` reads them; 0 turns a cache off)."""
     defaults = ServeConfig()
@@ -277,27 +273,6 @@ def _port(text: str) -> int:
     value = int(text)
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError("must be a TCP port, 0-65535")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be >= 1")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError("must be a positive number")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError("must be >= 0")
     return value
 
 

@@ -9,20 +9,8 @@ import argparse
 import json
 import sys
 
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be >= 1")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError("must be >= 0")
-    return value
-
+from mlxspec.cli.argtypes import non_negative_int as _non_negative_int
+from mlxspec.cli.argtypes import positive_int as _positive_int
 
 #: mlx_lm.server flags whose feature mlxspec does not have yet: any use is a
 #: one-line error (exit 2), never silently ignored.
