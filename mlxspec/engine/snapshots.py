@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mlxspec.engine.model.fit import ModelMemory
+from mlxspec.parsers import template_text
 
 
 @dataclass(frozen=True)
@@ -138,18 +139,7 @@ def read_chat_format(tokenizer: Any) -> ChatFormat:
     """
     start = getattr(tokenizer, "think_start", None)
     return ChatFormat(
-        chat_template=_template_text(getattr(tokenizer, "chat_template", None)),
+        chat_template=template_text(getattr(tokenizer, "chat_template", None)),
         tool_parser=getattr(tokenizer, "tool_parser", None),
         think_start=start if isinstance(start, str) else None,
     )
-
-
-def _template_text(template: Any) -> str:
-    """A chat template as one string (Hugging Face allows named templates)."""
-    if isinstance(template, str):
-        return template
-    if isinstance(template, dict):
-        return "\n".join(str(v) for v in template.values())
-    if isinstance(template, list):
-        return "\n".join(str(t.get("template", "")) for t in template if isinstance(t, dict))
-    return ""

@@ -136,7 +136,7 @@ def detect(tokenizer: Any) -> ParserChoice:
     Returns:
         ParserChoice: the registry names.
     """
-    template = _template_text(getattr(tokenizer, "chat_template", None))
+    template = template_text(getattr(tokenizer, "chat_template", None))
     tool = None
     inferred = getattr(tokenizer, "tool_parser", None)
     module = getattr(inferred, "__module__", "") or ""
@@ -171,8 +171,9 @@ def _tool_from_template(template: str) -> str | None:
     return None
 
 
-def _template_text(template: Any) -> str:
-    """A chat template as one string (HF allows a list of named templates)."""
+def template_text(template: Any) -> str:
+    """A chat template as one string: Hugging Face allows a dict or a list of named
+    templates (``[{"name": ..., "template": ...}]``), joined here; anything else is ``""``."""
     if isinstance(template, str):
         return template
     if isinstance(template, dict):
