@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 from collections.abc import Callable, Generator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -98,6 +99,9 @@ class FakeEngine:
         self.grammar_reason: str | None = None
         #: Seconds before each step; ``0`` delivers the whole script at ``submit``.
         self.delay = 0.0
+        #: While set to an unset ``threading.Event``, a delayed script's first
+        #: event waits for it (a prefill that ends when the test says so).
+        self.first_token_gate: threading.Event | None = None
         #: Every submitted request, in order.
         self.requests: list[GenerationRequest] = []
         #: The text of every chat prompt built, in order.
@@ -183,7 +187,9 @@ class FakeEngine:
             for event in events:
                 handle.emit(event)
             return handle
-        replay = asyncio.ensure_future(self._replay(handle, events, self.delay))
+        replay = asyncio.ensure_future(
+            self._replay(handle, events, self.delay, self.first_token_gate)
+        )
         self._replays.add(replay)  # the loop keeps only a weak reference
         replay.add_done_callback(self._replays.discard)
         return handle
@@ -277,9 +283,16 @@ class FakeEngine:
         return events
 
     @staticmethod
-    async def _replay(handle: RequestHandle, events: list[Event], delay: float) -> None:
+    async def _replay(
+        handle: RequestHandle,
+        events: list[Event],
+        delay: float,
+        gate: threading.Event | None = None,
+    ) -> None:
         """Emit ``events`` ``delay`` seconds apart until the handle is cancelled
-        (``cancel`` itself sends ``Cancelled``)."""
+        (``cancel`` itself sends ``Cancelled``); the first waits for ``gate``."""
+        while gate is not None and not gate.is_set() and not handle.cancelled:
+            await asyncio.sleep(0.01)
         for event in events:
             if not isinstance(event, _ENDINGS):
                 await asyncio.sleep(delay)

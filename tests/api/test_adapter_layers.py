@@ -41,7 +41,7 @@ def test_scan_finds_folders_and_children(
     dirs = scan_dirs({"MLXSPEC_ADAPTER_DIRS": str(tmp_path / "extra")})
     assert dirs == [tmp_path / "cache" / "adapters", tmp_path / "extra"]
     names = [f.path.name for f in find_adapters(dirs)]
-    assert names == ["one", "extra"]
+    assert names == ["extra", "one"]  # by name, though cache/ sorts first by path
 
 
 def _model(path: Path):  # noqa: ANN202

@@ -2,12 +2,14 @@
 opening events at once, then SSE keep-alive comments until the first token.
 
 A scripted engine (``fixtures.tool_models``) stands in for the model: its
-first token comes after ``delay`` seconds, as after a long agent prompt's
-prefill. Timing needs a real socket (httpx's ASGI transport buffers)."""
+first token waits for a gate the test opens only after it has read the opening
+events and some keep-alives, as after a long agent prompt's prefill, so nothing
+here hangs on how busy the machine is. A real socket is needed (httpx's ASGI
+transport buffers)."""
 
 from __future__ import annotations
 
-import time
+import threading
 from collections.abc import Iterator
 
 import httpx
@@ -16,27 +18,39 @@ import pytest
 from mlxspec.http import sse
 from tests.helpers import scripted_tool_server
 
-#: Seconds before the scripted first token, and the keep-alive interval under test.
-PREFILL_S, INTERVAL_S = 0.8, 0.1
+#: The keep-alive interval under test (seconds), and how many keep-alives the
+#: client reads before it lets the first token out.
+INTERVAL_S, KEEPALIVES_BEFORE_TOKEN = 0.1, 3
 
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[object, str]]:
     with scripted_tool_server(tmp_path_factory.mktemp("slow") / "m", "hermes") as (engine, srv):
-        engine.script, engine.delay = ["Hi", "!"], PREFILL_S
-        yield srv.base
+        engine.script, engine.delay = ["Hi", "!"], 0.01
+        yield engine, srv.base
 
 
-def timed_lines(base: str, path: str, body: dict) -> list[tuple[float, str]]:
-    """Each non-empty SSE line with the seconds since the request went out."""
-    start = time.monotonic()
-    out = []
-    with httpx.stream("POST", base + path, json=body, timeout=30) as r:
-        assert r.status_code == 200
-        for line in r.iter_lines():
-            if line:
-                out.append((time.monotonic() - start, line))
-    return out
+def gated_lines(engine: object, base: str, path: str, body: dict) -> tuple[list[str], int]:
+    """Each non-empty SSE line, and how many came before the gate opened: the
+    gate opens once :data:`KEEPALIVES_BEFORE_TOKEN` keep-alives were read."""
+    gate = threading.Event()
+    engine.first_token_gate = gate  # type: ignore[attr-defined]
+    out: list[str] = []
+    before = -1
+    try:
+        with httpx.stream("POST", base + path, json=body, timeout=20) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if not line:
+                    continue
+                out.append(line)
+                if not gate.is_set() and out.count(": keep-alive") >= KEEPALIVES_BEFORE_TOKEN:
+                    before = len(out)
+                    gate.set()
+    finally:
+        gate.set()
+        engine.first_token_gate = None  # type: ignore[attr-defined]
+    return out, before
 
 
 @pytest.mark.parametrize(
@@ -62,7 +76,7 @@ def timed_lines(base: str, path: str, body: dict) -> list[tuple[float, str]]:
     ],
 )
 def test_opening_events_at_once_then_keepalives_until_the_first_token(
-    base: str,
+    served: tuple[object, str],
     monkeypatch: pytest.MonkeyPatch,
     path: str,
     body: dict,
@@ -70,12 +84,11 @@ def test_opening_events_at_once_then_keepalives_until_the_first_token(
     first_token: str,
 ) -> None:
     monkeypatch.setattr(sse, "KEEPALIVE_INTERVAL_S", INTERVAL_S)
-    lines = timed_lines(base, path, body)
-    names = [line for _, line in lines]
+    names, before = gated_lines(*served, path, body)
     assert names[0] == opening
-    token_at = names.index(first_token)
-    # the opening events went out before the prefill, not with the first token
-    assert lines[token_at][0] - lines[0][0] > PREFILL_S * 0.6
-    silence = [line for line in names[:token_at] if line.startswith(":")]
-    assert silence and set(silence) == {": keep-alive"}
-    assert len(silence) >= int(PREFILL_S / INTERVAL_S) // 2
+    # the opening events and the keep-alives all went out while no token existed
+    assert before == names.index(": keep-alive") + KEEPALIVES_BEFORE_TOKEN
+    assert names.index(first_token) >= before
+    assert names[-1].startswith("data:")  # the stream ran to its end
+    silence = [line for line in names[: names.index(first_token)] if line.startswith(":")]
+    assert set(silence) == {": keep-alive"} and len(silence) >= KEEPALIVES_BEFORE_TOKEN

@@ -133,7 +133,9 @@ def find_adapters(dirs: Iterable[Path]) -> list[AdapterFolder]:
         dirs (Iterable[Path]): the directories to scan (missing ones are skipped).
 
     Returns:
-        list[AdapterFolder]: sorted by path, each once.
+        list[AdapterFolder]: each once, sorted by folder name (the id a listing
+        shows), then by path, so the order does not hang on where the scanned
+        directories live.
     """
     found: dict[Path, AdapterFolder] = {}
     for root in dirs:
@@ -150,7 +152,7 @@ def find_adapters(dirs: Iterable[Path]) -> list[AdapterFolder]:
             except AdapterError:
                 continue
             found.setdefault(folder.path, folder)
-    return [found[p] for p in sorted(found)]
+    return [found[p] for p in sorted(found, key=lambda p: (p.name, str(p)))]
 
 
 def inside(path: str | Path, roots: Sequence[str | Path]) -> bool:
