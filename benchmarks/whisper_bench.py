@@ -10,13 +10,16 @@ language given, no VAD, in all three. Clips: one labelled clip per language of
 English clips end to end (``--long``, measured first). RTF = processing seconds /
 audio seconds (lower is faster); each system is warmed on one short clip first.
 ``server_overhead`` is the server's total time over mlx-whisper direct's, minus 1.
-``<name>.partial.json`` in ``--out`` is rewritten after every clip, so a run cut
-off part way still leaves what it measured.
+All systems stay loaded side by side; ``--rounds N`` times every clip on each N
+times, the systems' order reversed every other round (a busy spell then falls on
+both), and reports each clip's median. ``<name>.partial.json`` in ``--out`` is
+rewritten after every round, so a run cut off part way still leaves what it
+measured.
 
     python benchmarks/whisper_bench.py --name cpu-whisper-base          # CPU (all three)
     python benchmarks/whisper_bench.py --name h200-whisper-base --skip faster-whisper
     python benchmarks/whisper_bench.py --name cpu-whisper-overhead --skip faster-whisper \
-        --long 0 --languages en            # server overhead on two short clips
+        --long 0 --languages en --rounds 5  # server overhead on two short clips
 
 Writes ``benchmarks/results/<name>.json`` and ``.png`` (matplotlib) or ``.svg``.
 """
@@ -24,6 +27,7 @@ Writes ``benchmarks/results/<name>.json`` and ``.png`` (matplotlib) or ``.svg``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -77,8 +81,10 @@ def _checkpoint():
     return checkpoint, checkpoint.mlx_folder(cache_dir())
 
 
-def run_server(clips: list[dict], on_row) -> list[dict]:  # noqa: ANN001
-    """mlxspec serve <whisper checkpoint>, each clip POSTed as a WAV (language given)."""
+@contextlib.contextmanager
+def open_server():  # noqa: ANN201
+    """mlxspec serve <whisper checkpoint>; yields ``one(clip) -> (text, seconds)``,
+    the clip POSTed as a WAV (language given)."""
     import httpx
 
     from mlxspec.conformance.live import free_port, wait_healthy
@@ -101,13 +107,14 @@ def run_server(clips: list[dict], on_row) -> list[dict]:  # noqa: ANN001
                 r.raise_for_status()
                 return r.json()["text"], time.perf_counter() - started
 
-            return _measure(clips, one, on_row)
+            yield one
     finally:
         proc.terminate()
         proc.wait(30)
 
 
-def run_mlx_whisper(clips: list[dict], on_row) -> list[dict]:  # noqa: ANN001
+@contextlib.contextmanager
+def open_mlx_whisper():  # noqa: ANN201
     """``mlx_whisper.transcribe`` in this process on mlxspec's conversion."""
     import mlx.core as mx
     import mlx_whisper
@@ -121,10 +128,11 @@ def run_mlx_whisper(clips: list[dict], on_row) -> list[dict]:  # noqa: ANN001
                                    language=c["lang"])  # fmt: skip
         return r["text"], time.perf_counter() - started
 
-    return _measure(clips, one, on_row)
+    yield one
 
 
-def run_faster_whisper(clips: list[dict], on_row) -> list[dict]:  # noqa: ANN001
+@contextlib.contextmanager
+def open_faster_whisper():  # noqa: ANN201
     """faster-whisper on the wheels' model.bin (parts joined), float32, greedy."""
     from faster_whisper import WhisperModel
 
@@ -146,7 +154,7 @@ def run_faster_whisper(clips: list[dict], on_row) -> list[dict]:  # noqa: ANN001
         text = "".join(s.text for s in segments)
         return text, time.perf_counter() - started
 
-    return _measure(clips, one, on_row)
+    yield one
 
 
 def _wav(audio: np.ndarray) -> bytes:
@@ -162,26 +170,38 @@ def _wav(audio: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def _measure(clips: list[dict], one, on_row) -> list[dict]:  # noqa: ANN001
-    """Each clip once after a warm-up (weights in, kernels built) on the first
-    short one; ``on_row(rows)`` after every clip."""
-    one(next((c for c in clips if "long" not in c["id"]), clips[0]))
-    rows: list[dict] = []
-    for c in clips:
-        text, seconds = one(c)
-        duration = len(c["audio"]) / 16000
-        rows.append({
-            "clip": c["id"], "lang": c["lang"], "duration_s": round(duration, 3),
-            "seconds": round(seconds, 4), "rtf": round(seconds / duration, 4),
-            "error_rate": round(error_rate(c["text"], text, c["lang"]), 4), "text": text,
-        })  # fmt: skip
-        print(
-            f"  {c['id']:<22} rtf {rows[-1]['rtf']:.3f}  err {rows[-1]['error_rate']:.3f}"
-            f"  {text.strip()[:60]}",
-            flush=True,
-        )
-        on_row(rows)
-    return rows
+def _row(c: dict, text: str, samples: list[float]) -> dict:
+    """One clip's row: its median time over the rounds and every time measured."""
+    duration = len(c["audio"]) / 16000
+    seconds = float(np.median(samples))
+    return {
+        "clip": c["id"], "lang": c["lang"], "duration_s": round(duration, 3),
+        "seconds": round(seconds, 4), "rtf": round(seconds / duration, 4),
+        "error_rate": round(error_rate(c["text"], text, c["lang"]), 4), "text": text,
+        "seconds_each": [round(x, 4) for x in samples],
+    }  # fmt: skip
+
+
+def measure(clips: list[dict], ones: dict, rounds: int, on_rows) -> None:  # noqa: ANN001
+    """Time every clip on every system ``rounds`` times after one warm-up each
+    (weights in, kernels built, on the first short clip), the systems' order
+    reversed every other round; ``on_rows(name, rows)`` after each system's round."""
+    warm = next((c for c in clips if "long" not in c["id"]), clips[0])
+    for one in ones.values():
+        one(warm)
+    times: dict[str, list[list[float]]] = {n: [[] for _ in clips] for n in ones}
+    texts: dict[str, list[str]] = {n: [""] * len(clips) for n in ones}
+    for k in range(rounds):
+        order = list(ones) if k % 2 == 0 else list(reversed(ones))
+        for name in order:
+            print(f"{name} (round {k + 1}/{rounds})", flush=True)
+            for i, c in enumerate(clips):
+                texts[name][i], seconds = ones[name](c)
+                times[name][i].append(seconds)
+                text = texts[name][i].strip()[:60]
+                print(f"  {c['id']:<22} {seconds:8.3f} s  {text}", flush=True)
+            rows = [_row(c, texts[name][i], times[name][i]) for i, c in enumerate(clips)]
+            on_rows(name, rows)
 
 
 def _summary(rows: list[dict]) -> dict:
@@ -207,14 +227,17 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument("--languages", nargs="*", default=None, help="only these (default: all)")
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="times each clip on each system (median kept)"
+    )
     args = parser.parse_args()
     import mlx.core as mx
 
     clips = _load_clips(args.long, args.languages)
     systems = {
-        "server": run_server,
-        "mlx-whisper": run_mlx_whisper,
-        "faster-whisper": run_faster_whisper,
+        "server": open_server,
+        "mlx-whisper": open_mlx_whisper,
+        "faster-whisper": open_faster_whisper,
     }
     report: dict = {
         "name": args.name,
@@ -224,16 +247,15 @@ def main() -> None:
     }
     args.out.mkdir(parents=True, exist_ok=True)
     partial = args.out / f"{args.name}.partial.json"
-    for name, run in systems.items():
-        if name in args.skip:
-            continue
-        print(name, flush=True)
+    report["rounds"] = args.rounds
 
-        def on_row(rows: list[dict], name: str = name) -> None:
-            report["systems"][name] = {"summary": _summary(rows), "clips": rows}
-            partial.write_text(json.dumps(report, indent=1, ensure_ascii=False))
+    def on_rows(name: str, rows: list[dict]) -> None:
+        report["systems"][name] = {"summary": _summary(rows), "clips": rows}
+        partial.write_text(json.dumps(report, indent=1, ensure_ascii=False))
 
-        run(clips, on_row)
+    with contextlib.ExitStack() as stack:
+        ones = {n: stack.enter_context(o()) for n, o in systems.items() if n not in args.skip}
+        measure(clips, ones, args.rounds, on_rows)
     s = report["systems"]
     if "server" in s and "mlx-whisper" in s:
         report["server_overhead"] = round(

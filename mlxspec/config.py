@@ -124,6 +124,8 @@ class ServeConfig:
             Whisper weights are released. Default: ``300``.
         whisper_resident (bool): never release them. Default: ``False``.
         max_audio_seconds (float | None): longest take; longer is a 413. Default: ``3600``.
+        audio_session_idle (float): seconds a dictation session may go without a
+            request before it is discarded; ``0`` never. Default: ``300``.
     """
 
     model: str | None = None
@@ -179,6 +181,7 @@ class ServeConfig:
     whisper_idle_unload: float = 300.0
     whisper_resident: bool = False
     max_audio_seconds: float | None = 3600.0
+    audio_session_idle: float = 300.0
     # Where POST /v1/adapters may read LoRA adapters from.
     adapter_dirs: tuple[str, ...] = ()
 

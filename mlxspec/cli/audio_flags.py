@@ -7,6 +7,8 @@ from typing import Any
 
 #: Longest take accepted by default, seconds (an hour; longer is a 413).
 DEFAULT_MAX_AUDIO_S = 3600.0
+#: Seconds a dictation session may go without a request (engine's default).
+DEFAULT_SESSION_IDLE_S = 300.0
 
 
 def add_audio_flags(serve: argparse.ArgumentParser) -> None:
@@ -31,6 +33,14 @@ def add_audio_flags(serve: argparse.ArgumentParser) -> None:
         help="keep the Whisper weights loaded once paged in",
     )
     serve.add_argument(
+        "--audio-session-idle",
+        type=_seconds,
+        default=DEFAULT_SESSION_IDLE_S,
+        help="discard a dictation session that gets no request for this many seconds "
+        "(its slot and its hold on the weights go; a later call is a 404); 0 keeps "
+        "sessions until finished or deleted (default 300)",
+    )
+    serve.add_argument(
         "--max-audio-seconds",
         type=_seconds,
         default=DEFAULT_MAX_AUDIO_S,
@@ -45,6 +55,7 @@ def audio_config(args: argparse.Namespace) -> dict[str, Any]:
         "whisper_idle_unload": args.whisper_idle_unload,
         "whisper_resident": args.whisper_resident,
         "max_audio_seconds": args.max_audio_seconds,
+        "audio_session_idle": args.audio_session_idle,
     }
 
 

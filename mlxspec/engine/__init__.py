@@ -24,6 +24,7 @@ from mlxspec.engine.adapters.registry import AdapterRegistry
 from mlxspec.engine.adapters.spec import NONE as NO_ADAPTER_SPEC
 from mlxspec.engine.adapters.spec import AdapterError, parse_spec
 from mlxspec.engine.audio import (
+    DEFAULT_SESSION_IDLE_S,
     FALLBACK_TEMPERATURES,
     MIN_AUDIO_S,
     SAMPLE_RATE,
@@ -83,6 +84,7 @@ from mlxspec.engine.types import (
 )
 
 __all__ = [
+    "DEFAULT_SESSION_IDLE_S",
     "FALLBACK_TEMPERATURES",
     "MIN_AUDIO_S",
     "SAMPLE_RATE",

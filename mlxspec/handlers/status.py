@@ -54,8 +54,17 @@ async def get_stats() -> dict[str, Any]:
     if callable(getattr(store, "stats", None)):
         body["response_store"] = store.stats()
     if transcriber is not None:
-        body["transcription"] = transcriber.block()
+        body["transcription"] = _transcription(transcriber)
     return body
+
+
+def _transcription(transcriber: TranscriberProtocol) -> dict[str, Any]:
+    """The Whisper service's block, with its dictation sessions'."""
+    block = dict(transcriber.block())
+    sessions = scope["state"].get("transcription_sessions")
+    if sessions is not None:
+        block["sessions"] = sessions.block()
+    return block
 
 
 def transcription_only_stats(transcriber: TranscriberProtocol) -> dict[str, Any]:
@@ -67,7 +76,7 @@ def transcription_only_stats(transcriber: TranscriberProtocol) -> dict[str, Any]
         "started_at": transcriber.created,
         "uptime_s": round(max(0.0, time.time() - transcriber.created), 3),
     }
-    return {"server": server, "transcription": transcriber.block()}
+    return {"server": server, "transcription": _transcription(transcriber)}
 
 
 def _server(info: ModelInfo) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import Receive, Scope, Send
 
 from mlxspec.config import ServeConfig
-from mlxspec.engine import EngineRequestError, QueueFullError, Sessions
+from mlxspec.engine import DEFAULT_SESSION_IDLE_S, EngineRequestError, QueueFullError, Sessions
 from mlxspec.errors import (
     ApiError,
     error_json,
@@ -482,5 +482,9 @@ def _audio_state(transcriber: Any, config: Any) -> dict[str, Any]:
     (which see the service as a ``TranscriberProtocol``)."""
     if transcriber is None:
         return {}
-    sessions = Sessions(transcriber, getattr(config, "max_audio_seconds", None))
+    sessions = Sessions(
+        transcriber,
+        getattr(config, "max_audio_seconds", None),
+        idle_s=getattr(config, "audio_session_idle", DEFAULT_SESSION_IDLE_S),
+    )
     return {"transcriber": transcriber, "transcription_sessions": sessions}

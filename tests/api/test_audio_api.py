@@ -346,6 +346,7 @@ def test_models_stats_health_and_unload(http: httpx.Client, oa: openai.OpenAI) -
     assert http.get("/health").content == b'{"status": "ok"}'
     stats = http.get("/stats").json()["transcription"]
     assert stats["model"] == "whisper-tiny.en" and stats["resident"] is True
+    assert stats["sessions"] == {"open": 0, "expired": 0, "idle_timeout_sec": 300.0}
     r = http.post("/admin/transcription/unload").json()
     assert r["unloaded"] is True and r["loaded"] is False
     wav, _ = clip("en", "hello_world")

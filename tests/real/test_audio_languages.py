@@ -102,4 +102,9 @@ def test_transcription_only_server(base_server: str) -> None:
             "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}
         )
         assert r.status_code == 503 and r.json()["error"]["code"] == "model_unavailable"
+        assert stats["transcription"]["sessions"]["idle_timeout_sec"] == 300
+        for page in ("/", "/assets/app.js", "/sw.js", "/chat"):  # no chat: no web chat
+            r = http.get(page)
+            assert r.status_code == 404, page
+            assert "speech to text only" in r.json()["error"]["message"]
     assert httpx.get(f"{base_server}/v1").json()["model"] == "whisper-base"

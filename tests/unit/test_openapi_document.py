@@ -192,12 +192,12 @@ OPERATIONS = [
         GENERATION_CODES,
     ),
     # The web chat: public shell routes (the socket asks for the key itself).
-    ("get", "/", "getWebApp", WEB, "web", {"200", "400", "500"}),
+    ("get", "/", "getWebApp", WEB, "web", {"200", "400", "404", "500"}),
     ("get", "/assets/{asset}", "getWebAsset", WEB, "web", {"200", "400", "404", "500"}),
-    ("get", "/manifest.webmanifest", "getWebManifest", WEB, "web", {"200", "400", "500"}),
-    ("get", "/sw.js", "getServiceWorker", WEB, "web", {"200", "400", "500"}),
-    ("get", "/chat", "redirectChatPage", WEB, "web", {"302", "400", "500"}),
-    ("get", "/status", "redirectStatusPage", WEB, "web", {"302", "400", "500"}),
+    ("get", "/manifest.webmanifest", "getWebManifest", WEB, "web", {"200", "400", "404", "500"}),
+    ("get", "/sw.js", "getServiceWorker", WEB, "web", {"200", "400", "404", "500"}),
+    ("get", "/chat", "redirectChatPage", WEB, "web", {"302", "400", "404", "500"}),
+    ("get", "/status", "redirectStatusPage", WEB, "web", {"302", "400", "404", "500"}),
     ("get", "/ws/chat", "openChatSocket", WEB, "web", {"101", "400", "403", "426", "500"}),
     # speech to text (the 503s: no Whisper checkpoint, or too many connections)
     (

@@ -17,7 +17,13 @@ from mlxspec.engine.audio.interface import TranscriberProtocol
 from mlxspec.engine.audio.pcm import SAMPLE_RATE, AudioDecodeError, decode_audio, pcm_float32
 from mlxspec.engine.audio.runner import ExclusiveRunner, SoloRunner
 from mlxspec.engine.audio.service import MIN_AUDIO_S, WhisperService
-from mlxspec.engine.audio.sessions import MAX_SESSIONS, ChunkReceipt, SessionError, Sessions
+from mlxspec.engine.audio.sessions import (
+    DEFAULT_SESSION_IDLE_S,
+    MAX_SESSIONS,
+    ChunkReceipt,
+    SessionError,
+    Sessions,
+)
 from mlxspec.engine.audio.types import (
     FALLBACK_TEMPERATURES,
     PROMPT_TOKEN_BUDGET,
@@ -34,6 +40,7 @@ from mlxspec.engine.types import JobAbandoned
 
 __all__ = [
     "FALLBACK_TEMPERATURES",
+    "DEFAULT_SESSION_IDLE_S",
     "MAX_SESSIONS",
     "MIN_AUDIO_S",
     "PROMPT_TOKEN_BUDGET",

@@ -5,17 +5,20 @@ A session is a :class:`~.take.Take` fed chunk by chunk. After each chunk every
 thread, a window per step), so ``finish`` costs only the last window however
 long the take. With the VAD gate nothing is decoded before speech was heard,
 and a take without speech finishes as ``{"text": ""}`` without Whisper. At
-most :data:`MAX_SESSIONS` are open; a session holds the weights until it ends.
+most :data:`MAX_SESSIONS` are open; a session holds the weights until it ends,
+and one that gets no request for ``idle_s`` seconds ends by itself (a client
+that went away neither keeps its slot nor pins the weights).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
 import uuid
 from collections.abc import Generator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -28,6 +31,7 @@ if TYPE_CHECKING:  # mlx-whisper loads on the first take (see service.py)
     from mlxspec.engine.audio.take import Take
 
 __all__ = [
+    "DEFAULT_SESSION_IDLE_S",
     "MAX_SESSIONS",
     "ChunkReceipt",
     "SessionError",
@@ -36,6 +40,11 @@ __all__ = [
 
 #: Open sessions at once (reference: the 65th is a 429).
 MAX_SESSIONS = 64
+#: Seconds without a request before an open session is discarded (mlxspec's
+#: choice; the reference keeps sessions until finished or deleted).
+DEFAULT_SESSION_IDLE_S = 300.0
+#: Ended session ids remembered to answer 409 (finished) or say "expired".
+_REMEMBERED = 4096
 
 
 class SessionError(Exception):
@@ -75,6 +84,9 @@ class _Session:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     started: float = field(default_factory=time.perf_counter)
     load_ms: float = 0.0
+    meta: Any = None
+    touched: float = field(default_factory=lambda: time.monotonic())  # the clock, looked up
+    timer: asyncio.TimerHandle | None = None
 
 
 class Sessions:
@@ -84,23 +96,40 @@ class Sessions:
         service (WhisperService): decodes the windows.
         max_audio_s (float | None): longest take. Default: ``None`` (no cap).
         max_sessions (int): open at once. Default: :data:`MAX_SESSIONS`.
+        idle_s (float | None): seconds without a request before an open session
+            is discarded (one decoding a chunk is never idle); ``None`` or ``0``
+            keeps sessions until they end. Default: :data:`DEFAULT_SESSION_IDLE_S`.
     """
 
     def __init__(
         self, service: WhisperService, max_audio_s: float | None = None,
-        max_sessions: int = MAX_SESSIONS,
+        max_sessions: int = MAX_SESSIONS, idle_s: float | None = DEFAULT_SESSION_IDLE_S,
     ) -> None:  # fmt: skip
         self.service, self.max_audio_s, self.max_sessions = service, max_audio_s, max_sessions
+        self.idle_s = idle_s or None
         self._open: dict[str, _Session] = {}
-        self._finished: set[str] = set()
+        #: Ended ids, oldest first: ``"finished"`` (409) or ``"expired"`` (404).
+        self._ended: collections.OrderedDict[str, str] = collections.OrderedDict()
+        #: Sessions discarded for idling, since start.
+        self.expired_total = 0
 
     @property
     def open_count(self) -> int:
         """Sessions open now."""
         return len(self._open)
 
-    async def open(self, options: TranscribeOptions) -> tuple[str, float]:
+    def block(self) -> dict[str, Any]:
+        """``/stats``' ``transcription.sessions``: open now, discarded for idling
+        since start, and the idle limit (seconds; ``None``: none)."""
+        return {"open": len(self._open), "expired": self.expired_total,
+                "idle_timeout_sec": self.idle_s}  # fmt: skip
+
+    async def open(self, options: TranscribeOptions, meta: Any = None) -> tuple[str, float]:
         """Open a session; the weights load here if they were paged out.
+
+        Args:
+            options (TranscribeOptions): the take's decoding options.
+            meta (Any): the caller's own data for the session (:meth:`meta`).
 
         Returns:
             tuple[str, float]: its id and the load time (ms).
@@ -112,7 +141,7 @@ class Sessions:
             raise SessionError(
                 "too_many_sessions", f"at most {self.max_sessions} sessions may be open at once"
             )
-        session = _Session(f"sess_{uuid.uuid4().hex[:24]}", options)
+        session = _Session(f"sess_{uuid.uuid4().hex[:24]}", options, meta=meta)
         self._open[session.id] = session
         self.service.hold()
         try:
@@ -120,20 +149,62 @@ class Sessions:
         except BaseException:
             self._close(session.id)
             raise
+        self._arm(session)
         return session.id, session.load_ms
+
+    def meta(self, session_id: str) -> Any:
+        """The ``meta`` an open session was opened with.
+
+        Raises:
+            SessionError: unknown, expired or finished session.
+        """
+        return self._get(session_id).meta
 
     def _get(self, session_id: str) -> _Session:
         session = self._open.get(session_id)
         if session is None:
-            if session_id in self._finished:
+            ended = self._ended.get(session_id)
+            if ended == "finished":
                 raise SessionError("session_finished", f"session '{session_id}' is finished")
+            if ended == "expired":
+                raise SessionError(
+                    "session_not_found", f"session '{session_id}' expired after "
+                    f"{self.idle_s:g} s without a request",
+                )  # fmt: skip
             raise SessionError("session_not_found", f"session '{session_id}' not found")
+        session.touched = time.monotonic()
         return session
 
-    def _close(self, session_id: str) -> None:
-        if self._open.pop(session_id, None) is not None:
-            self._finished.add(session_id)
-            self.service.release()
+    def _close(self, session_id: str, how: str = "finished") -> None:
+        session = self._open.pop(session_id, None)
+        if session is None:
+            return
+        if session.timer is not None:
+            session.timer.cancel()
+        self._ended[session_id] = how
+        while len(self._ended) > _REMEMBERED:
+            self._ended.popitem(last=False)
+        self.service.release()
+
+    def _arm(self, session: _Session) -> None:
+        """Check ``session`` for idling when ``idle_s`` after its last request is due."""
+        if self.idle_s is None or session.id not in self._open:
+            return
+        due = session.touched + self.idle_s - time.monotonic()
+        loop = asyncio.get_running_loop()
+        session.timer = loop.call_later(max(due, 0.0), self._reap, session)
+
+    def _reap(self, session: _Session) -> None:
+        """Discard ``session`` if it idled ``idle_s`` (busy ones wait for the next check)."""
+        assert self.idle_s is not None
+        if session.lock.locked():  # a chunk is being decoded: not idle
+            session.touched = time.monotonic()
+        if time.monotonic() - session.touched < self.idle_s:
+            self._arm(session)
+            return
+        session.finished = True
+        self.expired_total += 1
+        self._close(session.id, "expired")
 
     async def feed(self, session_id: str, samples: np.ndarray) -> ChunkReceipt:
         """Append one chunk (16 kHz mono float32) and decode every window it completes.
@@ -155,6 +226,7 @@ class Sessions:
             session.samples += len(samples)
             session.audio.append(samples)
             await self.service.runner.run_exclusive(lambda: self._advance(session, False))
+            session.touched = time.monotonic()  # idle counts from the request's end
             take = session.take
             return ChunkReceipt(
                 session.samples,

@@ -3,6 +3,7 @@ and ``DELETE /v1/audio/sessions/{id}``."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from typing import Any
@@ -23,8 +24,6 @@ from mlxspec.handlers.audio.wire import to_options
 from mlxspec.handlers.context import request_headers
 
 _RATE = re.compile(r";\s*rate\s*=\s*(\d+)", re.IGNORECASE)
-#: Session id -> response format and when it opened (for ``finish``'s timings).
-_FORMATS: dict[str, tuple[str, float]] = {}
 
 
 async def create_session(body: dict[str, Any] | None = None) -> tuple[dict[str, Any], int]:
@@ -33,13 +32,14 @@ async def create_session(body: dict[str, Any] | None = None) -> tuple[dict[str, 
     fields = dict(body or {})
     options = to_options(fields, task=fields.get("task", "transcribe"),
                          multilingual=service.multilingual)  # fmt: skip
+    # the session keeps its response format and when it opened (finish's timings)
+    meta = (fields.get("response_format") or "json", time.perf_counter())
     try:
-        session_id, _ = await current_sessions().open(options)
+        session_id, _ = await current_sessions().open(options, meta)
     except SessionError as e:
         raise session_error(e) from e
     except WhisperModelError as e:
         raise model_error(e) from e
-    _FORMATS[session_id] = (fields.get("response_format") or "json", time.perf_counter())
     usage = service.vocabulary_usage(options.vocabulary, options.prompt)
     vocabulary = None if usage is None else usage.to_json()
     return {"id": session_id, "model": service.model_id, "vocabulary": vocabulary}, 200
@@ -52,8 +52,10 @@ async def add_session_audio(session_id: str, body: Any = None) -> dict[str, Any]
     media = request_headers().get("content-type", "")
     if media.lower().startswith("audio/pcm"):
         rate = _RATE.search(media)
-        try:
-            samples = pcm_float32(bytes(blob), int(rate[1]) if rate else 16000)
+        try:  # resampling a long chunk is work: off the event loop
+            samples = await asyncio.to_thread(
+                pcm_float32, bytes(blob), int(rate[1]) if rate else 16000
+            )
         except ValueError as e:
             raise ApiError("invalid_audio", str(e)) from e
     else:
@@ -72,12 +74,12 @@ async def add_session_audio(session_id: str, body: Any = None) -> dict[str, Any]
 
 async def finish_session(session_id: str) -> dict[str, Any]:
     """Decode what is left, close the session, answer as the one-shot route."""
-    service = current_transcriber()
+    service, sessions = current_transcriber(), current_sessions()
     try:
-        result = await current_sessions().finish(session_id)
+        fmt, opened = sessions.meta(session_id)
+        result = await sessions.finish(session_id)
     except SessionError as e:
         raise session_error(e) from e
-    fmt, opened = _FORMATS.pop(session_id, ("json", time.perf_counter()))
     total_ms = (time.perf_counter() - opened) * 1000
     return json_body(result, service.model_id, total_ms, verbose=fmt == "verbose_json")
 
@@ -88,5 +90,4 @@ async def delete_session(session_id: str) -> Response:
         current_sessions().discard(session_id)
     except SessionError as e:
         raise session_error(e) from e
-    _FORMATS.pop(session_id, None)
     return Response(status_code=204)

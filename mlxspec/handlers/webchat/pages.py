@@ -5,6 +5,7 @@ and the ``426`` of a plain ``GET /ws/chat`` (the upgrade itself is answered by
 
 from __future__ import annotations
 
+from connexion.context import scope
 from starlette.responses import RedirectResponse, Response
 
 from mlxspec.errors import ApiError
@@ -20,12 +21,28 @@ CSP = (
 )
 
 
+#: A transcription-only server's answer to the page's routes.
+_NO_CHAT = (
+    "this server serves speech to text only (mlxspec serve <whisper checkpoint>): "
+    "the web chat needs a chat model; the API is at /v1/audio/*"
+)
+
+
+def _chat_served() -> None:
+    """Raises:
+    ApiError: ``not_found`` on a transcription-only server (no chat model)."""
+    if scope["state"].get("engine") is None:
+        raise ApiError("not_found", _NO_CHAT)
+
+
 def _serve(route: str) -> Response:
     """The shipped file of ``route`` with its type and cache headers.
 
     Raises:
-        ApiError: ``not_found`` when no file is shipped for it.
+        ApiError: ``not_found`` when no file is shipped for it, or on a
+            transcription-only server.
     """
+    _chat_served()
     found = static_file(route)
     if found is None:
         raise ApiError("not_found", "not found")
@@ -57,11 +74,13 @@ async def get_service_worker() -> Response:
 
 async def redirect_chat_page() -> Response:
     """``GET /chat``: the reference's legacy page path, now a hash route."""
+    _chat_served()
     return RedirectResponse("/#chat", status_code=302)
 
 
 async def redirect_status_page() -> Response:
     """``GET /status``: the page's status view."""
+    _chat_served()
     return RedirectResponse("/#status", status_code=302)
 
 
