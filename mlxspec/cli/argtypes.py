@@ -30,6 +30,22 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def seconds(text: str) -> float:
+    """A finite number of seconds >= 0 (``inf`` would reach ``/stats`` as JSON's
+    invalid ``Infinity``; ``0`` is each flag's "never").
+
+    Raises:
+        argparse.ArgumentTypeError: not a number, negative, NaN or infinite.
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, not {text!r}")
+    return value
+
+
 def positive_float(text: str) -> float:
     """A finite number > 0.
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from mlxspec.cli.argtypes import seconds
+
 #: Longest take accepted by default, seconds (an hour; longer is a 413).
 DEFAULT_MAX_AUDIO_S = 3600.0
 #: Seconds a dictation session may go without a request (engine's default).
@@ -23,7 +25,7 @@ def add_audio_flags(serve: argparse.ArgumentParser) -> None:
     )
     serve.add_argument(
         "--whisper-idle-unload",
-        type=_seconds,
+        type=seconds,
         default=300.0,
         help="release the Whisper weights this many seconds after the last take (default 300)",
     )
@@ -34,7 +36,7 @@ def add_audio_flags(serve: argparse.ArgumentParser) -> None:
     )
     serve.add_argument(
         "--audio-session-idle",
-        type=_seconds,
+        type=seconds,
         default=DEFAULT_SESSION_IDLE_S,
         help="discard a dictation session that gets no request for this many seconds "
         "(its slot and its hold on the weights go; a later call is a 404); 0 keeps "
@@ -42,7 +44,7 @@ def add_audio_flags(serve: argparse.ArgumentParser) -> None:
     )
     serve.add_argument(
         "--max-audio-seconds",
-        type=_seconds,
+        type=seconds,
         default=DEFAULT_MAX_AUDIO_S,
         help="longest take accepted; longer audio is a 413 (default 3600)",
     )
@@ -57,10 +59,3 @@ def audio_config(args: argparse.Namespace) -> dict[str, Any]:
         "max_audio_seconds": args.max_audio_seconds,
         "audio_session_idle": args.audio_session_idle,
     }
-
-
-def _seconds(text: str) -> float:
-    value = float(text)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, not {text!r}")
-    return value

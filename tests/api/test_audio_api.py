@@ -206,6 +206,16 @@ def test_bad_audio_is_a_clear_4xx(http: httpx.Client) -> None:
     assert _error(http.post(url, content=wav), 415)["message"] == (
         "a request body needs a Content-Type: send multipart/form-data or application/json"
     )
+    sid = http.post("/v1/audio/sessions", json={}).json()["id"]
+    pcm = np.zeros(1600, "<f4").tobytes()
+    for rate in ("abc", "-16000", "16000.5", "1e5"):
+        r = http.post(f"/v1/audio/sessions/{sid}/audio", content=pcm,
+                      headers={"content-type": f"audio/pcm;rate={rate}"})  # fmt: skip
+        assert "is not a whole number of Hz" in _error(r, 400, "invalid_audio")["message"]
+    r = http.post(f"/v1/audio/sessions/{sid}/audio", content=pcm,
+                  headers={"content-type": "audio/pcm"})  # fmt: skip
+    assert r.status_code == 200 and r.json()["samples"] == 1600  # no rate: 16 kHz
+    assert http.delete(f"/v1/audio/sessions/{sid}").status_code == 204
     chunk = http.post("/v1/audio/sessions/sess_x/audio", content=wav,
                       headers={"content-type": "text/plain"})  # fmt: skip
     assert _error(chunk, 415)["message"].endswith(
@@ -263,8 +273,10 @@ def test_session_chunks_give_the_one_shot_text(
         received.append(r.json())
     assert received[-1]["samples"] == len(samples)
     assert any(r["segments"] for r in received), "the first window is decoded before finish"
+    before = http.get("/stats").json()["transcription"]["requests"]
     done = http.post(f"/v1/audio/sessions/{sid}/finish").json()
     assert done["text"] == one_shot["text"]
+    assert http.get("/stats").json()["transcription"]["requests"] == before + 1  # one take
     assert error_rate(LONG_TEXT, done["text"]) <= 0.3
     assert done["segments"]
     assert done["mlxspec"]["duration"] == pytest.approx(len(samples) / 16000, abs=1e-3)

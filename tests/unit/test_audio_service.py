@@ -135,7 +135,7 @@ def test_the_idle_timer_runs_by_itself() -> None:
     assert asyncio.run(scenario()) == (0, 0)
 
 
-def test_finished_ids_stay_a_409_and_idle_zero_never_expires() -> None:
+def test_deleted_ids_stay_a_409_and_idle_zero_never_expires() -> None:
     from mlxspec.engine.audio import SessionError, Sessions, TranscribeOptions
 
     async def scenario() -> tuple[Sessions, str]:
@@ -149,9 +149,9 @@ def test_finished_ids_stay_a_409_and_idle_zero_never_expires() -> None:
         try:
             sessions.discard(sid)
         except SessionError as e:
-            return sessions, e.kind
+            return sessions, f"{e.kind}: {e.message.replace(sid, 'ID')}"
         return sessions, "no error"
 
     sessions, kind = asyncio.run(scenario())
-    assert kind == "session_finished"
+    assert kind == "session_finished: session 'ID' was deleted"
     assert sessions.block() == {"open": 1, "expired": 0, "idle_timeout_sec": None}

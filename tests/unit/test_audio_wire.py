@@ -111,3 +111,28 @@ def test_verbose_json_shape() -> None:
     assert [w["word"] for w in body["words"]] == ["Hello", "An"]
     assert body["mlxspec"]["timings"]["total_ms"] == 12.5
     assert set(json_body(_result(), "m", 1.0)) == {"text", "mlxspec"}
+
+
+@pytest.mark.parametrize(
+    ("media", "rate"),
+    [
+        ("audio/pcm", 16000),
+        ("audio/pcm;rate=22050", 22050),
+        ("audio/PCM; Rate = 8000 ; channels=1", 8000),
+        ('audio/pcm;rate="44100"', 44100),
+    ],
+)
+def test_pcm_rate(media: str, rate: int) -> None:
+    from mlxspec.handlers.audio.sessions import pcm_rate
+
+    assert pcm_rate(media) == rate
+
+
+@pytest.mark.parametrize("bad", ["abc", "-16000", "16000.5", "1e5", "", "١٦٠٠٠"])
+def test_pcm_rate_that_is_not_a_whole_number_is_a_400(bad: str) -> None:
+    from mlxspec.handlers.audio.sessions import pcm_rate
+
+    with pytest.raises(ApiError) as caught:
+        pcm_rate(f"audio/pcm;rate={bad}")
+    assert caught.value.status == 400 and caught.value.kind == "invalid_audio"
+    assert "is not a whole number of Hz" in caught.value.message

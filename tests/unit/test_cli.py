@@ -205,3 +205,23 @@ def test_a_memory_budget_beyond_the_machine_is_warned_about(caplog) -> None:
         f"--memory-budget {total * 1000} bytes is more than this machine's memory "
         f"({total} bytes): it limits nothing"
     ]
+
+
+@pytest.mark.parametrize(
+    "flag", ["--audio-session-idle", "--whisper-idle-unload", "--max-audio-seconds"]
+)
+@pytest.mark.parametrize("value", ["inf", "-1", "nan", "abc"])
+def test_seconds_flags_refuse_what_is_not_a_finite_count(
+    flag: str, value: str, capsys: pytest.CaptureFixture
+) -> None:
+    """``inf`` would reach ``/stats`` as JSON's invalid ``Infinity``."""
+    with pytest.raises(SystemExit) as exited:
+        parse_config(["serve", flag, value])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert flag in err and f"must be a finite number of seconds >= 0, not '{value}'" in err
+
+
+def test_audio_session_idle_reaches_the_config() -> None:
+    assert parse_config(["serve", "--audio-session-idle", "30"]).audio_session_idle == 30.0
+    assert parse_config(["serve"]).audio_session_idle == 300.0

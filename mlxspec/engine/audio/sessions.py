@@ -108,7 +108,7 @@ class Sessions:
         self.service, self.max_audio_s, self.max_sessions = service, max_audio_s, max_sessions
         self.idle_s = idle_s or None
         self._open: dict[str, _Session] = {}
-        #: Ended ids, oldest first: ``"finished"`` (409) or ``"expired"`` (404).
+        #: Ended ids, oldest first: ``"finished"`` or ``"deleted"`` (409), ``"expired"`` (404).
         self._ended: collections.OrderedDict[str, str] = collections.OrderedDict()
         #: Sessions discarded for idling, since start.
         self.expired_total = 0
@@ -166,6 +166,8 @@ class Sessions:
             ended = self._ended.get(session_id)
             if ended == "finished":
                 raise SessionError("session_finished", f"session '{session_id}' is finished")
+            if ended == "deleted":
+                raise SessionError("session_finished", f"session '{session_id}' was deleted")
             if ended == "expired":
                 raise SessionError(
                     "session_not_found", f"session '{session_id}' expired after "
@@ -269,6 +271,7 @@ class Sessions:
         async with session.lock:
             if session.finished:
                 raise SessionError("session_finished", f"session '{session_id}' is finished")
+            self.service.requests += 1  # a finished take, as a one-shot request is
             try:
                 await self.service.runner.run_exclusive(lambda: self._advance(session, True))
             finally:
@@ -296,4 +299,4 @@ class Sessions:
         """
         session = self._get(session_id)
         session.finished = True
-        self._close(session_id)
+        self._close(session_id, "deleted")

@@ -23,7 +23,27 @@ from mlxspec.handlers.audio.formats import json_body
 from mlxspec.handlers.audio.wire import to_options
 from mlxspec.handlers.context import request_headers
 
-_RATE = re.compile(r";\s*rate\s*=\s*(\d+)", re.IGNORECASE)
+_RATE = re.compile(r";\s*rate\s*=\s*([^;]*)", re.IGNORECASE)
+
+
+def pcm_rate(media: str) -> int:
+    """The ``rate`` parameter of an ``audio/pcm`` content type (Hz; 16000 when
+    absent), a whole number.
+
+    Raises:
+        ApiError: 400 ``invalid_audio`` for a rate that is not a whole number of Hz.
+    """
+    found = _RATE.search(media)
+    if found is None:
+        return 16000
+    text = found[1].strip().strip('"')
+    if not text.isascii() or not text.isdigit():
+        raise ApiError(
+            "invalid_audio",
+            f"the audio/pcm rate {found[1].strip()!r} is not a whole number of Hz "
+            "(e.g. audio/pcm;rate=16000)",
+        )
+    return int(text)
 
 
 async def create_session(body: dict[str, Any] | None = None) -> tuple[dict[str, Any], int]:
@@ -51,11 +71,9 @@ async def add_session_audio(session_id: str, body: Any = None) -> dict[str, Any]
     blob = body if isinstance(body, (bytes, bytearray)) else b""
     media = request_headers().get("content-type", "")
     if media.lower().startswith("audio/pcm"):
-        rate = _RATE.search(media)
+        rate = pcm_rate(media)
         try:  # resampling a long chunk is work: off the event loop
-            samples = await asyncio.to_thread(
-                pcm_float32, bytes(blob), int(rate[1]) if rate else 16000
-            )
+            samples = await asyncio.to_thread(pcm_float32, bytes(blob), rate)
         except ValueError as e:
             raise ApiError("invalid_audio", str(e)) from e
     else:
