@@ -205,6 +205,15 @@ def serve(config: ServeConfig) -> int:
             f"mlxspec: error: cannot use --ssd-cache {config.ssd_cache}: {problem}", file=sys.stderr
         )
         return EXIT_MODEL_ERROR
+    if config.adapter_path:
+        # before the model resolves (a GGUF is hashed, a checkpoint read): a typo fails fast
+        if not (Path(config.adapter_path).expanduser() / "adapter_config.json").is_file():
+            print(
+                f"mlxspec: error: adapter not found: {config.adapter_path} has no "
+                "adapter_config.json",
+                file=sys.stderr,
+            )
+            return EXIT_MODEL_ERROR
     from mlxspec.cli.audio_serve import load_transcription
 
     try:

@@ -19,6 +19,8 @@ import signal
 import sys
 from collections.abc import Sequence
 
+from mlxspec.cli.argtypes import positive_int
+
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 #: Exit status after Ctrl-C (128 + SIGINT, the shell convention).
 EXIT_INTERRUPTED = 130
@@ -33,7 +35,7 @@ def _parser() -> argparse.ArgumentParser:
     fuzz = sub.add_parser("fuzz", help="fuzz every operation with schemathesis")
     fuzz.add_argument(
         "--examples",
-        type=_positive_int,
+        type=positive_int,
         default=25,
         help="test cases per operation and phase (default 25)",
     )
@@ -57,7 +59,7 @@ def _parser() -> argparse.ArgumentParser:
         help="outer wall-clock limit in seconds (default: 900, or 3600 with --coverage)",
     )
     fuzz.add_argument(
-        "--workers", type=_positive_int, default=1, help="concurrent schemathesis workers"
+        "--workers", type=positive_int, default=1, help="concurrent schemathesis workers"
     )
     fuzz.add_argument(
         "--verbose", action="store_true", help="print schemathesis' output even when all passed"
@@ -68,13 +70,6 @@ def _parser() -> argparse.ArgumentParser:
         help="compare against mlx_lm.server (arguments go to the parity harness)",
     )
     return parser
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be >= 1")
-    return value
 
 
 def _fuzz(args: argparse.Namespace) -> int:

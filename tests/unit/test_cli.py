@@ -225,3 +225,19 @@ def test_seconds_flags_refuse_what_is_not_a_finite_count(
 def test_audio_session_idle_reaches_the_config() -> None:
     assert parse_config(["serve", "--audio-session-idle", "30"]).audio_session_idle == 30.0
     assert parse_config(["serve"]).audio_session_idle == 300.0
+
+
+def test_a_missing_adapter_path_fails_before_the_model_is_looked_at(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """The model named does not exist either: the adapter's error comes first."""
+    from mlxspec.cli.main import EXIT_MODEL_ERROR, serve
+    from mlxspec.conformance.live import free_port
+
+    config = ServeConfig(
+        model=str(tmp_path / "no-model"), adapter_path=str(tmp_path / "typo"), port=free_port()
+    )
+    assert serve(config) == EXIT_MODEL_ERROR
+    err = capsys.readouterr().err
+    assert f"adapter not found: {tmp_path / 'typo'} has no adapter_config.json" in err
+    assert "no-model" not in err
