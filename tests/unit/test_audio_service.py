@@ -155,3 +155,58 @@ def test_deleted_ids_stay_a_409_and_idle_zero_never_expires() -> None:
     sessions, kind = asyncio.run(scenario())
     assert kind == "session_finished: session 'ID' was deleted"
     assert sessions.block() == {"open": 1, "expired": 0, "idle_timeout_sec": None}
+
+
+def test_calls_during_a_finish_are_refused_at_once() -> None:
+    """While a finish decodes, a chunk, a delete or a second finish is a 409
+    "is finishing" at once, not a wait for the finish to end."""
+    import numpy as np
+
+    from mlxspec.engine.audio import SessionError, Sessions, TranscribeOptions
+
+    class GatedRunner:
+        def __init__(self) -> None:
+            self.gate = asyncio.Event()
+
+        async def run_exclusive(self, fn: Any) -> Any:
+            await self.gate.wait()
+            raise RuntimeError("the decode broke")  # the finish still closes the session
+
+    async def scenario() -> tuple[list[str], str, int]:
+        runner = GatedRunner()
+        checkpoint = WhisperCheckpoint("whisper-test", "mlx", folder=Path("/nonexistent"))
+        service = WhisperService(checkpoint, runner, Path("/tmp"), idle_unload_s=60)
+        service.model = object()
+        sessions = Sessions(service, idle_s=0)
+        sessions.service.load = _no_load  # type: ignore[method-assign]
+        sid, _ = await sessions.open(TranscribeOptions())
+        finishing = asyncio.ensure_future(sessions.finish(sid))
+        await asyncio.sleep(0.01)
+        refused = []
+        calls = (
+            lambda: sessions.feed(sid, np.zeros(1600, np.float32)),
+            lambda: sessions.finish(sid),
+        )
+        for call in calls:
+            try:
+                await asyncio.wait_for(call(), 1.0)
+            except SessionError as e:
+                refused.append(e.message.replace(sid, "ID"))
+        try:
+            sessions.discard(sid)
+        except SessionError as e:
+            refused.append(e.message.replace(sid, "ID"))
+        runner.gate.set()
+        try:
+            await finishing
+        except RuntimeError as e:
+            broke = str(e)
+        return refused, broke, sessions.open_count
+
+    refused, broke, still_open = asyncio.run(scenario())
+    assert refused == ["session 'ID' is finishing"] * 3
+    assert broke == "the decode broke" and still_open == 0
+
+
+async def _no_load() -> float:
+    return 0.0

@@ -81,6 +81,7 @@ class _Session:
     speech: bool = False
     spans: SpeechSpans | None = None
     finished: bool = False
+    finishing: bool = False  # a finish is running: other calls are refused at once
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     started: float = field(default_factory=time.perf_counter)
     load_ms: float = 0.0
@@ -216,6 +217,7 @@ class Sessions:
                 ``max_audio_s``.
         """
         session = self._get(session_id)
+        self._refuse_finishing(session)
         async with session.lock:
             if session.finished:
                 raise SessionError("session_finished", f"session '{session_id}' is finished")
@@ -268,6 +270,8 @@ class Sessions:
             SessionError: unknown or finished session.
         """
         session = self._get(session_id)
+        self._refuse_finishing(session)
+        session.finishing = True
         async with session.lock:
             if session.finished:
                 raise SessionError("session_finished", f"session '{session_id}' is finished")
@@ -295,8 +299,17 @@ class Sessions:
         """Drop a session (``DELETE``).
 
         Raises:
-            SessionError: unknown or already finished.
+            SessionError: unknown, finishing or already finished.
         """
         session = self._get(session_id)
+        self._refuse_finishing(session)
         session.finished = True
         self._close(session_id, "deleted")
+
+    @staticmethod
+    def _refuse_finishing(session: _Session) -> None:
+        """Raises:
+        SessionError: ``session_finished`` while a finish of ``session`` runs
+            (rather than waiting for it to end and refusing then)."""
+        if session.finishing:
+            raise SessionError("session_finished", f"session '{session.id}' is finishing")
