@@ -50,7 +50,12 @@ from mlxspec.engine.model.fit import ModelMemory, model_memory
 from mlxspec.engine.model.load import LoadOptions, adapter_fingerprint, load_model
 from mlxspec.engine.model.loader import read_model_info
 from mlxspec.engine.model.warmup import warm_up_engine
-from mlxspec.engine.prompt import encode_text, normalize_messages, quiet_length_warning, render_chat
+from mlxspec.engine.prompt import (
+    encode_text,
+    normalize_messages,
+    quiet_length_warning,
+    render_chat,
+)
 from mlxspec.engine.sampling.grammar import GrammarCache
 from mlxspec.engine.sampling.sampler import GenerationDefaults, read_generation_config
 from mlxspec.engine.scoring import ScoredAnswers, score_answers
@@ -62,6 +67,7 @@ from mlxspec.engine.snapshots import (
     read_stats,
 )
 from mlxspec.engine.template_sandbox import TemplateBudget, request_template
+from mlxspec.engine.text_bound import TextBound
 from mlxspec.engine.types import Constraint, GenerationRequest, ModelInfo
 
 T = TypeVar("T")
@@ -152,6 +158,9 @@ class Engine:
         budgets = (limits.memory_budget, limits.kv_budget)
         memory = self.memory if budgets != (None, None) else None
         self.admission = Admission(limits, max_batch, info.context_window, memory)
+        self._text_bound = TextBound(
+            tokenizer, self.admission.context_limit, self.admission.context_words()
+        )
         #: Every generation's KV projection from submission to its end (:mod:`.kv_ledger`).
         self.kv = self.admission.kv
         #: Requests in line for a decode slot under a byte budget (engine thread).
@@ -313,12 +322,13 @@ class Engine:
         ``budget`` bounds a template the request brings). Raises ``PromptError``."""
         normalized = normalize_messages(messages, self.info.id)
         return render_chat(
-            self.tokenizer, normalized, tools=tools, template_kwargs=template_kwargs, budget=budget
-        )
+            self.tokenizer, normalized, tools=tools, template_kwargs=template_kwargs,
+            budget=budget, bound=self._text_bound,
+        )  # fmt: skip
 
     def text_prompt(self, prompt: str) -> list[int]:
         """Tokenize a raw completion prompt (no template)."""
-        return encode_text(self.tokenizer, prompt)
+        return encode_text(self.tokenizer, prompt, self._text_bound)
 
     def check_fits(self, prompt_tokens: int, param: str = "messages") -> None:
         """Raise ``ContextLengthError`` unless the prompt leaves room for one token.

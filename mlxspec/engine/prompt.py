@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 from mlxspec.engine.system_turns import inline_system_turns
 from mlxspec.engine.template_sandbox import TemplateBudget, render_template, request_template
+from mlxspec.engine.text_bound import TextBound
 from mlxspec.engine.types import PromptError
 
 T = TypeVar("T")
@@ -163,8 +164,11 @@ def render_chat(
     tools: list | None = None,
     template_kwargs: Mapping[str, Any] | None = None,
     budget: TemplateBudget | None = None,
+    bound: TextBound | None = None,
 ) -> list[int]:
-    """Render messages with the chat template and tokenize, as mlx_lm.server does.
+    """Render messages with the chat template and tokenize, as mlx_lm.server does
+    (a rendered text longer than ``bound`` allows is a ``ContextLengthError``,
+    never tokenized).
 
     The rendered text is encoded without adding special tokens (the template
     writes its own), then a doubled BOS is reduced to one. With
@@ -233,6 +237,8 @@ def render_chat(
                 param="messages",
             ) from exc
         raise PromptError(f"prompt build failed: {exc}", param="messages") from exc
+    if bound is not None:
+        bound.check(text, "messages")
     tokens = dedupe_bos(tokenizer.encode(text, add_special_tokens=False), tokenizer.bos_token_id)
     if not tokens:  # e.g. a chat_template_kwargs "chat_template" that renders nothing
         raise PromptError("the chat template rendered an empty prompt", param="messages")
@@ -430,13 +436,16 @@ def quiet_length_warning(tokenizer: Any) -> None:
         flags[_TOO_LONG_WARNING] = True
 
 
-def encode_text(tokenizer: Any, prompt: str) -> list[int]:
+def encode_text(tokenizer: Any, prompt: str, bound: TextBound | None = None) -> list[int]:
     """Tokenize a raw completion prompt exactly as ``mlx_lm.server``
     (``tokenizer.encode(prompt)``, the tokenizer's own BOS handling).
 
     Raises:
         PromptError: the prompt encodes to no tokens.
+        ContextLengthError: it is longer than ``bound`` allows (not tokenized).
     """
+    if bound is not None:
+        bound.check(prompt, "prompt")
     tokens = list(tokenizer.encode(prompt))
     if not tokens:
         raise PromptError("the prompt is empty after tokenization", param="prompt")

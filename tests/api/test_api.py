@@ -395,3 +395,19 @@ def test_reasoning_effort_values(client: httpx.Client) -> None:
             "reasoning_effort must be one of 'none', 'minimal', 'low', 'medium', 'high', 'xhigh'"
         ),
     )
+
+
+def test_a_prompt_too_long_to_fit_is_refused_before_it_is_tokenized(
+    client: httpx.Client,
+) -> None:
+    """More characters than the window's tokens can spell: a 400 that counts
+    characters (the text never reached the tokenizer), for both prompt kinds."""
+    text = "hello " * 200_000  # 1.2M characters; the tiny model's window is 256 tokens
+    r = client.post(COMP, json={"prompt": text, "max_tokens": 1})
+    err = assert_error(r, 400, param="prompt")
+    assert err["code"] == "context_length_exceeded"
+    assert f"the prompt is {len(text)} characters long" in err["message"]
+    assert err["message"].startswith("This model's maximum context length is 256 tokens")
+    r = client.post(CHAT, json={"messages": user(text)})
+    err = assert_error(r, 400, param="messages")
+    assert err["code"] == "context_length_exceeded" and "characters long" in err["message"]
