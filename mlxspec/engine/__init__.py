@@ -26,7 +26,9 @@ from mlxspec.engine.adapters.spec import AdapterError, parse_spec
 from mlxspec.engine.audio import (
     DEFAULT_SESSION_IDLE_S,
     FALLBACK_TEMPERATURES,
+    MAX_RATE,
     MIN_AUDIO_S,
+    MIN_RATE,
     SAMPLE_RATE,
     AudioDecodeError,
     SessionError,
@@ -86,7 +88,9 @@ from mlxspec.engine.types import (
 __all__ = [
     "DEFAULT_SESSION_IDLE_S",
     "FALLBACK_TEMPERATURES",
+    "MAX_RATE",
     "MIN_AUDIO_S",
+    "MIN_RATE",
     "SAMPLE_RATE",
     "AudioDecodeError",
     "JobAbandoned",

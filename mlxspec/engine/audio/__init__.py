@@ -14,7 +14,14 @@ from mlxspec.engine.audio.checkpoint import (
     whisper_only,
 )
 from mlxspec.engine.audio.interface import TranscriberProtocol
-from mlxspec.engine.audio.pcm import SAMPLE_RATE, AudioDecodeError, decode_audio, pcm_float32
+from mlxspec.engine.audio.pcm import (
+    MAX_RATE,
+    MIN_RATE,
+    SAMPLE_RATE,
+    AudioDecodeError,
+    decode_audio,
+    pcm_float32,
+)
 from mlxspec.engine.audio.runner import ExclusiveRunner, SoloRunner
 from mlxspec.engine.audio.service import MIN_AUDIO_S, WhisperService
 from mlxspec.engine.audio.sessions import (
@@ -41,7 +48,9 @@ from mlxspec.engine.types import JobAbandoned
 __all__ = [
     "FALLBACK_TEMPERATURES",
     "DEFAULT_SESSION_IDLE_S",
+    "MAX_RATE",
     "MAX_SESSIONS",
+    "MIN_RATE",
     "MIN_AUDIO_S",
     "PROMPT_TOKEN_BUDGET",
     "SAMPLE_RATE",

@@ -10,7 +10,7 @@ from typing import Any
 
 from starlette.responses import Response
 
-from mlxspec.engine import SessionError, WhisperModelError, pcm_float32
+from mlxspec.engine import MAX_RATE, MIN_RATE, SessionError, WhisperModelError, pcm_float32
 from mlxspec.errors import ApiError
 from mlxspec.handlers.audio.common import (
     current_sessions,
@@ -37,11 +37,12 @@ def pcm_rate(media: str) -> int:
     if found is None:
         return 16000
     text = found[1].strip().strip('"')
-    if not text.isascii() or not text.isdigit():
+    # more than 9 digits is out of range anyway (and int() refuses 4300+ digits)
+    if not text.isascii() or not text.isdigit() or len(text) > 9:
         raise ApiError(
             "invalid_audio",
-            f"the audio/pcm rate {found[1].strip()!r} is not a whole number of Hz "
-            "(e.g. audio/pcm;rate=16000)",
+            f"the audio/pcm rate {found[1].strip()[:40]!r} is not a whole number of Hz "
+            f"from {MIN_RATE} to {MAX_RATE} (e.g. audio/pcm;rate=16000)",
         )
     return int(text)
 
