@@ -6,11 +6,10 @@ import argparse
 from typing import Any
 
 from mlxspec.cli.argtypes import seconds
+from mlxspec.config import ServeConfig
 
 #: Longest take accepted by default, seconds (an hour; longer is a 413).
 DEFAULT_MAX_AUDIO_S = 3600.0
-#: Seconds a dictation session may go without a request (engine's default).
-DEFAULT_SESSION_IDLE_S = 300.0
 
 
 def add_audio_flags(serve: argparse.ArgumentParser) -> None:
@@ -37,7 +36,7 @@ def add_audio_flags(serve: argparse.ArgumentParser) -> None:
     serve.add_argument(
         "--audio-session-idle",
         type=seconds,
-        default=DEFAULT_SESSION_IDLE_S,
+        default=ServeConfig().audio_session_idle,
         help="discard a dictation session that gets no request for this many seconds "
         "(its slot and its hold on the weights go; a later call is a 404); 0 keeps "
         "sessions until finished or deleted (default 300)",

@@ -50,12 +50,7 @@ from mlxspec.engine.model.fit import ModelMemory, model_memory
 from mlxspec.engine.model.load import LoadOptions, adapter_fingerprint, load_model
 from mlxspec.engine.model.loader import read_model_info
 from mlxspec.engine.model.warmup import warm_up_engine
-from mlxspec.engine.prompt import (
-    encode_text,
-    normalize_messages,
-    quiet_length_warning,
-    render_chat,
-)
+from mlxspec.engine.prompt import encode_text, normalize_messages, quiet_length_warning, render_chat
 from mlxspec.engine.sampling.grammar import GrammarCache
 from mlxspec.engine.sampling.sampler import GenerationDefaults, read_generation_config
 from mlxspec.engine.scoring import ScoredAnswers, score_answers

@@ -46,8 +46,8 @@ from mlxspec.engine.audio.types import (
 from mlxspec.engine.types import JobAbandoned
 
 __all__ = [
-    "FALLBACK_TEMPERATURES",
     "DEFAULT_SESSION_IDLE_S",
+    "FALLBACK_TEMPERATURES",
     "MAX_RATE",
     "MAX_SESSIONS",
     "MIN_RATE",
