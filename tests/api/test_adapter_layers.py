@@ -83,6 +83,16 @@ def test_mixing_equals_mlx_lm_lora_per_row(tmp_path: Path, tiny_model_dir: Path)
     assert mx.array_equal(out[3], stacked)
     assert not mx.allclose(stacked, only_a) and not mx.allclose(stacked, only_b)
     assert mx.array_equal(model(tokens)[0], base)  # outside a selection: the base model
+    # one token a row (decode: the gathered products) as well as five (prefill: per-row takes)
+    one = tokens[:, :1]
+    with registry.rows([pa, pb]):
+        out1 = model(mx.concatenate([one] * 2))
+    with registry.rows([pa]):
+        solo_a = model(one)[0]
+    with registry.rows([pb]):
+        solo_b = model(one)[0]
+    assert mx.array_equal(out1[0], solo_a) and mx.array_equal(out1[1], solo_b)
+    assert mx.allclose(solo_a, only_a[:1], atol=1e-5)
     # both digests, in the order named: the prompt cache's namespace of a stack
     assert pab.tag == f"{pa.tag}+{pb.tag}" != registry.pick(["b", "a"]).tag
 

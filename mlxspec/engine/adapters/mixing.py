@@ -15,7 +15,11 @@ A call whose rows all select the same adapters takes mlx-lm's ``LoRALinear``
 arithmetic exactly (``y + (scale * ((x @ a) @ b)).astype(x.dtype)``, mlx-lm
 ``tuner/lora.py``); a mixed call gathers each row's matrices with
 ``mx.gather_mm`` (one gathered product per stacked depth, whatever the number
-of adapters), the batched-LoRA scheme of S-LoRA and vLLM's Punica kernels.
+of adapters), the batched-LoRA scheme of S-LoRA and vLLM's Punica kernels. A
+mixed prefill (more than one token a row) takes each row's matrices instead and
+multiplies in one batched product: the copy is paid once over the row's tokens,
+and mlx-cuda 0.32.4's ``gather_mm`` failed at those shapes
+(``cuGraphAddKernelNode ... invalid argument``; ``benchmarks/gather_probe.py``).
 """
 
 from __future__ import annotations
@@ -153,9 +157,12 @@ class AdapterLinear(nn.Module):
             parts = []
             for k in range(plan.indices.shape[1]):  # one gathered product per stacked depth
                 column = plan.indices[:, k]
-                h = mx.gather_mm(
-                    mx.gather_mm(x, stack.a, rhs_indices=column), stack.b, rhs_indices=column
-                )
+                if x.shape[1] == 1:  # decode: the gathered products
+                    h = mx.gather_mm(
+                        mx.gather_mm(x, stack.a, rhs_indices=column), stack.b, rhs_indices=column
+                    )
+                else:  # prefill: each row's matrices taken, one batched product over L tokens
+                    h = (x @ stack.a[column]) @ stack.b[column]
                 parts.append(stack.scale_array[column][:, None, None] * h)
         z = parts[0]
         for part in parts[1:]:  # summed in the order the request named them
