@@ -118,7 +118,7 @@ def as_api_error(exc: Exception) -> ApiError:
     if isinstance(exc, ContextBudgetError):
         return ApiError("context_over_budget", exc.message, param=exc.param)
     if isinstance(exc, EngineRequestError):
-        return ApiError("invalid_request", exc.message, param=exc.param)
+        return ApiError(exc.error_kind, exc.message, param=exc.param)
     return ApiError.internal()
 
 
