@@ -94,10 +94,10 @@ def parse_spec(spec: str, param: str = "adapter", max_stack: int | None = None) 
     text = spec.strip()
     if text in ("", NONE):
         return ()
-    parts = _SEPARATORS.split(text)
-    if max_stack is not None and len(parts) > max_stack:
-        raise stack_error(len(parts), max_stack, param)
-    ids = tuple(part.strip() for part in parts)
+    count = text.count("+") + text.count(",") + 1  # before splitting a body-sized spec
+    if max_stack is not None and count > max_stack:
+        raise stack_error(count, max_stack, param)
+    ids = tuple(part.strip() for part in _SEPARATORS.split(text))
     if any(not part for part in ids):
         raise AdapterError(f"adapter spec '{spec}' has an empty id", param)
     if NONE in ids:
