@@ -102,6 +102,12 @@ class ServeConfig:
             mlx_lm.server does. Default: ``None``.
         adapter_dirs (tuple[str, ...]): the directories ``POST /v1/adapters``
             may read adapters from; ``()`` allows any path the server can read.
+            ``GET /v1/adapters/available`` lists the adapter folders in them too.
+        max_adapters (int): LoRA adapters mounted at once (``--max-adapters``);
+            a mount past it is a 429 ``too_many_adapters``. Default: 32.
+        max_adapter_stack (int): adapters one request may stack
+            (``--max-adapter-stack``); more is a 400 ``adapter_stack_too_deep``.
+            Default: 8.
             Default: ``()``.
         trust_remote_code (bool): let the tokenizer run the model's code. Default: ``False``.
         chat_template (str | None): a chat template replacing the model's. Default: ``None``.
@@ -184,6 +190,9 @@ class ServeConfig:
     audio_session_idle: float = 300.0
     # Where POST /v1/adapters may read LoRA adapters from.
     adapter_dirs: tuple[str, ...] = ()
+    # LoRA adapters mounted at once, and stacked in one request.
+    max_adapters: int = 32
+    max_adapter_stack: int = 8
 
     @property
     def template_defaults(self) -> dict[str, Any]:

@@ -93,6 +93,12 @@ ERROR_TABLE: dict[str, ErrorSpec] = {
     "session_finished": ErrorSpec(409, "invalid_request_error", "session_finished"),
     "too_many_sessions": ErrorSpec(429, "resource_admission", "too_many_sessions"),
     "model_unavailable": ErrorSpec(503, "server_error", "model_unavailable"),
+    # LoRA adapters (issue 25): --max-adapters mounted at once is a full resource
+    # (as too_many_sessions), a stack past --max-adapter-stack a request to fix, the
+    # same numbers under a second id a conflict with the mount that holds them.
+    "too_many_adapters": ErrorSpec(429, "resource_admission", "too_many_adapters"),
+    "adapter_stack_too_deep": ErrorSpec(400, "invalid_request_error", "adapter_stack_too_deep"),
+    "adapter_already_mounted": ErrorSpec(409, "invalid_request_error", "adapter_already_mounted"),
 }
 
 #: The only message an internal failure ever shows a client.
@@ -248,7 +254,7 @@ def from_exception(exc: BaseException) -> ApiError:
         retry = {"Retry-After": str(RETRY_AFTER_S)}
         return ApiError("queue_full", exc.message, headers=retry)
     if isinstance(exc, EngineRequestError):
-        kind = "invalid_request"
+        kind = exc.error_kind  # invalid_request, or a row of its own (adapter limits)
         if isinstance(exc, ContextLengthError):
             kind = "context_length_exceeded"
         elif isinstance(exc, ContextBudgetError):

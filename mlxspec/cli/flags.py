@@ -97,7 +97,26 @@ def _adapter_flags(serve: argparse.ArgumentParser) -> None:
         default=[],
         metavar="DIRS",
         help="comma-separated directories POST /v1/adapters may mount from (repeatable); "
-        "other paths get 403 (default: any directory the server can read)",
+        "other paths get 403 (default: any directory the server can read); "
+        "GET /v1/adapters/available lists the adapters in them",
+    )
+    serve.add_argument(
+        "--max-adapters",
+        type=_positive_int,
+        default=32,
+        metavar="N",
+        help="most LoRA adapters mounted at once; the next mount gets 429 too_many_adapters "
+        "(default 32: each keeps its matrices in memory and adds a slot to every layer it "
+        "touches, and 32 holds a library of task adapters)",
+    )
+    serve.add_argument(
+        "--max-adapter-stack",
+        type=_positive_int,
+        default=8,
+        metavar="N",
+        help="most adapters one request may stack ('a+b+...'); more gets 400 "
+        "adapter_stack_too_deep (default 8: summed residuals drift off the base model as "
+        "they pile up, and each adds a matmul per layer and token)",
     )
 
 
@@ -354,6 +373,8 @@ def parse_config(argv: Sequence[str] | None = None) -> ServeConfig:
         request_template_seconds=args.request_template_seconds,
         adapter_path=args.adapter_path,
         adapter_dirs=tuple(d for group in args.adapter_dirs for d in group),
+        max_adapters=args.max_adapters,
+        max_adapter_stack=args.max_adapter_stack,
         grammar=os.environ.get("MLXSPEC_GRAMMAR", "1") != "0",
         cpu_weights=args.cpu_weights,
         warmup=WARMUP_MODES[warmup],

@@ -36,7 +36,13 @@ def load_engine(config: ServeConfig):  # noqa: ANN201 - returns mlxspec.engine.E
         ModelLoadError: the model is missing, unreadable or unsupported, or the
             admission limits leave no room for a request.
     """
-    from mlxspec.engine import AdmissionLimits, BudgetTooSmallError, Engine, GenerationDefaults
+    from mlxspec.engine import (
+        AdapterLimits,
+        AdmissionLimits,
+        BudgetTooSmallError,
+        Engine,
+        GenerationDefaults,
+    )
     from mlxspec.engine.model.load import LoadOptions
     from mlxspec.engine.model.loader import ModelLoadError, resolve_model
 
@@ -82,6 +88,7 @@ def load_engine(config: ServeConfig):  # noqa: ANN201 - returns mlxspec.engine.E
         raise ModelLoadError(str(exc)) from exc
     except Exception as exc:  # mlx-lm raises many types for unreadable folders
         raise ModelLoadError(f"cannot load model from {resolved.path}: {exc}") from exc
+    engine.adapters.limits = AdapterLimits(config.max_adapters, config.max_adapter_stack)
     engine.start()
     if mount is not None:
         _mount_start_adapter(engine, mount)

@@ -20,7 +20,7 @@ from mlxspec.engine.adapters.files import (
     read_folder,
     scan_dirs,
 )
-from mlxspec.engine.adapters.registry import AdapterRegistry
+from mlxspec.engine.adapters.registry import AdapterLimits, AdapterRegistry
 from mlxspec.engine.adapters.spec import NONE as NO_ADAPTER_SPEC
 from mlxspec.engine.adapters.spec import AdapterError, parse_spec
 from mlxspec.engine.audio import (
@@ -106,6 +106,7 @@ __all__ = [
     "pcm_float32",
     "AdapterError",
     "AdapterFolder",
+    "AdapterLimits",
     "AdapterRegistry",
     "NO_ADAPTER_SPEC",
     "find_adapters",

@@ -245,6 +245,9 @@ class EngineRequestError(ValueError):
         param (str | None): the request field at fault. Default: ``None``.
     """
 
+    #: The row of the error table (``mlxspec.errors.ERROR_TABLE``) a client is shown.
+    error_kind = "invalid_request"
+
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.message = message

@@ -65,3 +65,14 @@ def test_inside_resolves_links(tmp_path: Path) -> None:
     assert inside(tmp_path / "allowed" / "x", [tmp_path / "allowed"])
     assert not inside(tmp_path / "allowed" / "link" / "x", [tmp_path / "allowed"])
     assert inside("/etc", [])  # no --adapter-dirs: any path
+
+
+def test_a_stack_past_max_stack_is_refused_before_any_other_check() -> None:
+    from mlxspec.engine.adapters.spec import AdapterStackError
+
+    assert parse_spec("a+b", max_stack=2) == ("a", "b")
+    with pytest.raises(AdapterStackError, match=r"stacks 3 adapters; at most 2") as info:
+        parse_spec("a+a+", max_stack=2)  # the count first: no "named twice", no "empty id"
+    assert info.value.error_kind == "adapter_stack_too_deep" and info.value.param == "adapter"
+    with pytest.raises(AdapterError, match="named twice"):
+        parse_spec("+".join(["a"] * 100_000))  # no limit: linear, not quadratic

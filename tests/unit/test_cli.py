@@ -222,6 +222,14 @@ def test_seconds_flags_refuse_what_is_not_a_finite_count(
     assert flag in err and f"must be a finite number of seconds >= 0, not '{value}'" in err
 
 
+def test_adapter_limits_reach_the_config() -> None:
+    assert (ServeConfig().max_adapters, ServeConfig().max_adapter_stack) == (32, 8)
+    cfg = parse_config(["serve", "--max-adapters", "4", "--max-adapter-stack", "2"])
+    assert (cfg.max_adapters, cfg.max_adapter_stack) == (4, 2)
+    with pytest.raises(SystemExit):
+        parse_config(["serve", "--max-adapters", "0"])
+
+
 def test_audio_session_idle_reaches_the_config() -> None:
     assert parse_config(["serve", "--audio-session-idle", "30"]).audio_session_idle == 30.0
     assert parse_config(["serve"]).audio_session_idle == 300.0

@@ -149,7 +149,7 @@ OPERATIONS = [
         "mountAdapter",
         "mlxspec.handlers.adapters.adapters",
         "adapters",
-        {"200", "400", "401", "403", "413", "415", "500"},
+        {"200", "400", "401", "403", "409", "413", "415", "429", "500"},
     ),
     (
         "get",

@@ -114,15 +114,27 @@ def compatible(folder: AdapterFolder, served: str) -> bool:
     return folder.base_model is None or bare_name(folder.base_model) == bare_name(served)
 
 
-def scan_dirs(environ: dict[str, str] | None = None) -> list[Path]:
+def scan_dirs(
+    environ: dict[str, str] | None = None, allowed: Sequence[str | Path] = ()
+) -> list[Path]:
     """The directories ``GET /v1/adapters/available`` scans: ``adapters`` in
     mlxspec's cache folder (``MLXSPEC_CACHE_DIR``, else ``~/.cache/mlxspec``),
-    then each of :data:`DIRS_ENV`'s entries, in order, without repeats."""
+    then each of :data:`DIRS_ENV`'s entries, then each of ``allowed``
+    (``--adapter-dirs``), in order, without repeats.
+
+    Args:
+        environ (dict | None): the environment. Default: ``None`` (``os.environ``).
+        allowed (Sequence[str | Path]): ``--adapter-dirs``. Default: ``()``.
+
+    Returns:
+        list[Path]: the directories (missing ones included: the scan skips them).
+    """
     from mlxspec.engine.model.loader import cache_dir
 
     environ = dict(os.environ) if environ is None else environ
     extra = [Path(p).expanduser() for p in environ.get(DIRS_ENV, "").split(os.pathsep) if p]
-    return list(dict.fromkeys([cache_dir() / "adapters", *extra]))
+    mounted_from = [Path(p).expanduser() for p in allowed]
+    return list(dict.fromkeys([cache_dir() / "adapters", *extra, *mounted_from]))
 
 
 def find_adapters(dirs: Iterable[Path]) -> list[AdapterFolder]:

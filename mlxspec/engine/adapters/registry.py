@@ -33,7 +33,35 @@ from mlxspec.engine.adapters.mount import (
     unmount_slot,
     weights_digest,
 )
-from mlxspec.engine.adapters.spec import AdapterError, check_id
+from mlxspec.engine.adapters.spec import (
+    AdapterDuplicateError,
+    AdapterError,
+    AdapterLimitError,
+    check_id,
+    stack_error,
+)
+
+#: ``--max-adapters``' default: each mount keeps its matrices resident and one more
+#: slot in every wrapped layer; 32 covers a library of task adapters.
+DEFAULT_MAX_ADAPTERS = 32
+#: ``--max-adapter-stack``' default: summed residuals drift off the base model as
+#: they pile up (a 200-stack answered U+FFFD), each costs a matmul per layer and step.
+DEFAULT_MAX_STACK = 8
+
+
+@dataclass(frozen=True)
+class AdapterLimits:
+    """What the operator allows (``--max-adapters``, ``--max-adapter-stack``).
+
+    Args:
+        max_mounted (int): adapters mounted at once; a mount past it is a 429
+            ``too_many_adapters`` (replacing a mounted id adds none). Default: 32.
+        max_stack (int): adapters one request may stack (``"a+b+..."``); more is
+            a 400 ``adapter_stack_too_deep``. Default: 8.
+    """
+
+    max_mounted: int = DEFAULT_MAX_ADAPTERS
+    max_stack: int = DEFAULT_MAX_STACK
 
 
 @dataclass(frozen=True)
@@ -87,6 +115,8 @@ class AdapterRegistry:
         self.mix = AdapterMix()
         #: The id requests that name no adapter get (``--adapter-path``), if mounted.
         self.default: str | None = None
+        #: The operator's caps (``mlxspec serve`` sets them from its flags).
+        self.limits = AdapterLimits()
         self._mounted: dict[str, Mounted] = {}
         self._wrappers: dict[str, AdapterLinear] = {}
         self._next_slot = 1
@@ -111,8 +141,11 @@ class AdapterRegistry:
         """``ids`` if every one is mounted now, else raise naming the first that is not.
 
         Raises:
+            AdapterStackError: more ids than ``limits.max_stack``.
             AdapterError: an id that is not mounted.
         """
+        if len(ids) > self.limits.max_stack:
+            raise stack_error(len(ids), self.limits.max_stack, param)
         with self._lock:
             unknown = next((i for i in ids if i not in self._mounted), None)
         if unknown is not None:
@@ -161,12 +194,25 @@ class AdapterRegistry:
             dict: ``{id, mounted_layers, rank, scale, ram_bytes}``.
 
         Raises:
+            AdapterLimitError: ``limits.max_mounted`` adapters are mounted and
+                ``adapter_id`` is none of them.
+            AdapterDuplicateError: another id holds the same numbers (the same
+                folder, or a copy): one mount of them is enough.
             AdapterError: a bad id, no model, a recorded base model other than the
                 served one, or an adapter that does not fit (:func:`~.mount.read_lora`).
         """
         check_id(adapter_id)
         if self.model is None:
             raise AdapterError("this engine has no model to mount adapters on", "path")
+        cap = self.limits.max_mounted
+        with self._lock:
+            full = adapter_id not in self._mounted and len(self._mounted) >= cap
+        if full:
+            raise AdapterLimitError(
+                f"{cap} adapters are mounted, the most allowed (--max-adapters {cap}): "
+                "unmount one first",
+                "id",
+            )
         if not compatible(folder, self.model_id):
             raise AdapterError(
                 f"adapter {folder.path} was trained on {folder.base_model}, not on the "
@@ -174,11 +220,23 @@ class AdapterRegistry:
                 "path",
             )
         weights = read_lora(self.model, self._wrappers, folder)
+        digest = weights_digest(weights)
+        with self._lock:
+            twin = next(
+                (m.id for m in self._mounted.values() if m.digest == digest and m.id != adapter_id),
+                None,
+            )
+        if twin is not None:
+            raise AdapterDuplicateError(
+                f"adapter {folder.path} holds the same weights as the mounted adapter "
+                f"'{twin}': use '{twin}' (or unmount it first)",
+                "path",
+            )
         slot = self._next_slot
         self._next_slot += 1
         with self._lock:
             mount_weights(self.model, self._wrappers, self.mix, slot, weights)
-            self._digests[slot] = weights_digest(weights)
+            self._digests[slot] = digest
             previous = self._mounted.pop(adapter_id, None)
             about = describe_layers(weights)
             self._mounted[adapter_id] = Mounted(

@@ -26,9 +26,11 @@ async def list_adapters() -> Any:
 
 
 async def list_available_adapters() -> Any:
-    """Every adapter folder in the scanned directories, mounted or not."""
+    """Every adapter folder in the scanned directories (``--adapter-dirs``'
+    among them), mounted or not."""
     registry = current_engine().adapters
-    folders = await asyncio.to_thread(lambda: find_adapters(scan_dirs()))
+    allowed = _adapter_dirs()
+    folders = await asyncio.to_thread(lambda: find_adapters(scan_dirs(allowed=allowed)))
     return {"adapters": [registry.describe(f) for f in folders]}, 200, JSON
 
 
@@ -37,6 +39,8 @@ async def mount_adapter(body: dict[str, Any]) -> Any:
 
     Raises:
         ApiError: 403 ``adapter_path_not_allowed`` for a path outside ``--adapter-dirs``.
+        AdapterLimitError: ``--max-adapters`` are mounted (429).
+        AdapterDuplicateError: another id holds the same weights (409).
         AdapterError: a folder that is not an adapter or does not fit (400).
     """
     engine = current_engine()

@@ -26,12 +26,13 @@ def request_adapters(engine: EngineProtocol, body: Mapping[str, Any]) -> tuple[s
         tuple[str, ...]: mounted ids.
 
     Raises:
+        AdapterStackError: more ids than ``--max-adapter-stack`` (400).
         AdapterError: a malformed spec, or an id that is not mounted (400, naming it).
     """
     registry = engine.adapters
     spec = body.get("adapter")
     if spec is not None:
-        return registry.check(parse_spec(spec))
+        return registry.check(parse_spec(spec, max_stack=registry.limits.max_stack))
     mounted = registry.ids()
     model = body.get("model")
     if isinstance(model, str) and model in mounted:

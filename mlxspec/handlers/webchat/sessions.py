@@ -28,7 +28,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ChatMessage", "ChatStore", "Session", "SessionSettings", "SessionSummary"]
+__all__ = [
+    "ChatMessage",
+    "ChatStore",
+    "Session",
+    "SessionSettings",
+    "SessionSummary",
+    "new_session_id",
+]
 
 #: The schema's version, kept in ``PRAGMA user_version``.
 SCHEMA_VERSION = 1
@@ -185,6 +192,12 @@ def title_of(text: str) -> str:
     return line if len(line) <= TITLE_CHARS else line[: TITLE_CHARS - 1] + "…"
 
 
+def new_session_id() -> str:
+    """A fresh session id (``chat-<uuid4>``): a turn names its session before
+    the session is stored (its prompt cache key)."""
+    return f"chat-{uuid.uuid4()}"
+
+
 class ChatStore:
     """The SQLite database of web chat sessions.
 
@@ -232,9 +245,12 @@ class ChatStore:
         with self._lock:
             return str(self._db.execute("PRAGMA journal_mode").fetchone()[0])
 
-    def create(self, settings: SessionSettings, title: str = "New chat") -> str:
-        """A new, empty session; returns its id."""
-        sid, now = f"chat-{uuid.uuid4()}", time.time()
+    def create(
+        self, settings: SessionSettings, title: str = "New chat", sid: str | None = None
+    ) -> str:
+        """A new, empty session; returns its id (``sid``, else a fresh one:
+        :func:`new_session_id`)."""
+        sid, now = sid or new_session_id(), time.time()
         with self._write() as db:
             db.execute(
                 "INSERT INTO sessions VALUES (?, ?, ?, ?, ?)",
@@ -320,7 +336,7 @@ class ChatStore:
     def fork(self, sid: str) -> str | None:
         """A copy of ``sid`` (settings and messages) under a new id, or ``None``
         when there is no such session."""
-        new, now = f"chat-{uuid.uuid4()}", time.time()
+        new, now = new_session_id(), time.time()
         with self._write() as db:
             row = db.execute("SELECT title, settings FROM sessions WHERE id = ?", (sid,)).fetchone()
             if row is None:

@@ -3,7 +3,10 @@
 :class:`ChatSocket` reads client frames (:mod:`.frames`) and answers them
 (reference, "Web chat WebSocket (``/ws/chat``)"). Its state is the session it
 shows: ``None`` for a blank chat, which becomes a stored session at its first
-``prompt``, with the settings chosen meanwhile. A turn runs as a task beside
+``prompt``, with the settings chosen meanwhile. A turn changes the store only
+once the engine took it: a refused one (``context_length_exceeded``, a full
+queue) is an ``error`` frame and a ``turn_end``, and leaves no session, message
+or truncation behind (a refused first prompt creates no conversation). A turn runs as a task beside
 the frame loop, so ``abort`` (or the socket closing) reaches it while it
 streams; frames that leave the session (``new_session``, ``open_session``, ...)
 stop a running turn first, keeping what it wrote. Sessions are shared through
@@ -17,7 +20,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from mlxspec.engine import EngineRequestError
@@ -25,7 +28,13 @@ from mlxspec.errors import ApiError
 from mlxspec.handlers.adapters.select import request_adapters
 from mlxspec.handlers.turns.turns import count_prompt
 from mlxspec.handlers.webchat.frames import FrameError, dump_frame, error_frame, read_frame
-from mlxspec.handlers.webchat.sessions import ChatMessage, ChatStore, Session, SessionSettings
+from mlxspec.handlers.webchat.sessions import (
+    ChatMessage,
+    ChatStore,
+    Session,
+    SessionSettings,
+    new_session_id,
+)
 from mlxspec.handlers.webchat.turn import SAMPLING_FIELDS, SocketTurn, as_api_error, chat_body
 from mlxspec.parsers import detect
 
@@ -235,45 +244,71 @@ class ChatSocket:
     async def _on_prompt(self, frame: dict[str, Any]) -> None:
         if frame.get("images"):
             raise ApiError("invalid_request", "this model takes no images", param="images")
-        if self.session_id is None:
-            self.session_id = await self.hub.call("create", self.settings)
         user = ChatMessage("user", frame["text"])
-        await self.hub.call("append", self.session_id, user)
+        if self.session_id is None:
+            sid = new_session_id()
+
+            async def commit() -> None:  # the settings chosen until the engine took the turn
+                await self.hub.call("create", self.settings, "New chat", sid)
+                await self.hub.call("append", sid, user)
+
+            await self._start(sid, (user,), commit)
+            return
         session = await self._session(self.session_id)
-        await self._start(session, len(session.messages))
+        sid = session.summary.id
+        await self._start(
+            sid, (*session.messages, user), lambda: self.hub.call("append", sid, user)
+        )
 
     async def _on_regenerate(self, frame: dict[str, Any]) -> None:
         session = await self._current()
-        last = _last_user(session)
-        await self.hub.call("truncate", session.summary.id, last + 1)
-        await self._start(await self._session(session.summary.id), last + 1)
+        last, sid = _last_user(session), session.summary.id
+        messages = session.messages[: last + 1]
+        await self._start(sid, messages, lambda: self.hub.call("truncate", sid, last + 1))
 
     async def _on_edit_resend(self, frame: dict[str, Any]) -> None:
         session = await self._current()
-        last = _last_user(session)
-        await self.hub.call("append", session.summary.id, ChatMessage("user", frame["text"]), last)
-        await self._start(await self._session(session.summary.id), last + 1)
+        last, sid = _last_user(session), session.summary.id
+        user = ChatMessage("user", frame["text"])
+        messages = (*session.messages[:last], user)
+        await self._start(sid, messages, lambda: self.hub.call("append", sid, user, last))
 
     # --------------------------------------------------------------- helpers
 
-    async def _start(self, session: Session, keep: int) -> None:
-        """Send the history the turn answers, then start it as a task (its
-        ``context`` follows the answer)."""
-        await self.send_history(session, context=False)
+    async def _start(
+        self, sid: str, messages: Sequence[ChatMessage], commit: Callable[[], Awaitable[Any]]
+    ) -> None:
+        """Start a turn answering ``messages`` of session ``sid`` as a task;
+        ``commit`` stores them once the engine took it (:meth:`_opened`)."""
+        body = chat_body(sid, self.settings, messages, self.next_turn)
+        self.next_turn = {}
+
+        async def opened() -> None:
+            await self._opened(sid, commit)
+
+        self.turn = SocketTurn(self.hub.engine, body, sid, self.send, opened)
+        self.task = asyncio.ensure_future(self._run(self.turn, sid, len(messages)))
+
+    async def _opened(self, sid: str, commit: Callable[[], Awaitable[Any]]) -> None:
+        """The engine took the turn: store its messages, show them (the history
+        the turn answers; its ``context`` follows the answer) and the list."""
+        await commit()
+        self.session_id = sid
+        await self.send_history(context=False)
         await self.send_sessions()
         await self.hub.changed(self)
-        body = chat_body(session.summary.id, self.settings, session.messages, self.next_turn)
-        self.next_turn = {}
-        self.turn = SocketTurn(self.hub.engine, body, session.summary.id, self.send)
-        self.task = asyncio.ensure_future(self._run(self.turn, session.summary.id, keep))
 
     async def _run(self, turn: SocketTurn, session_id: str, keep: int) -> None:
         ended = False  # turn_end sent: a later failure must not send a second one
         try:
             answer, end = await turn.run()
-            if answer is not None:
-                # keep: the answer follows exactly the messages it was asked with
-                await self.hub.call("append", session_id, answer, keep)
+            if answer is None:  # refused: an error frame said why, nothing was stored
+                self.turn = None
+                ended = True
+                await self.send(end)
+                return
+            # keep: the answer follows exactly the messages it was asked with
+            await self.hub.call("append", session_id, answer, keep)
             self.turn = None  # stored: the next turn may start once turn_end is seen
             ended = True
             await self.send(end)

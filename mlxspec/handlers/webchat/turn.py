@@ -118,7 +118,7 @@ def as_api_error(exc: Exception) -> ApiError:
     if isinstance(exc, ContextBudgetError):
         return ApiError("context_over_budget", exc.message, param=exc.param)
     if isinstance(exc, EngineRequestError):
-        return ApiError("invalid_request", exc.message, param=exc.param)
+        return ApiError(exc.error_kind, exc.message, param=exc.param)
     return ApiError.internal()
 
 
@@ -143,10 +143,21 @@ class SocketTurn:
         body (dict): the chat body (:func:`chat_body`).
         session_id (str): the session, named in ``turn_start``.
         send (SendFrame): sends a frame to the socket.
+        opened (Callable | None): awaited once the engine took the turn, before
+            ``turn_start`` (the socket stores the turn's messages then: a refused
+            turn stores nothing). Default: ``None``.
     """
 
-    def __init__(self, engine: Any, body: dict[str, Any], session_id: str, send: SendFrame) -> None:
+    def __init__(
+        self,
+        engine: Any,
+        body: dict[str, Any],
+        session_id: str,
+        send: SendFrame,
+        opened: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         self.engine, self.body, self.session_id, self.send = engine, body, session_id, send
+        self.opened = opened
         self._turn: Turn | None = None
         self._aborted = False
         self._text: list[str] = []
@@ -181,6 +192,12 @@ class SocketTurn:
             return None, {"type": "turn_end", "finishReason": "error"}
         if self._aborted:  # the abort came while the prompt was templated
             turn.handle.cancel()
+        if self.opened is not None:
+            try:
+                await self.opened()
+            except BaseException:
+                turn.handle.cancel()  # not stored: free its slot
+                raise
         sampling = sampling_view(turn.request)
         adapter = "+".join(turn.request.adapter) or None  # what the engine request runs with
         await self.send(

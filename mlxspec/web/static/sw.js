@@ -4,7 +4,7 @@
 // background); every other request (/v1/*, /ws/chat, /stats, /fit, ...) goes
 // to the network untouched.
 
-const CACHE = "mlxspec-shell-v3";
+const CACHE = "mlxspec-shell-v4";
 const SHELL = [
   "/",
   "/manifest.webmanifest",
@@ -15,6 +15,7 @@ const SHELL = [
   "/assets/socket.js",
   "/assets/mic.js",
   "/assets/adapters.js",
+  "/assets/url.js",
   "/assets/mic-worklet.js",
   "/assets/marked.esm.js",
   "/assets/app.css",

@@ -1,12 +1,17 @@
 // The web chat: wiring between the socket, the conversation view, the session
 // list, the composer, the stats strip and the dialogs. Plain ES modules, no
 // build step; everything is same-origin.
+//
+// The open conversation lives in the URL (#chat/<id>; #chat is a blank one), so
+// reload, back, forward and bookmarks find it. An error stays on screen until the
+// user acts (sends, edits, regenerates, dismisses it, switches chat).
 
 import { AdapterChip } from "./adapters.js";
 import { MessageList } from "./messages.js";
 import { wireMic } from "./mic.js";
 import { SettingsDialog, askKey, modelInfo, showStatus } from "./panels.js";
 import { ChatConnection } from "./socket.js";
+import { hashSession, onChatRoute, showBlankInUrl, syncUrl } from "./url.js";
 
 const $ = (selector) => document.querySelector(selector);
 
@@ -19,11 +24,22 @@ const state = {
   sessions: [],
   running: false,
   live: null,
+  pendingText: null, // a sent prompt the server has not started answering yet
 };
 
+// The session the URL asked for (load, back, forward), until its history (or
+// the error that it does not exist) arrives.
+const nav = { opening: null };
+
 const list = new MessageList($("#messages"), {
-  onEdit: (text) => send({ type: "edit_resend", text }),
-  onRegenerate: () => send({ type: "regenerate" }),
+  onEdit: (text) => {
+    notice("");
+    send({ type: "edit_resend", text });
+  },
+  onRegenerate: () => {
+    notice("");
+    send({ type: "regenerate" });
+  },
   modelName: () => state.model.id || state.ready?.model || "Model",
 });
 
@@ -56,10 +72,26 @@ function send(frame) {
   if (!connection.send(frame)) notice("Not connected: the message was not sent.");
 }
 
+/** Show an error (or, with "", take it away): it stays until the user acts. */
 function notice(text) {
-  const box = $("#notice");
-  box.textContent = text;
-  box.hidden = !text;
+  $("#notice-text").textContent = text;
+  $("#notice").hidden = !text;
+}
+
+// --------------------------------------------------------------------- URL
+
+/** Show what the URL names (back, forward, an edited address). */
+function followUrl() {
+  if (!onChatRoute()) return;
+  const id = hashSession();
+  if (id === state.sessionId) return;
+  notice("");
+  if (id) {
+    nav.opening = id;
+    send({ type: "open_session", id });
+  } else {
+    send({ type: "new_session" });
+  }
 }
 
 // ------------------------------------------------------------------- frames
@@ -72,13 +104,21 @@ const handlers = {
     adapterChip.refresh(frame.defaultAdapter);
     $("#prompt").disabled = false;
     if (document.activeElement === document.body) $("#prompt").focus(); // autofocus skipped it while disabled
-    if (state.sessionId) connection.send({ type: "open_session", id: state.sessionId });
+    const want = state.sessionId || nav.opening; // a reconnect, or the URL's session
+    if (want) {
+      nav.opening = want;
+      connection.send({ type: "open_session", id: want });
+    }
   },
   sessions(frame) {
     state.sessions = frame.items;
     renderSessions();
   },
   history(frame) {
+    if (!nav.opening || frame.sessionId === nav.opening) {
+      nav.opening = null; // not the greeting's blank chat before the URL's session
+      syncUrl(frame.sessionId);
+    }
     state.sessionId = frame.sessionId;
     state.settings = frame.settings;
     state.items = frame.items;
@@ -89,6 +129,7 @@ const handlers = {
     if (!frame.sessionId) resetStrip();
   },
   turn_start(frame) {
+    state.pendingText = null;
     setRunning(true);
     state.live = list.startAnswer();
     $("#strip").dataset.sampling = JSON.stringify(frame.sampling);
@@ -105,6 +146,8 @@ const handlers = {
     }
     setRunning(false);
     list.render(state.items);
+    if (state.pendingText != null) restoreDraft(state.pendingText); // refused: nothing was stored
+    state.pendingText = null;
     showStrip(frame);
   },
   context(frame) {
@@ -114,13 +157,21 @@ const handlers = {
     $("#stat-context").textContent = `${frame.tokens} / ${frame.contextWindow} tokens (${frame.percent}%)`;
   },
   error(frame) {
+    if (nav.opening && frame.param === "id") {
+      // the URL's session is not here (deleted, or another server's): a new chat
+      const id = nav.opening;
+      nav.opening = null;
+      showBlankInUrl();
+      send({ type: "new_session" });
+      notice(`No conversation ${id} here (deleted, or another server's): this is a new chat.`);
+      return;
+    }
     notice(frame.message);
   },
 };
 
 function onFrame(frame) {
-  if (frame.type !== "error") notice("");
-  handlers[frame.type]?.(frame);
+  handlers[frame.type]?.(frame); // an error stays until the user acts
 }
 
 // ---------------------------------------------------------------- rendering
@@ -151,6 +202,7 @@ function renderSessions() {
     when.textContent = `${new Date(s.updated * 1000).toLocaleString()} · ${s.messages} messages`;
     open.append(title, when);
     open.addEventListener("click", () => {
+      notice("");
       send({ type: "open_session", id: s.id });
       closeSidebarOnPhone();
     });
@@ -168,6 +220,7 @@ function renderSessions() {
 const ICONS = {
   fork: "M5.5 5.5h7v7h-7zM3.5 10.5v-7h7",
   delete: "M3.5 4.5h9M6.5 4.5V3h3v1.5M5 4.5l.6 8.5h4.8l.6-8.5",
+  close: "M4 4l8 8M12 4l-8 8",
 };
 
 function icon(name) {
@@ -238,10 +291,20 @@ function submitPrompt() {
     notice("Not connected: the message was not sent.");
     return;
   }
+  notice("");
+  state.pendingText = text;
   box.value = "";
   autosize();
   list.pending(text);
   setRunning(true); // Stop (and Esc) work before the answer's first frame
+}
+
+/** Give a refused prompt back to the composer, unless the user typed anew. */
+function restoreDraft(text) {
+  const box = $("#prompt");
+  if (box.value.trim()) return;
+  box.value = text;
+  autosize();
 }
 
 function autosize() {
@@ -269,6 +332,7 @@ function stop() {
 }
 
 function newChat() {
+  notice("");
   send({ type: "new_session" });
   closeSidebarOnPhone();
   $("#prompt").focus();
@@ -335,12 +399,18 @@ function wire() {
       box.focus();
     }
   });
-  window.addEventListener("hashchange", route);
+  $("#dismiss-notice").append(icon("close"));
+  $("#dismiss-notice").addEventListener("click", () => notice(""));
+  window.addEventListener("hashchange", () => {
+    route();
+    followUrl();
+  });
 }
 
 async function start() {
   wire();
   route();
+  nav.opening = hashSession(); // opened once the socket is ready
   connection.connect();
   state.model = await modelInfo();
   showModel();
