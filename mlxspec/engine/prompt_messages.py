@@ -16,6 +16,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from mlxspec.engine.tool_prompt import template_renders_tools
 from mlxspec.engine.types import PromptError
 
 __all__ = ["TOOL_ERROR_MARKER", "mark_tool_errors", "normalize_messages"]
@@ -97,8 +98,8 @@ def mark_tool_errors(messages: list[dict], template: Any) -> list[dict]:
     """``messages`` with each failed tool result (a ``tool`` message with
     ``is_error: true``) shown to the model as a failure.
 
-    A template that reads ``is_error`` itself gets the field as it is; for any
-    other, the result's text is prefixed with :data:`TOOL_ERROR_MARKER`
+    A template that reads ``is_error`` itself (and renders tool turns) gets
+    the field as it is; for any other, the result's text is prefixed with :data:`TOOL_ERROR_MARKER`
     (``"Error: "``; docs/deviations.md) and the field dropped.
 
     Args:
@@ -111,7 +112,8 @@ def mark_tool_errors(messages: list[dict], template: Any) -> list[dict]:
     """
     if not any(m.get("role") == "tool" and "is_error" in m for m in messages):
         return messages
-    own_field = "is_error" in str(template)
+    # a template that renders no tools gets results as user text (with_tool_history)
+    own_field = "is_error" in str(template) and template_renders_tools(template)
     out = []
     for message in messages:
         if message.get("role") != "tool" or "is_error" not in message:
