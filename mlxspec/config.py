@@ -89,6 +89,15 @@ class ServeConfig:
             template (``chat_template_kwargs.chat_template``), rendered within
             the two bounds below; without it such a request is a 400 (vLLM's
             ``--trust-request-chat-template``). Default: ``False``.
+        allow_special_tokens_in_content (bool): special-token strings in
+            client text (message contents, tool arguments and results) are
+            control tokens, as mlx_lm.server reads them; by default they are
+            text (:mod:`mlxspec.engine.literal_text`). Default: ``False``.
+        stream_usage (str): ``"requested"``: a chat or text completion stream
+            carries ``usage`` only in the extra final chunk
+            ``stream_options.include_usage`` asks for (OpenAI's contract);
+            ``"always"``: also on the chunk that finishes the last choice when
+            not asked (the reference's always-on superset). Default: ``"requested"``.
         request_template_steps (int): most steps (loop iterations, calls,
             filters, operators, output pieces) one render of a request's
             template may take (:mod:`mlxspec.engine.template_sandbox`).
@@ -169,6 +178,9 @@ class ServeConfig:
     allow_request_templates: bool = False
     request_template_steps: int = DEFAULT_TEMPLATE_STEPS
     request_template_seconds: float = DEFAULT_TEMPLATE_SECONDS
+    # What reaches the prompt, and usage in streams.
+    allow_special_tokens_in_content: bool = False
+    stream_usage: str = "requested"
     # mlx_lm.server's loading, templating and batching flags.
     adapter_path: str | None = None
     trust_remote_code: bool = False

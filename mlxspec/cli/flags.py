@@ -252,7 +252,8 @@ def _add_cache_flags(serve: argparse.ArgumentParser) -> None:
 
 
 def _template_flags(serve: argparse.ArgumentParser) -> None:
-    """Chat templates that requests bring (``chat_template_kwargs.chat_template``)."""
+    """Chat templates that requests bring (``chat_template_kwargs.chat_template``),
+    what client text may put in a prompt, and usage in streams."""
     defaults = ServeConfig()
     serve.add_argument(
         "--allow-request-templates",
@@ -261,6 +262,20 @@ def _template_flags(serve: argparse.ArgumentParser) -> None:
         help="let a request bring its own chat template (chat_template_kwargs.chat_template), "
         "rendered within the two bounds below; default: refused with a 400 "
         "(env MLXSPEC_ALLOW_REQUEST_TEMPLATES=1)",
+    )
+    serve.add_argument(
+        "--allow-special-tokens-in-content",
+        action="store_true",
+        help="read special-token strings (e.g. <|im_end|>) in message text, tool arguments and "
+        "tool results as control tokens; default: they are ordinary text",
+    )
+    serve.add_argument(
+        "--stream-usage",
+        choices=STREAM_USAGE_MODES,
+        default=defaults.stream_usage,
+        help="'requested' (default): a chat/completion stream carries usage only in the final "
+        "chunk stream_options.include_usage asks for (OpenAI); 'always': also on the last "
+        "choice's finishing chunk when not asked (mlx-bun's reference behaviour)",
     )
     serve.add_argument(
         "--request-template-steps",
@@ -277,6 +292,9 @@ def _template_flags(serve: argparse.ArgumentParser) -> None:
         f"(default {defaults.request_template_seconds:g})",
     )
 
+
+#: ``--stream-usage`` values (:attr:`ServeConfig.stream_usage`).
+STREAM_USAGE_MODES = ("requested", "always")
 
 #: ``MLXSPEC_ALLOW_REQUEST_TEMPLATES`` values and what they mean.
 SWITCH_VALUES = {"1": True, "true": True, "yes": True, "on": True}
@@ -369,6 +387,8 @@ def parse_config(argv: Sequence[str] | None = None) -> ServeConfig:
         ssd_cache_bytes=args.ssd_cache_bytes,
         logprobs_format=logprobs_format,
         allow_request_templates=args.allow_request_templates or SWITCH_VALUES[templates],
+        allow_special_tokens_in_content=args.allow_special_tokens_in_content,
+        stream_usage=args.stream_usage,
         request_template_steps=args.request_template_steps,
         request_template_seconds=args.request_template_seconds,
         adapter_path=args.adapter_path,

@@ -89,6 +89,7 @@ def load_engine(config: ServeConfig):  # noqa: ANN201 - returns mlxspec.engine.E
     except Exception as exc:  # mlx-lm raises many types for unreadable folders
         raise ModelLoadError(f"cannot load model from {resolved.path}: {exc}") from exc
     engine.adapters.limits = AdapterLimits(config.max_adapters, config.max_adapter_stack)
+    engine.special_in_content = config.allow_special_tokens_in_content
     engine.start()
     if mount is not None:
         _mount_start_adapter(engine, mount)

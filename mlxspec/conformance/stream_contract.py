@@ -221,9 +221,11 @@ def _check_chunk_order(chunks: list[dict[str, Any]], last: str, where: str) -> N
         finishing = len(chunks) - 2 if apart else len(chunks) - 1
         if not chunks or finishing not in {s[0] for s in finished.values()}:
             raise fail(where, "the last chunk with choices must carry a finish_reason")
-        if not isinstance(chunks[-1].get("usage"), dict):
-            raise fail(where, "the last chunk before [DONE] must carry usage")
-        if apart and any(c.get("usage") is not None for c in chunks[:-1]):
-            raise fail(where, "with a usage chunk of its own, no other chunk carries usage")
+        # usage: in that chunk of its own, or (--stream-usage always) on the
+        # chunk that finishes the last choice, or in none (OpenAI's default).
+        if apart and not isinstance(chunks[-1].get("usage"), dict):
+            raise fail(where, "a last chunk without choices must carry usage")
+        if any(c.get("usage") is not None for c in chunks[:-1]):
+            raise fail(where, "only the last chunk before [DONE] may carry usage")
     elif finished:
         raise fail(where, "a stream that ends in an error has no finish_reason")

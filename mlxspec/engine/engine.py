@@ -129,6 +129,9 @@ class Engine:
         quiet_length_warning(tokenizer)
         self.info = info
         self.defaults = defaults
+        #: Special-token strings in client text are control tokens
+        #: (--allow-special-tokens-in-content; engine/literal_text.py).
+        self.special_in_content = False
         self._jobs: queue.Queue[Job] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._eos = frozenset(tokenizer.eos_token_ids)
@@ -318,7 +321,7 @@ class Engine:
         normalized = normalize_messages(messages, self.info.id)
         return render_chat(
             self.tokenizer, normalized, tools=tools, template_kwargs=template_kwargs,
-            budget=budget, bound=self._text_bound,
+            budget=budget, bound=self._text_bound, special_in_content=self.special_in_content,
         )  # fmt: skip
 
     def text_prompt(self, prompt: str) -> list[int]:

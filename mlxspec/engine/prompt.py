@@ -1,12 +1,8 @@
 """Prompt building: chat messages through the model's chat template, and raw text.
 
-Message normalisation follows ``mlx_lm.server.process_message_content``:
-text-part arrays are joined, ``content: null`` becomes ``""`` and tool-call
-``arguments`` given as a JSON string are decoded to an object, because chat
-templates render ``arguments | tojson``. Assistant ``reasoning`` is exposed as
-``reasoning_content`` (the name Qwen-style templates read) unless that is given,
-even empty (reference, chat request body). Media parts on a text-only model are
-a :class:`PromptError`, never silently dropped.
+Messages are normalized first (:mod:`.prompt_messages`); a template that
+renders no tools gets them as text (:mod:`.tool_prompt`); client text is
+tokenized as text, never as control tokens (:mod:`.literal_text`).
 
 Building a prompt is CPU work proportional to its size (a multi-megabyte body
 takes seconds), so handlers run it through :func:`off_loop` on a few
@@ -20,14 +16,38 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
-import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
+from mlxspec.engine.literal_text import Protected, literal_text
+from mlxspec.engine.prompt_messages import mark_tool_errors, normalize_messages
 from mlxspec.engine.system_turns import inline_system_turns
 from mlxspec.engine.template_sandbox import TemplateBudget, render_template, request_template
 from mlxspec.engine.text_bound import TextBound
+from mlxspec.engine.tool_prompt import (
+    TOOL_INSTRUCTION,
+    template_renders_tools,
+    with_tool_history,
+    with_tool_instruction,
+)
 from mlxspec.engine.types import PromptError
+
+__all__ = [
+    "PROMPT_THREADS",
+    "RESERVED_TEMPLATE_ARGS",
+    "TOOL_INSTRUCTION",
+    "dedupe_bos",
+    "encode_text",
+    "normalize_messages",
+    "off_loop",
+    "quiet_length_warning",
+    "render_chat",
+    "template_off_loop",
+    "template_renders_tools",
+    "token_prompt",
+    "with_tool_history",
+    "with_tool_instruction",
+]
 
 T = TypeVar("T")
 
@@ -90,73 +110,6 @@ async def template_off_loop(fn: Callable[..., T], *args: Any) -> T:
     return await loop.run_in_executor(_TEMPLATE_RENDERERS, functools.partial(fn, *args))
 
 
-_MEDIA_PARTS = {"image_url", "image", "input_audio", "audio", "audio_url", "video_url", "video"}
-
-
-def normalize_messages(messages: Sequence[Mapping[str, Any]], model_id: str) -> list[dict]:
-    """Return template-ready copies of OpenAI chat messages.
-
-    Args:
-        messages (Sequence[Mapping]): validated request messages.
-        model_id (str): served model id, named in media errors.
-
-    Returns:
-        list[dict]: new message dicts; the input is not mutated.
-
-    Raises:
-        PromptError: a media part (image/audio/video) on this text-only model,
-            or a content part without text.
-    """
-    out = []
-    for i, message in enumerate(messages):
-        msg = dict(message)
-        msg["content"] = _content_text(msg.get("content"), model_id, f"messages[{i}].content")
-        if msg.get("tool_calls"):
-            msg["tool_calls"] = [_decode_arguments(tc) for tc in msg["tool_calls"]]
-        if isinstance(msg.get("reasoning"), str) and not isinstance(
-            msg.get("reasoning_content"), str
-        ):
-            msg["reasoning_content"] = msg["reasoning"]
-        out.append(msg)
-    return out
-
-
-def _content_text(content: Any, model_id: str, param: str) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    pieces = []
-    for j, part in enumerate(content):
-        kind = part.get("type")
-        if kind in _MEDIA_PARTS:
-            raise PromptError(
-                f"model {model_id} is text-only: '{kind}' content parts are not supported",
-                param=f"{param}[{j}]",
-            )
-        if kind != "text" or not isinstance(part.get("text"), str):
-            raise PromptError(
-                f"unsupported content part type '{kind}': a prompt here holds text (and "
-                "images or audio on a model that reads them)",
-                param=f"{param}[{j}]",
-            )
-        pieces.append(part["text"])
-    return "".join(pieces)
-
-
-def _decode_arguments(tool_call: Mapping[str, Any]) -> dict:
-    call = dict(tool_call)
-    function = dict(call.get("function") or {})
-    args = function.get("arguments")
-    if isinstance(args, str):
-        try:
-            function["arguments"] = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError:
-            pass  # templates that print arguments verbatim still get the string
-    call["function"] = function
-    return call
-
-
 def render_chat(
     tokenizer: Any,
     messages: list[dict],
@@ -165,13 +118,19 @@ def render_chat(
     template_kwargs: Mapping[str, Any] | None = None,
     budget: TemplateBudget | None = None,
     bound: TextBound | None = None,
+    special_in_content: bool = False,
 ) -> list[int]:
     """Render messages with the chat template and tokenize, as mlx_lm.server does
     (a rendered text longer than ``bound`` allows is a ``ContextLengthError``,
     never tokenized).
 
     The rendered text is encoded without adding special tokens (the template
-    writes its own), then a doubled BOS is reduced to one. With
+    writes its own), then a doubled BOS is reduced to one. Special-token
+    strings in the client's text (contents, tool arguments and results, tool
+    definitions) are tokenized as text, never as control tokens
+    (:mod:`.literal_text`), unless ``special_in_content``
+    (``--allow-special-tokens-in-content``). A failed tool result
+    (``is_error``) is shown as one (:func:`.prompt_messages.mark_tool_errors`). With
     ``continue_final_message`` among ``template_kwargs`` the last message (an
     assistant prefill) is left open for the model to continue, instead of
     closed and followed by a new generation prompt (transformers'
@@ -187,6 +146,9 @@ def render_chat(
         template_kwargs (Mapping | None): extra template variables. Default: ``None``.
         budget (TemplateBudget | None): the bounds of a request's template.
             Default: ``None`` (:class:`~.template_sandbox.TemplateBudget`'s defaults).
+        bound (TextBound | None): the longest rendered text tokenized. Default: ``None``.
+        special_in_content (bool): let special-token strings in client text
+            be control tokens. Default: ``False``.
 
     Returns:
         list[int]: prompt token ids.
@@ -204,6 +166,7 @@ def render_chat(
         raise PromptError("model has no chat template; use /v1/completions", param="messages")
     if not messages:  # e.g. a Responses body with `input: []` (templates raise their own words)
         raise PromptError("the conversation is empty: send at least one message", param="messages")
+    messages = mark_tool_errors(messages, template)
     if not template_renders_tools(template):
         # The template knows no tools: calls and results in the history become
         # text in the syntax the tool instruction teaches.
@@ -218,6 +181,11 @@ def render_chat(
             param="chat_template_kwargs",
         )
     continuing = bool(kwargs.get("continue_final_message"))
+    literal = literal_text(tokenizer)
+    protected: list[Protected] = []
+    if not special_in_content:
+        protected = [literal.protect(messages), literal.protect(tools)]
+        messages, tools = protected[0].value, protected[1].value
     try:
         try:
             text = _apply(tokenizer, source, budget, messages, tools, kwargs)
@@ -238,8 +206,8 @@ def render_chat(
             ) from exc
         raise PromptError(f"prompt build failed: {exc}", param="messages") from exc
     if bound is not None:
-        bound.check(text, "messages")
-    tokens = dedupe_bos(tokenizer.encode(text, add_special_tokens=False), tokenizer.bos_token_id)
+        bound.check(literal.restore(text, protected), "messages")
+    tokens = dedupe_bos(literal.encode(text, protected), tokenizer.bos_token_id)
     if not tokens:  # e.g. a chat_template_kwargs "chat_template" that renders nothing
         raise PromptError("the chat template rendered an empty prompt", param="messages")
     return tokens
@@ -308,91 +276,6 @@ RESERVED_TEMPLATE_ARGS = frozenset(
         "truncation",
     }
 )
-
-
-def template_renders_tools(template: Any) -> bool:
-    """Whether a chat template reads the ``tools`` variable at all (a template
-    that does not would silently drop the request's tool definitions).
-
-    Args:
-        template: the tokenizer's ``chat_template`` (a string, or a list/dict of
-            named templates as some tokenizer configs store them).
-    """
-    return "tools" in str(template)
-
-
-#: The instruction that carries tools to a model whose template ignores them:
-#: the Hermes ``<tool_call>`` convention, which the hermes parser then reads.
-TOOL_INSTRUCTION = (
-    "Functions you may call:\n{tools}\n"
-    'To call one, reply <tool_call>{{"name":...,"arguments":{{...}}}}</tool_call>'
-)
-
-
-def with_tool_instruction(messages: list[dict], tools: list) -> list[dict]:
-    """``messages`` with the tool definitions described in the leading system
-    message (merged into an existing one), for templates that do not render
-    ``tools`` (llama.cpp's server does the same for such templates).
-
-    Args:
-        messages (list[dict]): normalized chat messages.
-        tools (list): OpenAI tool definitions.
-
-    Returns:
-        list[dict]: a new list; ``messages`` is not mutated.
-    """
-    described = [t.get("function", t) for t in tools]
-    listed = json.dumps(described, ensure_ascii=False, separators=(",", ":"))
-    text = TOOL_INSTRUCTION.format(tools=listed)
-    if messages and messages[0].get("role") == "system":
-        first = dict(messages[0])
-        first["content"] = f"{first.get('content') or ''}\n\n{text}".strip()
-        return [first, *messages[1:]]
-    return [{"role": "system", "content": text}, *messages]
-
-
-def with_tool_history(messages: list[dict]) -> list[dict]:
-    """``messages`` with tool calls and tool results written as text, for
-    templates that do not render ``tools`` (and so neither ``tool_calls`` nor
-    ``tool`` turns) and would otherwise show a calling assistant turn empty.
-
-    Each assistant call becomes ``<tool_call>{"name": ..., "arguments": {...}}
-    </tool_call>`` (one line per call, after the turn's text), the syntax
-    :data:`TOOL_INSTRUCTION` teaches and the hermes parser reads. A run of
-    ``tool`` messages becomes one ``user`` turn holding each result as
-    ``<tool_response>\\n...\\n</tool_response>``, as Qwen 2.5's template
-    renders them: such a template may not know a ``tool`` role at all.
-
-    Args:
-        messages (list[dict]): normalized chat messages.
-
-    Returns:
-        list[dict]: a new list; ``messages`` is not mutated.
-    """
-    out: list[dict] = []
-    previous = None
-    for message in messages:
-        role = message.get("role")
-        if role == "assistant" and message.get("tool_calls"):
-            calls = [_call_text(call) for call in message["tool_calls"]]
-            text = "\n".join([message["content"], *calls] if message["content"] else calls)
-            out.append({k: v for k, v in message.items() if k != "tool_calls"} | {"content": text})
-        elif role == "tool":
-            result = f"<tool_response>\n{message['content']}\n</tool_response>"
-            if previous == "tool":  # parallel calls' results share one turn
-                out[-1]["content"] += "\n" + result
-            else:
-                out.append({"role": "user", "content": result})
-        else:
-            out.append(message)
-        previous = role
-    return out
-
-
-def _call_text(call: Mapping[str, Any]) -> str:
-    function = call.get("function") or {}
-    body = {"name": function.get("name"), "arguments": function.get("arguments", {})}
-    return f"<tool_call>{json.dumps(body, ensure_ascii=False)}</tool_call>"
 
 
 def dedupe_bos(tokens: list[int], bos_id: int | None) -> list[int]:

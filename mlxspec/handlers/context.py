@@ -56,6 +56,15 @@ def logprobs_format() -> str:
     return getattr(config, "logprobs_format", None) or "mlx"
 
 
+def stream_usage_always() -> bool:
+    """Whether a chat or text completion stream puts ``usage`` on the chunk
+    that finishes its last choice even unasked (``--stream-usage always``, the
+    reference's behaviour); by default (``requested``) only the extra final
+    chunk ``stream_options.include_usage`` asks for carries it (OpenAI's contract)."""
+    config: Any = scope["state"].get("config")
+    return getattr(config, "stream_usage", None) == "always"
+
+
 def request_headers() -> dict[str, str]:
     """The current request's headers, lower-case names (last value wins)."""
     return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers", [])}

@@ -409,7 +409,8 @@ def test_max_tokens_is_capped_to_the_room_left(capped_engine: Engine) -> None:
     usage, choice = r.json()["usage"], r.json()["choices"][0]
     assert (usage["prompt_tokens"], usage["completion_tokens"]) == (n, 24 - n)
     assert choice["finish_reason"] == "length"
-    stream = _post(app, "/v1/completions", {**body, "stream": True})
+    asked = {"stream": True, "stream_options": {"include_usage": True}}
+    stream = _post(app, "/v1/completions", {**body, **asked})
     frames = [json.loads(line[6:]) for line in stream.text.split("\n\n") if line[6:7] == "{"]
     assert frames[-1]["usage"]["completion_tokens"] == 24 - n
 

@@ -114,20 +114,21 @@ def test_max_completion_tokens_wins(client: httpx.Client) -> None:
 def test_stream_matches_non_stream(client: httpx.Client) -> None:
     body = {"messages": user("hello"), "max_tokens": 12, "logit_bias": NO_EOS}
     whole = client.post(CHAT, json=body).json()
-    r = client.post(CHAT, json={**body, "stream": True})
+    r = client.post(CHAT, json={**body, "stream": True, "stream_options": {"include_usage": True}})
     assert r.headers["content-type"].startswith("text/event-stream")
     assert r.headers["cache-control"] == "no-cache"
     events = sse_events(r)
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
+    *chunks, usage = chunks
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     assert all(c["object"] == "chat.completion.chunk" for c in chunks)
-    assert len({c["id"] for c in chunks}) == 1
+    assert len({c["id"] for c in [*chunks, usage]}) == 1
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
     assert text == whole["choices"][0]["message"]["content"]
-    last = chunks[-1]
-    assert last["choices"][0]["finish_reason"] == "length"
-    assert last["usage"]["completion_tokens"] == whole["usage"]["completion_tokens"] == 12
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert usage["choices"] == []
+    assert usage["usage"]["completion_tokens"] == whole["usage"]["completion_tokens"] == 12
 
 
 def test_stop_string_spanning_tokens_never_appears(client: httpx.Client, tiny_engine) -> None:
@@ -211,12 +212,13 @@ def test_text_completion_and_stream(client: httpx.Client) -> None:
     whole = client.post(COMP, json=body).json()
     assert whole["object"] == "text_completion" and whole["id"].startswith("cmpl-")
     assert whole["choices"][0]["finish_reason"] == "length"
-    events = sse_events(client.post(COMP, json={**body, "stream": True}))
+    asked = {"stream": True, "stream_options": {"include_usage": True}}
+    events = sse_events(client.post(COMP, json={**body, **asked}))
     assert events[-1] == "[DONE]"
-    chunks = [json.loads(e) for e in events[:-1]]
+    *chunks, usage = [json.loads(e) for e in events[:-1]]
     assert "".join(c["choices"][0]["text"] for c in chunks) == whole["choices"][0]["text"]
     # the second request may reuse the first one's prompt KV (prompt cache)
-    streamed_usage = {**chunks[-1]["usage"], "prompt_tokens_details": None}
+    streamed_usage = {**usage["usage"], "prompt_tokens_details": None}
     assert streamed_usage == {**whole["usage"], "prompt_tokens_details": None}
 
 

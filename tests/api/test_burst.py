@@ -19,7 +19,13 @@ from mlxspec.http.app import create_app
 from tests.conftest import LiveServer
 
 CLIENTS = 64
-BODY = {"prompt": "hello", "max_tokens": 4, "logit_bias": {"2": -100}, "stream": True}
+BODY = {
+    "prompt": "hello",
+    "max_tokens": 4,
+    "logit_bias": {"2": -100},
+    "stream": True,
+    "stream_options": {"include_usage": True},
+}
 QUEUE_FULL = {
     "error": {
         "message": "generation queue is full (8 requests waiting); retry later",
@@ -44,7 +50,9 @@ async def burst(base: str) -> list[tuple[int, Any]]:
                 return r.status_code, json.loads(body)
             payloads = [f[len("data: ") :] for f in body.split("\n\n") if f.startswith("data: ")]
             assert payloads[-1] == "[DONE]", body
-            return 200, json.loads(payloads[-2])
+            # the finishing chunk, with the usage of include_usage's chunk after it
+            usage = json.loads(payloads[-2])["usage"]
+            return 200, {**json.loads(payloads[-3]), "usage": usage}
 
         return await asyncio.wait_for(asyncio.gather(*(one() for _ in range(CLIENTS))), 60)
 

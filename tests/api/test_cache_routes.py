@@ -181,6 +181,7 @@ def test_sigterm_drains_the_stream_then_flushes(tiny_model_dir, tmp_path) -> Non
         base = f"http://127.0.0.1:{port}"
         wait_healthy(base, 60)
         body = {"prompt": PROMPT, "max_tokens": 150, "logit_bias": NO_EOS, "stream": True}
+        body["stream_options"] = {"include_usage": True}
         frames = []
         with httpx.stream("POST", base + "/v1/completions", json=body, timeout=60) as response:
             for line in response.iter_lines():
@@ -195,7 +196,7 @@ def test_sigterm_drains_the_stream_then_flushes(tiny_model_dir, tmp_path) -> Non
             proc.kill()
             proc.wait()
     assert frames[-1] == "[DONE]"
-    last = json.loads(frames[-2])
+    last = {**json.loads(frames[-3]), "usage": json.loads(frames[-2])["usage"]}
     assert last["choices"][0]["finish_reason"] == "length"
     assert last["usage"]["completion_tokens"] == 150
     snapshots = [p for p in ssd_dir.iterdir() if p.suffix == ".safetensors"]
@@ -226,6 +227,7 @@ def test_a_second_sigint_during_the_drain_exits_at_once_without_tracebacks(
 
     def stream() -> None:
         body = {"prompt": PROMPT, "max_tokens": 150, "logit_bias": NO_EOS, "stream": True}
+        body["stream_options"] = {"include_usage": True}
         with contextlib.suppress(httpx.HTTPError):
             with httpx.stream("POST", base + "/v1/completions", json=body, timeout=60) as r:
                 for _ in r.iter_lines():

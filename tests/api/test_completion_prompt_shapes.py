@@ -82,9 +82,10 @@ def test_token_ids_are_used_exactly_as_given(sdk, tiny_engine) -> None:
 def test_streamed_token_id_prompt_matches_the_text_prompt(sdk, tiny_engine) -> None:
     ids = tiny_engine.text_prompt(TEXT)
     want = sdk.completions.create(prompt=TEXT, **GREEDY)
-    chunks = list(sdk.completions.create(prompt=ids, stream=True, **GREEDY))
+    asked = {"stream": True, "stream_options": {"include_usage": True}}
+    *chunks, usage = list(sdk.completions.create(prompt=ids, **asked, **GREEDY))
     assert "".join(c.choices[0].text for c in chunks) == want.choices[0].text
-    assert chunks[-1].usage.prompt_tokens == len(ids)
+    assert usage.usage.prompt_tokens == len(ids)
 
 
 def test_n_choices_on_a_token_id_prompt(sdk, tiny_engine) -> None:

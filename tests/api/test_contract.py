@@ -158,7 +158,16 @@ STREAM_BREACHES = [
         stream(text_chunk("", "stop"), text_chunk("", "stop", usage=USAGE), "[DONE]"),
         "last chunk only, got [0, 1]",
     ),
-    ("no usage", stream(text_chunk(), text_chunk("", "length"), "[DONE]"), "must carry usage"),
+    (
+        "usage chunk without usage",
+        stream(text_chunk(), text_chunk("", "length"), text_chunk(choices=[]), "[DONE]"),
+        "a last chunk without choices must carry usage",
+    ),
+    (
+        "usage mid-stream",
+        stream(text_chunk(usage=USAGE), text_chunk("", "length"), "[DONE]"),
+        "only the last chunk before [DONE] may carry usage",
+    ),
     (
         "two ids",
         stream(text_chunk(id="cmpl-2"), text_chunk("", "length", usage=USAGE), "[DONE]"),

@@ -180,16 +180,17 @@ def test_chat_stream_through_the_generated_httpx_client(gen: ModuleType, client:
     m = gen.models
     body = chat_request(gen, max_tokens=6)
     whole = _api(gen, "chat", "create_chat_completion").sync(client=client, body=body)
-    request = {**body.to_dict(), "stream": True}
+    request = {**body.to_dict(), "stream": True, "stream_options": {"include_usage": True}}
     with client.get_httpx_client().stream("POST", "/v1/chat/completions", json=request) as r:
         payloads = sse_payloads(r.read().decode())
     assert payloads[-1] == "[DONE]"
-    chunks = [m.ChatCompletionChunk.from_dict(json.loads(p)) for p in payloads[:-1]]
+    *chunks, usage = [m.ChatCompletionChunk.from_dict(json.loads(p)) for p in payloads[:-1]]
+    assert usage.choices == []
     deltas = [c.choices[0].delta for c in chunks]
     assert all(isinstance(d, m.ChatCompletionDelta) for d in deltas)
     text = "".join(d.content for d in deltas if isinstance(d.content, str))
     assert text == whole.choices[0].message.content
-    assert chunks[-1].usage.completion_tokens == 6
+    assert usage.usage.completion_tokens == 6
 
 
 def test_text_completion_and_stream(gen: ModuleType, client: Any) -> None:

@@ -115,11 +115,17 @@ def test_streamed_choices_carry_their_index(client: httpx.Client, path, prompt) 
     )
     assert texts == {c["index"]: text_of(path, c) for c in whole["choices"]}
     assert reasons == {0: ["length"], 1: ["length"]}
-    # usage rides only the chunk that finishes the last choice, summed over choices.
-    with_usage = [c for c in chunks if c.get("usage")]
-    assert with_usage == [chunks[-1]]
-    assert chunks[-1]["usage"]["completion_tokens"] == 10
-    assert chunks[-1]["usage"]["prompt_tokens"] == whole["usage"]["prompt_tokens"]
+    # unasked, no chunk carries usage (OpenAI's contract); asked, one chunk of its
+    # own after the last choice's finish does, summed over choices.
+    assert [c for c in chunks if "usage" in c] == []
+    asked = {**body, "n": 2, "stream": True, "stream_options": {"include_usage": True}}
+    r = client.post(path, json=asked)
+    lines = [line[6:] for line in r.text.split("\n") if line.startswith("data: ")]
+    usage = [json.loads(d) for d in lines[:-1]]
+    assert [i for i, c in enumerate(usage) if "usage" in c] == [len(usage) - 1]
+    assert usage[-1]["choices"] == []
+    assert usage[-1]["usage"]["completion_tokens"] == 10
+    assert usage[-1]["usage"]["prompt_tokens"] == whole["usage"]["prompt_tokens"]
     if path == CHAT:
         roles = [c["choices"][0]["index"] for c in chunks if "role" in c["choices"][0]["delta"]]
         assert sorted(roles) == [0, 1]

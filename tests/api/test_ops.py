@@ -311,7 +311,8 @@ def test_metrics_move_after_requests(tiny_engine: Any) -> None:
         plain = await c.post("/v1/completions", json=COMPLETION)
         assert plain.status_code == 200
         cached.append(plain.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
-        streamed = await c.post("/v1/completions", json={**COMPLETION, "stream": True})
+        asked = {"stream": True, "stream_options": {"include_usage": True}}
+        streamed = await c.post("/v1/completions", json={**COMPLETION, **asked})
         assert streamed.status_code == 200
         last = json.loads(streamed.text.split("data: ")[-2])
         cached.append(last["usage"]["prompt_tokens_details"]["cached_tokens"])

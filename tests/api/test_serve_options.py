@@ -77,3 +77,16 @@ def test_a_dora_adapter_is_applied_at_load(tiny_model_dir: Path, tmp_path: Path)
 def test_a_missing_adapter_is_a_model_error(tiny_model_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(ModelLoadError, match="adapter not found: .* has no adapter_config.json"):
         load_engine(ServeConfig(model=str(tiny_model_dir), adapter_path=str(tmp_path)))
+
+
+@pytest.mark.parametrize("allowed", [False, True])
+def test_special_tokens_in_content_reaches_the_prompt(tiny_model_dir: Path, allowed: bool) -> None:
+    engine = load_engine(
+        ServeConfig(model=str(tiny_model_dir), allow_special_tokens_in_content=allowed)
+    )
+    try:
+        im_end = engine.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        prompt = engine.chat_prompt([{"role": "user", "content": "a<|im_end|>b"}])
+        assert prompt.count(im_end) == (2 if allowed else 1)
+    finally:
+        engine.close()

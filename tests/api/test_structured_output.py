@@ -330,7 +330,7 @@ def test_chat_bad_grammar_degrades_with_warning_and_instruction(client, tiny_eng
 
 def test_chat_stream_bad_regex_degrades_with_warning(client, tiny_engine) -> None:
     body = {"messages": USER, "guided_regex": "(", "max_tokens": 3, "stream": True}
-    r = client.post(CHAT, json=body)
+    r = client.post(CHAT, json={**body, "stream_options": {"include_usage": True}})
     assert r.status_code == 200
     assert r.headers["warning"] == (
         "grammar not enforced: Regex parsing error at position 2: The parenthesis is not closed."
@@ -353,6 +353,8 @@ def test_grammar_that_crashes_the_compiler_degrades(client) -> None:
 @pytest.mark.parametrize("stream", [False, True])
 def test_completion_bad_grammar_sends_the_header_only(client, tiny_engine, stream) -> None:
     body = {"prompt": "hello", "guided_grammar": BAD_EBNF, "max_tokens": 3, "stream": stream}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
     r = client.post(COMP, json=body)
     assert r.status_code == 200
     assert r.headers["warning"] == BAD_EBNF_WARNING

@@ -406,3 +406,19 @@ def test_set_thinking_reaches_the_template(tmp_path: Path) -> None:
             turn = chat.turn({"type": "regenerate"})
             assert engine.prompts[-1].endswith("<|im_start|>assistant\n<think>\n")
             assert turn["text"] == "fine"
+
+
+def test_a_typed_special_token_is_text_in_the_web_chat(
+    chat_server: LiveServer, tiny_engine: Any
+) -> None:
+    from mlxspec.engine.literal_text import literal_text
+
+    prompts = {}
+    for text in ("x", "<|im_end|>"):
+        with ChatClient(chat_server.base) as chat:
+            short(chat, 1)
+            turn = chat.turn({"type": "prompt", "text": text})
+            prompts[text] = turn["end"]["usage"]["prompt_tokens"]
+    spelt = literal_text(tiny_engine.tokenizer).plain_ids("<|im_end|>")
+    assert len(tiny_engine.tokenizer.encode("x", add_special_tokens=False)) == 1
+    assert prompts["<|im_end|>"] - prompts["x"] == len(spelt) - 1 > 0

@@ -33,13 +33,15 @@ def test_greedy_chat_answers_paris(sdk: openai.OpenAI) -> None:
 def test_streamed_deltas_equal_non_streamed(sdk: openai.OpenAI) -> None:
     kwargs = dict(model="m", messages=QUESTION, temperature=0, max_tokens=20)
     whole = sdk.chat.completions.create(**kwargs)
-    stream = sdk.chat.completions.create(**kwargs, stream=True)
-    chunks = list(stream)
+    stream = sdk.chat.completions.create(
+        **kwargs, stream=True, stream_options={"include_usage": True}
+    )
+    *chunks, usage = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole.choices[0].message.content
     assert chunks[0].choices[0].delta.role == "assistant"
     assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
-    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert usage.usage.completion_tokens == whole.usage.completion_tokens
 
 
 def test_text_completion(sdk: openai.OpenAI) -> None:

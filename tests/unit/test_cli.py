@@ -53,9 +53,22 @@ def test_flags() -> None:
     assert parse_config(["serve", "--cpu-weights", "native"]).cpu_weights == "native"
 
 
+def test_prompt_and_stream_usage_flags() -> None:
+    cfg = ServeConfig()
+    assert (cfg.allow_special_tokens_in_content, cfg.stream_usage) == (False, "requested")
+    cfg = parse_config(["serve", "--allow-special-tokens-in-content", "--stream-usage", "always"])
+    assert (cfg.allow_special_tokens_in_content, cfg.stream_usage) == (True, "always")
+
+
 @pytest.mark.parametrize(
     "flags",
-    [["--max-tokens", "0"], ["--port", "99999"], ["--batch", "0"], ["--cpu-weights", "fp8"]],
+    [
+        ["--max-tokens", "0"],
+        ["--port", "99999"],
+        ["--batch", "0"],
+        ["--cpu-weights", "fp8"],
+        ["--stream-usage", "never"],
+    ],
 )
 def test_bad_flag_exits_2(flags: list[str]) -> None:
     with pytest.raises(SystemExit) as err:

@@ -14,6 +14,7 @@ from mlxspec.handlers.context import (
     logprobs_format,
     new_id,
     now,
+    stream_usage_always,
 )
 from mlxspec.handlers.events import cancel_all, gather_choices
 from mlxspec.handlers.turns.parser import (
@@ -44,7 +45,7 @@ async def create_chat_completion(body: dict[str, Any]) -> Any:
     if body.get("stream"):
         streams = [_choice_chunks(turn, i, fmt) for i, turn in enumerate(turns)]
         apart = usage_apart(body, {**head, "object": "chat.completion.chunk"})
-        chunks = stream_chunks(streams, _chunker(head), apart)
+        chunks = stream_chunks(streams, _chunker(head), apart, stream_usage_always())
         # Keep-alive comments fill silences (a withheld tool call, a long prefill).
         frames = sse.openai_events(sse.with_keepalive(chunks), on_close=cancel_all(handles))
         response = sse.event_stream(frames)

@@ -74,6 +74,7 @@ async def stream_chunks(
     streams: Sequence[ChoiceStream],
     chunk: Callable[[dict[str, Any]], dict[str, Any] | bytes],
     usage_apart: dict[str, Any] | None = None,
+    usage_on_finish: bool = False,
 ) -> AsyncIterator[dict[str, Any] | bytes]:
     """The chunks of a streamed response with ``n`` choices.
 
@@ -86,12 +87,16 @@ async def stream_chunks(
         usage_apart (dict | None): with ``stream_options.include_usage``, the
             chunk fields (``id``, ``object``, ...) of a last chunk of its own
             that carries ``usage`` with ``choices: []``, as OpenAI sends it.
-            Default: ``None`` (usage rides the chunk that finishes the last choice).
+            Default: ``None`` (no such chunk).
+        usage_on_finish (bool): without ``usage_apart``, put ``usage`` on the
+            chunk that finishes the last choice (``--stream-usage always``, the
+            reference's superset). Default: ``False`` (OpenAI: no usage unasked).
 
     Yields:
         dict | bytes: one chunk per choice object, interleaved as they arrive;
-        ``usage`` over all choices on the chunk that finishes the last one, or
-        (``usage_apart``) in one more chunk after it, never on both.
+        ``usage`` over all choices in one more chunk after them
+        (``usage_apart``), or on the chunk that finishes the last one
+        (``usage_on_finish``), never on both; else nowhere.
     """
     finished: list[Finished | None] = [None] * len(streams)
     async for index, (choice, end) in merge(streams):
@@ -100,7 +105,7 @@ async def stream_chunks(
             assert isinstance(out, dict)
             finished[index] = end
             done = [f for f in finished if f is not None]
-            if len(done) == len(finished) and usage_apart is None:
+            if len(done) == len(finished) and usage_apart is None and usage_on_finish:
                 out["usage"] = choices_usage(done)
         yield out
     done = [f for f in finished if f is not None]

@@ -30,6 +30,7 @@ from mlxspec.handlers.context import (
     new_id,
     now,
     request_headers,
+    stream_usage_always,
 )
 from mlxspec.handlers.events import cancel_all, collect, gather_choices, outputs, submit_choices
 from mlxspec.handlers.requests import (
@@ -66,7 +67,8 @@ async def create_completion(body: dict[str, Any]) -> Any:
     runs = list(zip(requests, handles, strict=True))
     if body.get("stream"):
         streams = [_choice_chunks(req, handle, i, fmt) for i, (req, handle) in enumerate(runs)]
-        chunks = stream_chunks(streams, _chunker(head), usage_apart(body, head))
+        apart = usage_apart(body, head)
+        chunks = stream_chunks(streams, _chunker(head), apart, stream_usage_always())
         response = sse.event_stream(sse.openai_events(chunks, on_close=cancel_all(handles)))
         response.headers.update(warning)
         return response

@@ -367,12 +367,18 @@ def _result_part(block: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _tool_message(block: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``tool_result`` as a ``tool`` message; ``is_error: true`` rides along
+    for the prompt builder to show the failure
+    (:func:`mlxspec.engine.prompt_messages.mark_tool_errors`)."""
     content = block.get("content")
     if content is None:
         content = ""
     elif not isinstance(content, str):
         content = [_result_part(b) for b in content]
-    return {"role": "tool", "tool_call_id": block["tool_use_id"], "content": content}
+    message = {"role": "tool", "tool_call_id": block["tool_use_id"], "content": content}
+    if block.get("is_error") is True:
+        message["is_error"] = True
+    return message
 
 
 def _tool(tool: Mapping[str, Any]) -> dict[str, Any]:
