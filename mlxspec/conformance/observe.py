@@ -188,6 +188,17 @@ def f_models_shape(o: Observed) -> Any:
     return {"object": body.get("object"), "data": rows}
 
 
+def f_models_rows(o: Observed) -> Any:
+    """``/v1/models``: ``object`` and the distinct row shapes (as :func:`f_models_shape`
+    gives them), however many rows: mlxspec lists a Whisper model beside the chat
+    model (docs/deviations.md), and every row keeps the shape."""
+    shape = f_models_shape(o)
+    if shape is None:
+        return None
+    distinct = {json.dumps(r, sort_keys=True) for r in shape["data"]}
+    return {"object": shape["object"], "rows": [json.loads(r) for r in sorted(distinct)]}
+
+
 FIELDS: dict[str, Callable[[Observed], Any]] = {
     "status": lambda o: o["status"],
     "content_type": lambda o: o["content_type"],
@@ -207,6 +218,7 @@ FIELDS: dict[str, Callable[[Observed], Any]] = {
     "object": f_object,
     "error_message": f_error_message,
     "models_shape": f_models_shape,
+    "models_rows": f_models_rows,
 }
 
 

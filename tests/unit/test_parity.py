@@ -183,3 +183,35 @@ def test_table_names_the_differing_fields() -> None:
     assert "deviation (Stop strings): content" in text
     assert "**DIFFERS**: usage usage.total_tokens: 3 != 4" in text
     assert parity.summary(rows).startswith("3 cases: 1 identical, 1 listed deviations, 1 differ")
+
+
+# /v1/models with a Whisper checkpoint (issue 25 item 8) ------------------------
+
+_CHAT_ROW = {"id": "SmolLM2-135M-Instruct", "object": "model", "created": 1, "owned_by": "mlxspec"}
+_WHISPER_ROW = {"id": "whisper-base", "object": "model", "created": 2, "owned_by": "mlxspec"}
+
+
+def _models(*rows: dict) -> dict:
+    return {
+        "status": 200,
+        "content_type": "application/json",
+        "json": {"object": "list", "data": list(rows)},
+    }
+
+
+def test_models_list_lets_the_whisper_row_through_as_a_listed_deviation() -> None:
+    case = next(c for c in CASES if c.name == "models_list")
+    ref = parity.load_reference(case)
+    assert check(case, _models(_CHAT_ROW), ref).verdict == "identical"
+    with_whisper = check(case, _models(_CHAT_ROW, _WHISPER_ROW), ref)
+    assert (with_whisper.verdict, with_whisper.fields) == ("deviation", ["models_shape"])
+    assert with_whisper.detail == "`/v1/models` rows"
+
+
+def test_models_list_still_checks_every_rows_shape() -> None:
+    case = next(c for c in CASES if c.name == "models_list")
+    ref = parity.load_reference(case)
+    bad_row = {**_WHISPER_ROW, "created": "2"}
+    assert check(case, _models(_CHAT_ROW, bad_row), ref).verdict == "differs"
+    assert check(case, _models(), ref).verdict == "differs"
+    assert check(case, {**_models(_CHAT_ROW), "status": 503}, ref).verdict == "differs"

@@ -14,8 +14,6 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from mlx_whisper.tokenizer import LANGUAGES, TO_LANGUAGE_CODE
-
 from mlxspec.engine import FALLBACK_TEMPERATURES, TranscribeOptions, VadOptions
 from mlxspec.errors import ApiError
 
@@ -32,6 +30,10 @@ def parse_language(value: Any, multilingual: bool = True) -> str | None:
     """
     if value is None or (isinstance(value, str) and value.strip().lower() in ("", "auto")):
         return None
+    # Imported here, not at module level: Connexion imports this module to resolve
+    # the audio routes, and a text-only install (no mlx-whisper) must still serve text.
+    from mlx_whisper.tokenizer import LANGUAGES, TO_LANGUAGE_CODE
+
     key = str(value).strip().lower()
     code = key if key in LANGUAGES else TO_LANGUAGE_CODE.get(key)
     if code is None:  # a BCP 47 tag such as en-US
