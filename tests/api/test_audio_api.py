@@ -26,7 +26,15 @@ import pytest
 
 from mlxspec.conformance.live import serve
 from mlxspec.engine.audio.pcm import decode_audio
-from tests.audio_helpers import clip, encode, error_rate, espeak_wav, need_module, wav_samples
+from tests.audio_helpers import (
+    clip,
+    encode,
+    error_rate,
+    espeak_wav,
+    need_module,
+    silent_flac,
+    wav_samples,
+)
 from tests.conftest import SERVER_BLAS
 from tests.helpers import openai_sdk
 
@@ -228,6 +236,36 @@ def test_bad_audio_is_a_clear_4xx(http: httpx.Client) -> None:
     _error(http.post(url, json={"file": b64, "language": "klingon"}), 400)
     _error(http.post(url, json={"file": b64, "beam_size": 4, "temperature": 0.4}), 400)
     _error(http.post("/v1/audio/translations", json={"file": b64}), 400)  # tiny.en cannot
+
+
+def test_ten_hours_of_flac_is_a_413_before_decoding(http: httpx.Client) -> None:
+    """Issue 25 item 2: 0.5 MB of FLAC declaring 10 h (it took 16 s and 4.5 GB
+    before its 413) is refused from its header, well within 2 s, on the one-shot
+    route and as a session chunk; one that declares no length is stopped by the
+    running count just past the server's 120 s cap."""
+    ten_hours = silent_flac(36000)
+    started = time.perf_counter()
+    r = http.post("/v1/audio/transcriptions", files={"file": ("s.flac", ten_hours)})
+    elapsed = time.perf_counter() - started
+    error = _error(r, 413, "audio_too_long")
+    assert error["param"] == "file" and error["type"] == "invalid_request_error"
+    assert error["message"] == (
+        "the audio is 36000.0 s long; at most 120 s are accepted (--max-audio-seconds)"
+    )
+    assert elapsed < 2.0, elapsed
+    hidden = silent_flac(36000, declared=None)
+    error = _error(http.post("/v1/audio/transcriptions", files={"file": ("h.flac", hidden)}),
+                   413, "audio_too_long")  # fmt: skip
+    assert error["message"].startswith("the audio is longer than 12"), error
+    sid = http.post("/v1/audio/sessions", json={}).json()["id"]
+    chunk = http.post(f"/v1/audio/sessions/{sid}/audio", content=ten_hours,
+                      headers={"content-type": "audio/flac"})  # fmt: skip
+    assert _error(chunk, 413, "audio_too_long")["param"] == "body"
+    pcm = np.zeros(16000 * 121, "<f4").tobytes()
+    r = http.post(f"/v1/audio/sessions/{sid}/audio", content=pcm,
+                  headers={"content-type": "audio/pcm;rate=16000"})  # fmt: skip
+    assert _error(r, 413, "audio_too_long")["message"].startswith("the audio is 121.0 s long")
+    assert http.delete(f"/v1/audio/sessions/{sid}").status_code == 204
 
 
 def test_vad_silence_gives_empty_text_without_whisper(http: httpx.Client) -> None:

@@ -19,6 +19,7 @@ from mlxspec.engine.audio.pcm import (
     MIN_RATE,
     SAMPLE_RATE,
     AudioDecodeError,
+    AudioTooLongError,
     decode_audio,
     pcm_float32,
 )
@@ -55,6 +56,7 @@ __all__ = [
     "PROMPT_TOKEN_BUDGET",
     "SAMPLE_RATE",
     "AudioDecodeError",
+    "AudioTooLongError",
     "ChunkReceipt",
     "ExclusiveRunner",
     "JobAbandoned",
