@@ -13,7 +13,7 @@ from mlxspec.engine.audio.checkpoint import (
     resolve_whisper,
     whisper_only,
 )
-from mlxspec.engine.audio.interface import TranscriberProtocol
+from mlxspec.engine.audio.interface import SessionsProtocol, TranscriberProtocol
 from mlxspec.engine.audio.pcm import (
     MAX_RATE,
     MIN_RATE,
@@ -23,6 +23,7 @@ from mlxspec.engine.audio.pcm import (
     decode_audio,
     pcm_float32,
 )
+from mlxspec.engine.audio.remote import RemoteSessions, WhisperProcess
 from mlxspec.engine.audio.runner import ExclusiveRunner, SoloRunner
 from mlxspec.engine.audio.service import MIN_AUDIO_S, WhisperService
 from mlxspec.engine.audio.sessions import (
@@ -60,9 +61,11 @@ __all__ = [
     "ChunkReceipt",
     "ExclusiveRunner",
     "JobAbandoned",
+    "RemoteSessions",
     "Segment",
     "SessionError",
     "Sessions",
+    "SessionsProtocol",
     "SoloRunner",
     "TakeProgress",
     "TakeResult",
@@ -72,6 +75,7 @@ __all__ = [
     "VocabularyUsage",
     "WhisperCheckpoint",
     "WhisperModelError",
+    "WhisperProcess",
     "WhisperService",
     "WindowDone",
     "decode_audio",

@@ -38,7 +38,13 @@ from mlxspec.engine.audio.vad import SpeechSpans, detect_speech
 if TYPE_CHECKING:  # mlx-whisper's import takes seconds (numba, scipy): on first use only
     from mlxspec.engine.audio.take import Take
 
-__all__ = ["DEFAULT_IDLE_UNLOAD_S", "MIN_AUDIO_S", "WhisperService", "WindowDone"]
+__all__ = [
+    "DEFAULT_IDLE_UNLOAD_S",
+    "MIN_AUDIO_S",
+    "WhisperService",
+    "WindowDone",
+    "vocabulary_usage",
+]
 
 logger = logging.getLogger("mlxspec.engine.audio")
 
@@ -118,12 +124,7 @@ class WhisperService:
         Returns:
             VocabularyUsage | None: the terms kept and left out; ``None`` for no vocabulary.
         """
-        if not vocabulary:
-            return None
-        from mlx_whisper.tokenizer import get_tokenizer
-
-        tokenizer = get_tokenizer(self.multilingual, num_languages=99)
-        return fit_prompt(tokenizer, prompt, vocabulary)[1]
+        return vocabulary_usage(self.multilingual, vocabulary, prompt)
 
     def block(self) -> dict[str, Any]:
         """The ``transcription`` block of ``/stats``, ``/health`` and the unload route."""
@@ -137,6 +138,17 @@ class WhisperService:
             "last_load_ms": round(self.last_load_ms, 3),
             "idle_unload_sec": None if self.resident else self.idle_unload_s,
         }
+
+    def close(self) -> None:
+        """Stop the runner's thread when it is one of ours (a :class:`~.runner.SoloRunner`)."""
+        if hasattr(self.runner, "close"):
+            self.runner.close()
+
+    def sessions(self, max_audio_s: float | None, idle_s: float | None) -> Any:
+        """The dictation sessions of this service (:class:`~.sessions.Sessions`)."""
+        from mlxspec.engine.audio.sessions import Sessions
+
+        return Sessions(self, max_audio_s, idle_s=idle_s)
 
     # MLX thread
     def _load(self) -> float:
@@ -272,6 +284,23 @@ class WhisperService:
             emit(WindowDone(tuple(segments), take.progress()))
             yield
         return result_of(take, duration, spans, load_ms, started)
+
+
+def vocabulary_usage(
+    multilingual: bool, vocabulary: tuple[str, ...], prompt: str | None
+) -> VocabularyUsage | None:
+    """How ``vocabulary`` fits the prompt budget after ``prompt`` with Whisper's
+    tokenizer (multilingual or English; no weights needed).
+
+    Returns:
+        VocabularyUsage | None: the terms kept and left out; ``None`` for no vocabulary.
+    """
+    if not vocabulary:
+        return None
+    from mlx_whisper.tokenizer import get_tokenizer
+
+    tokenizer = get_tokenizer(multilingual, num_languages=99)
+    return fit_prompt(tokenizer, prompt, vocabulary)[1]
 
 
 def _silent(

@@ -15,7 +15,7 @@ from mlxspec.engine import (
     AudioDecodeError,
     AudioTooLongError,
     SessionError,
-    Sessions,
+    SessionsProtocol,
     TranscriberProtocol,
     WhisperModelError,
     decode_audio,
@@ -51,7 +51,7 @@ def current_transcriber() -> TranscriberProtocol:
     return service
 
 
-def current_sessions() -> Sessions:
+def current_sessions() -> SessionsProtocol:
     """The app's dictation sessions.
 
     Raises:

@@ -4,6 +4,7 @@ and ``DELETE /v1/audio/sessions/{id}``."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import re
 import time
 from typing import Any
@@ -95,6 +96,8 @@ async def add_session_audio(session_id: str, body: Any = None) -> dict[str, Any]
         receipt = await sessions.feed(session_id, samples)
     except SessionError as e:
         raise session_error(e) from e
+    except WhisperModelError as e:
+        raise model_error(e) from e
     return {
         "samples": receipt.samples,
         "duration": round(receipt.duration, 3),
@@ -111,6 +114,8 @@ async def finish_session(session_id: str) -> dict[str, Any]:
         result = await sessions.finish(session_id)
     except SessionError as e:
         raise session_error(e) from e
+    except WhisperModelError as e:
+        raise model_error(e) from e
     total_ms = (time.perf_counter() - opened) * 1000
     return json_body(result, service.model_id, total_ms, verbose=fmt == "verbose_json")
 
@@ -118,7 +123,9 @@ async def finish_session(session_id: str) -> dict[str, Any]:
 async def delete_session(session_id: str) -> Response:
     """Discard a session: 204."""
     try:
-        current_sessions().discard(session_id)
+        done = current_sessions().discard(session_id)
+        if inspect.isawaitable(done):  # the sessions live in the Whisper worker process
+            await done
     except SessionError as e:
         raise session_error(e) from e
     return Response(status_code=204)
