@@ -242,9 +242,10 @@ class WhisperProcess:
         if process is not self._process:
             return
         try:
-            code = process.wait(timeout=1.0)
-        except subprocess.TimeoutExpired:
-            code = None
+            code = process.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:  # its pipe closed but it lingers: end it
+            process.kill()
+            code = process.wait()
         self._process = self._conn = None
         self._state = {k: v for k, v in self._state.items() if k != "open"}
         if "block" in self._state:
@@ -267,6 +268,7 @@ class WhisperProcess:
                 process.wait(timeout)
             except subprocess.TimeoutExpired:
                 process.kill()
+                process.wait()
 
 
 class RemoteSessions:
