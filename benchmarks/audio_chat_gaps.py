@@ -13,8 +13,9 @@ load average around each phase (the machine is shared).
     python benchmarks/audio_chat_gaps.py --name cpu-audio-chat-gaps
     python benchmarks/audio_chat_gaps.py --name cpu-audio-chat-gaps-before --root /tmp/old
 
-``--root`` serves another checkout of mlxspec (its folder goes first on
-``PYTHONPATH``), so the code before a change can be measured the same way.
+``--root`` serves another checkout of mlxspec (the server runs in that folder,
+which also goes first on ``PYTHONPATH``), so the code before a change can be
+measured the same way.
 Writes ``benchmarks/results/<name>.json``.
 """
 
@@ -133,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     argv_ = [sys.executable, "-m", "mlxspec", "serve", *([args.model] if args.model else [])]
     argv_ += ["--port", "{port}", "--whisper-model", args.whisper_model, "--whisper-resident"]
     log = Path(tempfile.gettempdir()) / f"{args.name}.serve.log"
+    os.chdir(args.root)  # ``-m mlxspec`` imports from the working folder first
     with serve(argv_, env, log, timeout=900) as base:
         with httpx.Client(base_url=base, timeout=900) as client:  # warm both models
             client.post("/v1/audio/transcriptions", files={"file": ("t.wav", wav)},
