@@ -2,9 +2,11 @@
 
 The speech-to-text side of the engine boundary, beside
 :class:`~mlxspec.engine.EngineProtocol`: handlers type the service as this
-protocol and never reach its model, runner or checkpoint. The service in turn
-asks the chat engine only for ``run_exclusive`` (an ``EngineProtocol`` member),
-so a take never overlaps a chat forward pass.
+protocol and never reach its model, runner or checkpoint. Beside a chat model
+the service is a :class:`~.remote.WhisperProcess` (takes in a worker process,
+never on the engine thread); on a transcription-only server it is a
+:class:`~.service.WhisperService` on a thread of its own. The dictation
+sessions are typed as :class:`SessionsProtocol` likewise.
 """
 
 from __future__ import annotations

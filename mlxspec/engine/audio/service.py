@@ -3,10 +3,11 @@
 :class:`WhisperService` owns one checkpoint. Its weights load on the first
 take (a CTranslate2 checkpoint is converted once, :mod:`.checkpoint`), and are
 released ``idle_unload_s`` seconds after the last take unless ``resident``.
-Every take is a stepped exclusive job of the thread that owns MLX (the chat
-engine's, or a :class:`~.runner.SoloRunner`): a window of 30 s per step, so it
-never overlaps a chat forward pass, chat streams decode between its windows,
-and a client that left stops it at the next window (``JobAbandoned``).
+Every take is a stepped exclusive job of the thread that owns this process's
+MLX (a :class:`~.runner.SoloRunner`): a window of 30 s per step, and a client
+that left stops it at the next window (``JobAbandoned``). Beside a chat model
+this service lives in the Whisper worker process (:mod:`.worker`), so no take
+ever holds the chat engine's thread.
 """
 
 from __future__ import annotations
