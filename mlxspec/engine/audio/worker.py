@@ -197,4 +197,3 @@ async def _dispatch(
     if method == "discard":
         return sessions.discard(args[0])
     raise ValueError(f"unknown Whisper worker call {method!r}")
-
