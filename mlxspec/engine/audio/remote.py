@@ -165,12 +165,14 @@ class WhisperProcess:
         """
         loop = asyncio.get_running_loop()
         self._start(loop)
+        self._loop = loop  # answers go to the loop that asks (one loop in a server)
         cid = next(self._ids)
         future: asyncio.Future[Any] = loop.create_future()
         self._pending[cid] = (future, emit)
         conn = self._conn
         try:  # pickling and writing seconds of audio stay off the event loop
-            await asyncio.to_thread(self._send, conn, ("call", cid, method, args))
+            if not await asyncio.to_thread(self._send, conn, ("call", cid, method, args)):
+                raise WhisperModelError("the Whisper worker exited")
             return await future
         except asyncio.CancelledError:
             loop.run_in_executor(None, self._send, conn, ("cancel", cid))
@@ -178,12 +180,14 @@ class WhisperProcess:
         finally:  # a late answer (or window) for a caller that left is dropped
             self._pending.pop(cid, None)
 
-    def _send(self, conn: Any, message: tuple[Any, ...]) -> None:
+    def _send(self, conn: Any, message: tuple[Any, ...]) -> bool:
+        """Write one message; False when the child is gone (its reader fails the calls)."""
         with self._send_lock:
             try:
                 conn.send(message)
-            except (OSError, ValueError):  # the child is gone: its reader fails the calls
-                pass
+            except (OSError, ValueError, AttributeError):  # closed, or no pipe at all
+                return False
+            return True
 
     def _start(self, loop: asyncio.AbstractEventLoop) -> None:
         if self._process is not None and self._process.poll() is None:
@@ -198,24 +202,29 @@ class WhisperProcess:
         mine.send((self.checkpoint, self.cache_root, self.settings))
         self._process, self._conn, self._loop = process, mine, loop
         self.starts += 1
-        reader = threading.Thread(target=self._pump, args=(mine, process, loop),
+        reader = threading.Thread(target=self._pump, args=(mine, process),
                                   name="mlxspec-whisper-reader", daemon=True)  # fmt: skip
         reader.start()
 
-    def _pump(self, conn: Any, process: Any, loop: asyncio.AbstractEventLoop) -> None:
+    def _pump(self, conn: Any, process: Any) -> None:
+        """The reader thread: each message to the loop of the latest caller."""
         while True:
             try:
                 message = conn.recv()
             except (EOFError, OSError):
                 break
             try:
-                loop.call_soon_threadsafe(self._receive, message)
+                self._call_soon(self._receive, message)
             except RuntimeError:  # the loop closed: the server is stopping
                 return
         try:
-            loop.call_soon_threadsafe(self._lost, process)
+            self._call_soon(self._lost, process)
         except RuntimeError:
             pass
+
+    def _call_soon(self, fn: Callable[..., None], *args: Any) -> None:
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(fn, *args)
 
     def _receive(self, message: tuple[Any, ...]) -> None:
         match message:
