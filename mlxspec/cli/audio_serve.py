@@ -39,6 +39,7 @@ def load_transcription(config: ServeConfig, load_engine: Callable[[ServeConfig],
     from mlxspec.engine.audio import (
         SoloRunner,
         WhisperModelError,
+        WhisperProcess,
         WhisperService,
         resolve_whisper,
         whisper_only,
@@ -63,11 +64,16 @@ def load_transcription(config: ServeConfig, load_engine: Callable[[ServeConfig],
     engine = None if alone is not None else load_engine(config)
     if checkpoint is None:
         return engine, None
-    service = WhisperService(
-        checkpoint,
-        SoloRunner() if engine is None else engine,
-        cache_dir(),
-        idle_unload_s=config.whisper_idle_unload,
-        resident=config.whisper_resident,
-    )
+    if engine is None:  # nothing to share the CPU with: a thread of this process
+        service: Any = WhisperService(
+            checkpoint, SoloRunner(), cache_dir(),
+            idle_unload_s=config.whisper_idle_unload, resident=config.whisper_resident,
+        )  # fmt: skip
+        return engine, service
+    # beside a chat model: a child process at the lowest CPU priority, so a take
+    # never holds the engine thread (one encoder pass costs seconds on a CPU)
+    service = WhisperProcess(
+        checkpoint, cache_dir(),
+        idle_unload_s=config.whisper_idle_unload, resident=config.whisper_resident,
+    )  # fmt: skip
     return engine, service

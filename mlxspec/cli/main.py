@@ -292,8 +292,8 @@ def _serve_app(config: ServeConfig, engine, transcriber) -> int:  # noqa: ANN001
     finally:
         if engine is not None:
             _stop_engine(engine)
-        if transcriber is not None and hasattr(transcriber.runner, "close"):
-            transcriber.runner.close()
+        if transcriber is not None:
+            transcriber.close()
     _exit_after_shutdown(0 if server.started else EXIT_STARTUP_FAILED)
     return 0  # not reached
 

@@ -482,9 +482,10 @@ def _audio_state(transcriber: Any, config: Any) -> dict[str, Any]:
     (which see the service as a ``TranscriberProtocol``)."""
     if transcriber is None:
         return {}
-    sessions = Sessions(
-        transcriber,
-        getattr(config, "max_audio_seconds", None),
-        idle_s=getattr(config, "audio_session_idle", DEFAULT_SESSION_IDLE_S),
-    )
+    max_audio_s = getattr(config, "max_audio_seconds", None)
+    idle_s = getattr(config, "audio_session_idle", DEFAULT_SESSION_IDLE_S)
+    if hasattr(transcriber, "sessions"):  # the service keeps them (a worker process does)
+        sessions = transcriber.sessions(max_audio_s, idle_s)
+    else:
+        sessions = Sessions(transcriber, max_audio_s, idle_s=idle_s)
     return {"transcriber": transcriber, "transcription_sessions": sessions}

@@ -13,15 +13,17 @@ from mlxspec.engine.audio.checkpoint import (
     resolve_whisper,
     whisper_only,
 )
-from mlxspec.engine.audio.interface import TranscriberProtocol
+from mlxspec.engine.audio.interface import SessionsProtocol, TranscriberProtocol
 from mlxspec.engine.audio.pcm import (
     MAX_RATE,
     MIN_RATE,
     SAMPLE_RATE,
     AudioDecodeError,
+    AudioTooLongError,
     decode_audio,
     pcm_float32,
 )
+from mlxspec.engine.audio.remote import RemoteSessions, WhisperProcess
 from mlxspec.engine.audio.runner import ExclusiveRunner, SoloRunner
 from mlxspec.engine.audio.service import MIN_AUDIO_S, WhisperService
 from mlxspec.engine.audio.sessions import (
@@ -55,12 +57,15 @@ __all__ = [
     "PROMPT_TOKEN_BUDGET",
     "SAMPLE_RATE",
     "AudioDecodeError",
+    "AudioTooLongError",
     "ChunkReceipt",
     "ExclusiveRunner",
     "JobAbandoned",
+    "RemoteSessions",
     "Segment",
     "SessionError",
     "Sessions",
+    "SessionsProtocol",
     "SoloRunner",
     "TakeProgress",
     "TakeResult",
@@ -70,6 +75,7 @@ __all__ = [
     "VocabularyUsage",
     "WhisperCheckpoint",
     "WhisperModelError",
+    "WhisperProcess",
     "WhisperService",
     "WindowDone",
     "decode_audio",

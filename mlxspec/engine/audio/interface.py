@@ -2,20 +2,26 @@
 
 The speech-to-text side of the engine boundary, beside
 :class:`~mlxspec.engine.EngineProtocol`: handlers type the service as this
-protocol and never reach its model, runner or checkpoint. The service in turn
-asks the chat engine only for ``run_exclusive`` (an ``EngineProtocol`` member),
-so a take never overlaps a chat forward pass.
+protocol and never reach its model, runner or checkpoint. Beside a chat model
+the service is a :class:`~.remote.WhisperProcess` (takes in a worker process,
+never on the engine thread); on a transcription-only server it is a
+:class:`~.service.WhisperService` on a thread of its own. The dictation
+sessions are typed as :class:`SessionsProtocol` likewise.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from mlxspec.engine.audio.types import Emit, TakeResult, TranscribeOptions, VocabularyUsage
 
-__all__ = ["TranscriberProtocol"]
+if TYPE_CHECKING:
+    from mlxspec.engine.audio.sessions import ChunkReceipt
+
+__all__ = ["SessionsProtocol", "TranscriberProtocol"]
 
 
 @runtime_checkable
@@ -59,4 +65,39 @@ class TranscriberProtocol(Protocol):
 
     async def unload(self) -> bool:
         """Release the weights now; whether they were loaded."""
+        ...
+
+
+class SessionsProtocol(Protocol):
+    """The dictation sessions as handlers see them: :class:`~.sessions.Sessions`
+    in this process, or :class:`~.remote.RemoteSessions` in the Whisper worker.
+    Each raises ``SessionError`` (404/409/413/429) for a session it cannot serve."""
+
+    @property
+    def open_count(self) -> int:
+        """Sessions open now."""
+        ...
+
+    def block(self) -> dict[str, Any]:
+        """``/stats``' ``transcription.sessions``."""
+        ...
+
+    async def open(self, options: TranscribeOptions, meta: Any = None) -> tuple[str, float]:
+        """Open a session; its id and the weights' load time (ms)."""
+        ...
+
+    def meta(self, session_id: str) -> Any:
+        """The ``meta`` a session was opened with."""
+        ...
+
+    async def feed(self, session_id: str, samples: np.ndarray) -> ChunkReceipt:
+        """Append 16 kHz mono float32 ``samples``; decode the windows they complete."""
+        ...
+
+    async def finish(self, session_id: str) -> TakeResult:
+        """Decode what is left; close the session."""
+        ...
+
+    def discard(self, session_id: str) -> Awaitable[None] | None:
+        """Drop a session (awaitable when the sessions live in another process)."""
         ...

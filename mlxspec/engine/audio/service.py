@@ -3,10 +3,11 @@
 :class:`WhisperService` owns one checkpoint. Its weights load on the first
 take (a CTranslate2 checkpoint is converted once, :mod:`.checkpoint`), and are
 released ``idle_unload_s`` seconds after the last take unless ``resident``.
-Every take is a stepped exclusive job of the thread that owns MLX (the chat
-engine's, or a :class:`~.runner.SoloRunner`): a window of 30 s per step, so it
-never overlaps a chat forward pass, chat streams decode between its windows,
-and a client that left stops it at the next window (``JobAbandoned``).
+Every take is a stepped exclusive job of the thread that owns this process's
+MLX (a :class:`~.runner.SoloRunner`): a window of 30 s per step, and a client
+that left stops it at the next window (``JobAbandoned``). Beside a chat model
+this service lives in the Whisper worker process (:mod:`.worker`), so no take
+ever holds the chat engine's thread.
 """
 
 from __future__ import annotations
@@ -38,7 +39,13 @@ from mlxspec.engine.audio.vad import SpeechSpans, detect_speech
 if TYPE_CHECKING:  # mlx-whisper's import takes seconds (numba, scipy): on first use only
     from mlxspec.engine.audio.take import Take
 
-__all__ = ["DEFAULT_IDLE_UNLOAD_S", "MIN_AUDIO_S", "WhisperService", "WindowDone"]
+__all__ = [
+    "DEFAULT_IDLE_UNLOAD_S",
+    "MIN_AUDIO_S",
+    "WhisperService",
+    "WindowDone",
+    "vocabulary_usage",
+]
 
 logger = logging.getLogger("mlxspec.engine.audio")
 
@@ -118,12 +125,7 @@ class WhisperService:
         Returns:
             VocabularyUsage | None: the terms kept and left out; ``None`` for no vocabulary.
         """
-        if not vocabulary:
-            return None
-        from mlx_whisper.tokenizer import get_tokenizer
-
-        tokenizer = get_tokenizer(self.multilingual, num_languages=99)
-        return fit_prompt(tokenizer, prompt, vocabulary)[1]
+        return vocabulary_usage(self.multilingual, vocabulary, prompt)
 
     def block(self) -> dict[str, Any]:
         """The ``transcription`` block of ``/stats``, ``/health`` and the unload route."""
@@ -137,6 +139,17 @@ class WhisperService:
             "last_load_ms": round(self.last_load_ms, 3),
             "idle_unload_sec": None if self.resident else self.idle_unload_s,
         }
+
+    def close(self) -> None:
+        """Stop the runner's thread when it is one of ours (a :class:`~.runner.SoloRunner`)."""
+        if hasattr(self.runner, "close"):
+            self.runner.close()
+
+    def sessions(self, max_audio_s: float | None, idle_s: float | None) -> Any:
+        """The dictation sessions of this service (:class:`~.sessions.Sessions`)."""
+        from mlxspec.engine.audio.sessions import Sessions
+
+        return Sessions(self, max_audio_s, idle_s=idle_s)
 
     # MLX thread
     def _load(self) -> float:
@@ -272,6 +285,23 @@ class WhisperService:
             emit(WindowDone(tuple(segments), take.progress()))
             yield
         return result_of(take, duration, spans, load_ms, started)
+
+
+def vocabulary_usage(
+    multilingual: bool, vocabulary: tuple[str, ...], prompt: str | None
+) -> VocabularyUsage | None:
+    """How ``vocabulary`` fits the prompt budget after ``prompt`` with Whisper's
+    tokenizer (multilingual or English; no weights needed).
+
+    Returns:
+        VocabularyUsage | None: the terms kept and left out; ``None`` for no vocabulary.
+    """
+    if not vocabulary:
+        return None
+    from mlx_whisper.tokenizer import get_tokenizer
+
+    tokenizer = get_tokenizer(multilingual, num_languages=99)
+    return fit_prompt(tokenizer, prompt, vocabulary)[1]
 
 
 def _silent(

@@ -119,6 +119,11 @@ class Sessions:
         """Sessions open now."""
         return len(self._open)
 
+    @property
+    def open_ids(self) -> list[str]:
+        """The ids of the sessions open now, oldest first."""
+        return list(self._open)
+
     def block(self) -> dict[str, Any]:
         """``/stats``' ``transcription.sessions``: open now, discarded for idling
         since start, and the idle limit (seconds; ``None``: none)."""

@@ -13,15 +13,23 @@ from mlxspec.engine import (
     MIN_AUDIO_S,
     SAMPLE_RATE,
     AudioDecodeError,
+    AudioTooLongError,
     SessionError,
-    Sessions,
+    SessionsProtocol,
     TranscriberProtocol,
     WhisperModelError,
     decode_audio,
 )
 from mlxspec.errors import ApiError
 
-__all__ = ["current_sessions", "current_transcriber", "decoded", "session_error"]
+__all__ = [
+    "current_sessions",
+    "current_transcriber",
+    "decoded",
+    "max_audio_seconds",
+    "session_error",
+    "too_long",
+]
 
 log = logging.getLogger("mlxspec.handlers.audio")
 
@@ -43,7 +51,7 @@ def current_transcriber() -> TranscriberProtocol:
     return service
 
 
-def current_sessions() -> Sessions:
+def current_sessions() -> SessionsProtocol:
     """The app's dictation sessions.
 
     Raises:
@@ -70,14 +78,28 @@ def check_length(samples: int, max_audio_s: float | None) -> None:
         )
 
 
-async def decoded(blob: bytes, param: str = "file") -> np.ndarray:
-    """Decode audio bytes (WAV or any container) to 16 kHz mono, off the event loop.
+def max_audio_seconds() -> float | None:
+    """``--max-audio-seconds`` of the serving app (``None``: no cap)."""
+    return getattr(scope["state"].get("config"), "max_audio_seconds", None)
+
+
+def too_long(exc: AudioTooLongError, param: str | None = "file") -> ApiError:
+    """Audio past ``--max-audio-seconds``, found before or while decoding: 413."""
+    return ApiError("audio_too_long", f"{exc} (--max-audio-seconds)", param=param)
+
+
+async def decoded(blob: bytes, param: str = "file", max_seconds: float | None = None) -> np.ndarray:
+    """Decode audio bytes (WAV or any container) to 16 kHz mono, off the event
+    loop, stopping past ``max_seconds`` (:func:`~mlxspec.engine.decode_audio`).
 
     Raises:
-        ApiError: 400 ``invalid_audio`` for undecodable bytes.
+        ApiError: 413 ``audio_too_long`` past ``max_seconds`` (declared or
+            decoded); 400 ``invalid_audio`` for undecodable bytes.
     """
     try:
-        return await asyncio.to_thread(decode_audio, blob)
+        return await asyncio.to_thread(decode_audio, blob, max_seconds)
+    except AudioTooLongError as e:
+        raise too_long(e, param) from e
     except AudioDecodeError as e:
         raise ApiError("invalid_audio", f"cannot decode the audio: {e}", param=param) from e
 

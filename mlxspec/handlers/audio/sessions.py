@@ -4,20 +4,30 @@ and ``DELETE /v1/audio/sessions/{id}``."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import re
 import time
 from typing import Any
 
 from starlette.responses import Response
 
-from mlxspec.engine import MAX_RATE, MIN_RATE, SessionError, WhisperModelError, pcm_float32
+from mlxspec.engine import (
+    MAX_RATE,
+    MIN_RATE,
+    AudioTooLongError,
+    SessionError,
+    WhisperModelError,
+    pcm_float32,
+)
 from mlxspec.errors import ApiError
 from mlxspec.handlers.audio.common import (
     current_sessions,
     current_transcriber,
     decoded,
+    max_audio_seconds,
     model_error,
     session_error,
+    too_long,
 )
 from mlxspec.handlers.audio.formats import json_body
 from mlxspec.handlers.audio.wire import to_options
@@ -71,18 +81,23 @@ async def add_session_audio(session_id: str, body: Any = None) -> dict[str, Any]
     sessions = current_sessions()
     blob = body if isinstance(body, (bytes, bytearray)) else b""
     media = request_headers().get("content-type", "")
+    cap = max_audio_seconds()  # one chunk past the take's cap is refused before decoding
     if media.lower().startswith("audio/pcm"):
         rate = pcm_rate(media)
         try:  # resampling a long chunk is work: off the event loop
-            samples = await asyncio.to_thread(pcm_float32, bytes(blob), rate)
+            samples = await asyncio.to_thread(pcm_float32, bytes(blob), rate, cap)
+        except AudioTooLongError as e:
+            raise too_long(e, None) from e
         except ValueError as e:
             raise ApiError("invalid_audio", str(e)) from e
     else:
-        samples = await decoded(bytes(blob), param="body")
+        samples = await decoded(bytes(blob), param="body", max_seconds=cap)
     try:
         receipt = await sessions.feed(session_id, samples)
     except SessionError as e:
         raise session_error(e) from e
+    except WhisperModelError as e:
+        raise model_error(e) from e
     return {
         "samples": receipt.samples,
         "duration": round(receipt.duration, 3),
@@ -99,6 +114,8 @@ async def finish_session(session_id: str) -> dict[str, Any]:
         result = await sessions.finish(session_id)
     except SessionError as e:
         raise session_error(e) from e
+    except WhisperModelError as e:
+        raise model_error(e) from e
     total_ms = (time.perf_counter() - opened) * 1000
     return json_body(result, service.model_id, total_ms, verbose=fmt == "verbose_json")
 
@@ -106,7 +123,9 @@ async def finish_session(session_id: str) -> dict[str, Any]:
 async def delete_session(session_id: str) -> Response:
     """Discard a session: 204."""
     try:
-        current_sessions().discard(session_id)
+        done = current_sessions().discard(session_id)
+        if inspect.isawaitable(done):  # the sessions live in the Whisper worker process
+            await done
     except SessionError as e:
         raise session_error(e) from e
     return Response(status_code=204)

@@ -9,8 +9,6 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from connexion.context import scope
-
 from mlxspec.engine import (
     JobAbandoned,
     TakeResult,
@@ -24,6 +22,7 @@ from mlxspec.handlers.audio.common import (
     check_length,
     current_transcriber,
     decoded,
+    max_audio_seconds,
     model_error,
 )
 from mlxspec.handlers.audio.formats import json_body, render
@@ -57,9 +56,9 @@ async def _respond(body: Any, file: Any, task: str) -> Any:
     fields = dict(body or {})
     upload = await file.read() if file is not None and hasattr(file, "read") else None
     options = to_options(fields, task=task, multilingual=service.multilingual)
-    audio = await decoded(audio_bytes(fields, upload))
-    config = scope["state"].get("config")
-    check_length(len(audio), getattr(config, "max_audio_seconds", None))
+    cap = max_audio_seconds()
+    audio = await decoded(audio_bytes(fields, upload), max_seconds=cap)
+    check_length(len(audio), cap)
     fmt = fields.get("response_format") or "json"
     if fields.get("stream"):
         return sse.event_stream(_stream(service, audio, options, fmt, started))
