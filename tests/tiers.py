@@ -14,8 +14,8 @@ below; it then carries that reason's marker, and every other test carries
 
 The reasons are found without anyone adding a marker: :func:`heavy_reasons`
 reads the code of the test and of every fixture it uses (transitively, and the
-helper functions under ``tests/`` and ``fixtures/`` they call by name or as
-``module.function``) for the names in :data:`HEAVY_NAMES` and the objects in
+helper functions under ``tests/``, ``fixtures/`` and ``mlxspec/conformance/``
+they call by name or as ``module.function``) for the names in :data:`HEAVY_NAMES` and the objects in
 :data:`HEAVY_OBJECTS`. A marker written by hand (``@pytest.mark.subprocess``)
 counts too. :class:`SpawnGuard` is the net under that reading: a ``fast``
 test (its fixtures' setup included) that starts a process fails, naming it.
@@ -79,13 +79,17 @@ HEAVY_OBJECTS = {
 DEPTH = 4
 
 
+#: Where the reading follows the functions a test calls: the test code, the model
+#: builders and mlxspec's conformance tooling (which starts servers and schemathesis).
+FOLLOWED = (TESTS, ROOT / "fixtures", ROOT / "mlxspec" / "conformance")
+
+
 def _own(obj: Any) -> bool:
-    """Whether ``obj`` is a function defined in this repository's test code."""
+    """Whether ``obj`` is a function defined under one of :data:`FOLLOWED`."""
     code = getattr(obj, "__code__", None)
     if code is None:
         return False
-    path = Path(code.co_filename)
-    return TESTS in path.parents or (ROOT / "fixtures") in path.parents
+    return any(folder in Path(code.co_filename).parents for folder in FOLLOWED)
 
 
 def _codes(code: types.CodeType) -> Iterator[types.CodeType]:

@@ -137,3 +137,15 @@ def test_ci_runs_the_readme_command_on_workers_and_prints_the_slowest_20() -> No
     assert command in (ROOT / ".ci" / "run").read_text().splitlines()
     pytest_part = command.split("-m pytest", 1)[1].split("&&")[0].split()
     assert pytest_part == ["-q", "-n", "2", "--dist", "loadfile", "--durations=20"]
+
+
+def test_the_conformance_tools_that_start_processes_are_read_as_heavy() -> None:
+    """The two tests the guard caught in the first parallel run: schemathesis
+    (``fuzz.run_fuzz``) and the drop-in check (``parity.fetch_both``) start
+    processes from mlxspec's conformance tooling, which the reading now follows."""
+    from tests.api import test_drop_in, test_fuzz
+
+    unreachable = test_fuzz.test_unreachable_server_is_an_error_not_a_pass
+    assert "subprocess" in tiers.function_reasons(unreachable)
+    drop_in = test_drop_in.test_same_mlx_lm_server_line_same_greedy_answers
+    assert "subprocess" in tiers.function_reasons(drop_in)
