@@ -3,7 +3,8 @@
 Tiers: ``unit/`` needs nothing; ``api/`` uses a 2-layer random Llama (its
 ``conftest.py``: ``tiny_engine``, ``tiny_server``, ``client``, ...); ``real/``
 runs ``mlxspec serve`` on the embedded SmolLM2-135M model in a subprocess, as a
-user would (``real_server``).
+user would (``real_server``). Every test is also sorted into a tier at
+collection (``fast`` or the reasons it is not: ``tests/tiers.py``, docs/testing.md).
 """
 
 from __future__ import annotations
@@ -22,7 +23,21 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 SERVER_BLAS = os.environ.get("MLXSPEC_BLAS", "auto")
 os.environ["MLXSPEC_BLAS"] = "off"
 
+import pytest  # noqa: E402
+
 from mlxspec.conformance.live import free_port, wait_healthy  # noqa: E402
+from tests import tiers  # noqa: E402
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The tier markers and the guard that keeps process-starting tests out of ``fast``."""
+    tiers.configure(config)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Sort every collected test into its tier (before -m selects by marker)."""
+    tiers.classify(items)
 
 
 class LiveServer:

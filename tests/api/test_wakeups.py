@@ -124,7 +124,11 @@ def test_flush_wakeups_delivers_the_rows_served_so_far_before_slow_work() -> Non
                 handles[0].emit(Delta("a", (1,)))
                 handles[1].emit(Delta("b", (2,)))
                 flush_wakeups()
-                time.sleep(0.05)  # the slow work: the first two are served meanwhile
+                # the slow work: the first two are served meanwhile (a busy machine may
+                # take longer than any fixed sleep to run the consumers)
+                deadline = time.monotonic() + 10
+                while not (got[0] and got[1]) and time.monotonic() < deadline:
+                    time.sleep(0.005)
                 seen_after_flush.append([list(g) for g in got])
                 handles[2].emit(Delta("c", (3,)))
                 flush_wakeups()  # nothing held back twice

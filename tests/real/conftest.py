@@ -1,13 +1,12 @@
 """Fixtures of the real tier: ``mlxspec serve`` on the embedded SmolLM2-135M
 model in a subprocess, and a contract-checking client bound to it. Every test
-in this folder is marked ``real_model``."""
+in this folder is marked ``real_model`` (by tests/tiers.py, at collection)."""
 
 from __future__ import annotations
 
 import os
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -15,15 +14,6 @@ import pytest
 from mlxspec.conformance.httpx_checks import checking_client
 from mlxspec.conformance.live import serve
 from tests.conftest import SERVER_BLAS
-
-HERE = Path(__file__).resolve().parent
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark this tier's tests ``real_model`` (``-m "not real_model"`` skips the tier)."""
-    for item in items:
-        if HERE in item.path.parents:
-            item.add_marker(pytest.mark.real_model)
 
 
 @pytest.fixture(scope="session")

@@ -129,7 +129,10 @@ def test_the_idle_timer_runs_by_itself() -> None:
         service.model = object()
         sessions = Sessions(service, idle_s=0.05)
         await sessions.open(TranscribeOptions())
-        await asyncio.sleep(0.5)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 5  # no request comes: the timer alone expires the session
+        while (sessions.open_count or service.holds) and loop.time() < deadline:
+            await asyncio.sleep(0.01)
         return sessions.open_count, service.holds
 
     assert asyncio.run(scenario()) == (0, 0)
