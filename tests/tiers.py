@@ -65,6 +65,8 @@ HEAVY_NAMES = {
     "real_server": "real_model",
     "find_embedded_gguf": "real_model",
     "resolve_model": "real_model",
+    # Whisper's worker process beside a chat model (engine/audio/remote.py)
+    "WhisperProcess": "subprocess",
     "sync_playwright": "browser",
     "async_playwright": "browser",
 }
