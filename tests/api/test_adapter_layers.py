@@ -42,6 +42,11 @@ def test_scan_finds_folders_and_children(
     assert dirs == [tmp_path / "cache" / "adapters", tmp_path / "extra"]
     names = [f.path.name for f in find_adapters(dirs)]
     assert names == ["extra", "one"]  # by name, though cache/ sorts first by path
+    # a link in a scanned directory to a folder outside it is not listed: a mount
+    # under --adapter-dirs refuses that path (fresh-user pass)
+    make_random_adapter(tiny_model_dir, tmp_path / "outside" / "fr")
+    (tmp_path / "cache" / "adapters" / "link").symlink_to(tmp_path / "outside" / "fr")
+    assert [f.path.name for f in find_adapters(dirs)] == ["extra", "one"]
 
 
 def _model(path: Path):  # noqa: ANN202

@@ -436,6 +436,27 @@ def test_a_client_that_leaves_stops_the_take(
     assert "transcription stream cancelled: the client left (499)" in audio_log.read_text()
 
 
+def test_a_client_that_leaves_a_session_chunk_stops_its_decoding(
+    http: httpx.Client, audio_server: str, audio_log: Path
+) -> None:
+    """A chunk's client that leaves is a 499 and its decoding stops at the next
+    window (it went on for 90 s and logged 200, fresh-user pass); the session
+    still takes the next chunk."""
+    sid = http.post("/v1/audio/sessions", json={}).json()["id"]
+    noise = (np.random.default_rng(0).standard_normal(16000 * 100) * 0.01).astype(np.float32)
+    path = f"/v1/audio/sessions/{sid}/audio"
+    with httpx.Client(base_url=audio_server, timeout=1.0) as short:
+        with pytest.raises(httpx.TimeoutException):
+            short.post(path, content=noise.tobytes(),
+                       headers={"Content-Type": "audio/pcm;rate=16000"})  # fmt: skip
+    deadline = time.monotonic() + 300
+    while f'{path} HTTP/1.1" 499' not in audio_log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert f'{path} HTTP/1.1" 499' in audio_log.read_text()
+    assert f'{path} HTTP/1.1" 200' not in audio_log.read_text()
+    assert http.delete(f"/v1/audio/sessions/{sid}").status_code == 204
+
+
 def test_models_stats_health_and_unload(http: httpx.Client, oa: openai.OpenAI) -> None:
     models = [m.id for m in oa.models.list().data]
     assert models[-1] == "whisper-tiny.en" and len(models) == 2

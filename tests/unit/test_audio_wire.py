@@ -138,3 +138,16 @@ def test_pcm_rate_that_is_not_a_whole_number_is_a_400(bad: str) -> None:
         pcm_rate(f"audio/pcm;rate={bad}")
     assert caught.value.status == 400 and caught.value.kind == "invalid_audio"
     assert "is not a whole number of Hz from 4000 to 768000" in caught.value.message
+
+
+@pytest.mark.parametrize("rate", [1, 3999, 768001, 999999999])
+def test_pcm_rate_out_of_range_is_a_400_not_a_413(rate: int) -> None:
+    """A whole rate outside the bounds is refused before a length is computed from
+    it (``rate=1`` made a 40 kB chunk "10000 s long": a 413, fresh-user pass)."""
+    from mlxspec.handlers.audio.sessions import pcm_rate
+
+    with pytest.raises(ApiError) as caught:
+        pcm_rate(f"audio/pcm;rate={rate}")
+    assert caught.value.status == 400 and caught.value.kind == "invalid_audio"
+    assert f"rate {rate} Hz is outside 4000-768000 Hz" in caught.value.message
+

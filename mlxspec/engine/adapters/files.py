@@ -139,7 +139,9 @@ def scan_dirs(
 
 def find_adapters(dirs: Iterable[Path]) -> list[AdapterFolder]:
     """Every adapter folder in ``dirs``: each directory itself if it is one, and
-    its immediate subdirectories that are; unreadable ones are skipped.
+    its immediate subdirectories that are; unreadable ones, and symbolic links to
+    folders outside the scanned directory (which a mount under ``--adapter-dirs``
+    refuses), are skipped.
 
     Args:
         dirs (Iterable[Path]): the directories to scan (missing ones are skipped).
@@ -153,8 +155,9 @@ def find_adapters(dirs: Iterable[Path]) -> list[AdapterFolder]:
     for root in dirs:
         candidates = [root]
         try:
+            real_root = root.resolve()
             candidates += sorted(p for p in root.iterdir() if p.is_dir())
-        except OSError:
+        except (OSError, RuntimeError):
             continue
         for candidate in candidates:
             if not (candidate / CONFIG_FILE).is_file():
@@ -163,6 +166,8 @@ def find_adapters(dirs: Iterable[Path]) -> list[AdapterFolder]:
                 folder = read_folder(candidate)
             except AdapterError:
                 continue
+            if not folder.path.is_relative_to(real_root):
+                continue  # a link out of the directory: --adapter-dirs would refuse its mount
             found.setdefault(folder.path, folder)
     return [found[p] for p in sorted(found, key=lambda p: (p.name, str(p)))]
 

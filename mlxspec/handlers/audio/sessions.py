@@ -32,6 +32,7 @@ from mlxspec.handlers.audio.common import (
 from mlxspec.handlers.audio.formats import json_body
 from mlxspec.handlers.audio.wire import to_options
 from mlxspec.handlers.context import request_headers
+from mlxspec.handlers.events import until_disconnect
 
 _RATE = re.compile(r";\s*rate\s*=\s*([^;]*)", re.IGNORECASE)
 
@@ -41,7 +42,8 @@ def pcm_rate(media: str) -> int:
     absent), a whole number.
 
     Raises:
-        ApiError: 400 ``invalid_audio`` for a rate that is not a whole number of Hz.
+        ApiError: 400 ``invalid_audio`` for a rate that is not a whole number of Hz
+            or lies outside ``MIN_RATE``-``MAX_RATE``.
     """
     found = _RATE.search(media)
     if found is None:
@@ -54,7 +56,14 @@ def pcm_rate(media: str) -> int:
             f"the audio/pcm rate {found[1].strip()[:40]!r} is not a whole number of Hz "
             f"from {MIN_RATE} to {MAX_RATE} (e.g. audio/pcm;rate=16000)",
         )
-    return int(text)
+    rate = int(text)
+    if not MIN_RATE <= rate <= MAX_RATE:  # before any length is computed from it
+        raise ApiError(
+            "invalid_audio",
+            f"the audio/pcm rate {rate} Hz is outside {MIN_RATE}-{MAX_RATE} Hz "
+            "(e.g. audio/pcm;rate=16000)",
+        )
+    return rate
 
 
 async def create_session(body: dict[str, Any] | None = None) -> tuple[dict[str, Any], int]:
@@ -87,13 +96,14 @@ async def add_session_audio(session_id: str, body: Any = None) -> dict[str, Any]
         try:  # resampling a long chunk is work: off the event loop
             samples = await asyncio.to_thread(pcm_float32, bytes(blob), rate, cap)
         except AudioTooLongError as e:
-            raise too_long(e, None) from e
+            raise too_long(e, "body") from e
         except ValueError as e:
             raise ApiError("invalid_audio", str(e)) from e
     else:
         samples = await decoded(bytes(blob), param="body", max_seconds=cap)
-    try:
-        receipt = await sessions.feed(session_id, samples)
+    try:  # a client that leaves stops the chunk's decoding at the next window (499);
+        # its samples stay in the session, decoded by the next chunk or the finish
+        receipt = await until_disconnect(sessions.feed(session_id, samples))
     except SessionError as e:
         raise session_error(e) from e
     except WhisperModelError as e:
