@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from mlxspec.engine.loop.prefill import PrefillGroup, Slot, take_group
 from mlxspec.engine.loop.rows import StepLogprobs
+from mlxspec.engine.loop.verify_step import verify_step
 from mlxspec.engine.sampling.batch_logits import BatchLogits
 from mlxspec.engine.sampling.batch_sampler import (
     BatchSampler,
@@ -51,6 +52,7 @@ from mlxspec.engine.sampling.batch_sampler import (
 
 if TYPE_CHECKING:
     from mlxspec.engine.loop.lanes import Handoff
+    from mlxspec.engine.speculative import Speculator
 
 #: Decode steps between returns of MLX's freed buffers (``generate_step``: 256).
 CLEAR_EVERY = 256
@@ -65,11 +67,14 @@ class Token:
         id (int): the token.
         logprobs (StepLogprobs | None): its log-probability and candidates,
             when the row reports them.
+        count (int): the row's tokens generated here, this one included (a
+            verify step hands a row several tokens at once).
     """
 
     slot: Slot
     id: int
     logprobs: StepLogprobs | None
+    count: int = 0
 
 
 @dataclass
@@ -96,7 +101,8 @@ class _Launched:
         for i, slot in enumerate(self.rows):
             if not slot.gone:
                 slot.seq.append(ids[i])
-                out.append(Token(slot, ids[i], lps.get(i)))
+                slot.generated += 1
+                out.append(Token(slot, ids[i], lps.get(i), slot.generated))
         return out
 
 
@@ -130,6 +136,9 @@ class DecodeBatch:
         select (Callable | None): given the rows of a model call, the context
             the call runs in (the rows' adapters, :meth:`.lanes.LaneParts.rows`).
             Default: ``None`` (none).
+        speculator (Speculator | None): drafts for the rows that speculate and
+            the verdict of their verify steps (:mod:`~mlxspec.engine.speculative`).
+            Default: ``None`` (a token per row and step).
     """
 
     def __init__(
@@ -139,11 +148,13 @@ class DecodeBatch:
         max_rows: int,
         prefill_rows: int = 8,
         select: Callable[[Sequence[Slot]], AbstractContextManager[None]] | None = None,
+        speculator: Speculator | None = None,
     ):
         from mlxspec.engine.caches import rows_attention
 
         self._model = model
         self._select = select
+        self._spec = speculator
         #: Whether padded rows' decode attention skips the mask (CUDA, :mod:`.rows_attention`).
         self.rows_attention = rows_attention.install(model)
         self.prefill_step = prefill_step
@@ -219,6 +230,10 @@ class DecodeBatch:
         from mlx_lm.generate import generation_stream
 
         with mx.stream(generation_stream):
+            if self._spec is not None and self._rows:
+                self._read(route, keep=0)  # drafts come from the tokens read so far
+                if self._rows and verify_step(self, self._spec, route):
+                    return self._prefill()
             if self._logits.needs_host_tokens:  # a grammar sees token t before masking t + 1
                 self._read(route, keep=0)
                 self._launch()
@@ -241,6 +256,8 @@ class DecodeBatch:
         keep = [i for i, s in enumerate(self._rows) if not s.gone]
         if len(keep) == len(self._rows):
             return
+        if self._spec is not None:
+            self._spec.leave(keep)
         self._rows = [self._rows[i] for i in keep]
         if not keep:
             self._cache, self._inputs = None, None
@@ -264,6 +281,8 @@ class DecodeBatch:
         self._group, self._cache, self._inputs = None, None, None
         self._logits, self._sampler = BatchLogits(), BatchSampler()
         self._plan = LogprobPlan((), ())
+        if self._spec is not None:
+            self._spec.leave([])
         return slots
 
     def extract(self, slot: Slot) -> tuple[list[Any], list[int]] | None:
@@ -316,8 +335,6 @@ class DecodeBatch:
             start = time.perf_counter()
             tokens = launched.read()
             self.clock.read_s += time.perf_counter() - start
-            for t in tokens:
-                t.slot.generated += 1
             route(tokens)
 
     def _prefill(self) -> list[Slot]:
@@ -369,5 +386,7 @@ class DecodeBatch:
             [s.grammar for s in rows],
         )
         self._sampler.extend([s.sampling for s in rows])
+        if self._spec is not None:
+            self._spec.join(rows)
         self._rows.extend(rows)
         self._plan = LogprobPlan.of([s.logprob_top for s in self._rows])

@@ -63,7 +63,8 @@ class Scheduler:
     ) -> None:
         self.jobs, self.parts, self.kv, self.stats = jobs, parts, kv, stats
         self.max_batch = max_batch
-        self.lane = self._new_lane() if max_batch > 1 else None
+        # a draft source speculates in the batched step, so it needs the lane even at --batch 1
+        self.lane = self._new_lane() if max_batch > 1 or parts.speculator is not None else None
         #: The lone request decoding on ``generate_step`` in the batched lane.
         self.solo: SoloRun | None = None
         #: Exclusive jobs in order: the head advances a step per loop turn.
@@ -166,17 +167,18 @@ class Scheduler:
         if handle.cancelled:
             self.end(handle, "cancelled")
             return
-        if lane is None or needs_global_seed(handle.request.sampling):
+        serial = lane is None or (self.max_batch == 1 and not self.parts.speculates(handle))
+        if serial or needs_global_seed(handle.request.sampling):
             handle.started_at = time.monotonic()  # its prefill begins (queue time ends)
             self.serial(job)
-        elif self.goes_solo(lane, handle):
+        elif not self.parts.speculates(handle) and self.goes_solo(lane, handle):
             handle.started_at = time.monotonic()
             times = self.stats.solo_steps
             solo = functools.partial(SoloRun, handle, self.parts, job.budget, "batched", times)
             self.solo = self.guard(handle, solo)
         else:  # the batch marks it started when its prefill begins (it may wait for a row)
             self.hand_over(lane)
-            self.guard(handle, lambda: lane.add(handle, job.budget))
+            self.guard(handle, lambda: lane.add(handle, job.budget))  # type: ignore[union-attr]
 
     def goes_solo(self, lane: BatchLane, handle: RequestHandle) -> bool:
         """A lone request decodes on ``generate_step`` (:mod:`.solo`): nothing

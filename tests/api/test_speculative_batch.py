@@ -1,0 +1,157 @@
+"""Speculative decoding inside mlxspec's batched decode step
+(``engine/speculative/``, ``loop/verify_step.py``) on the tiny random model:
+greedy rows with prompt-lookup drafts emit token for token what they emit
+without drafts, alone and eight at once, with logprobs equal to the plain
+step's; rows that cannot speculate decode beside them unchanged; the KV cache
+drops each row's rejected drafts; budgets hold inside an accepted run."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from mlxspec.engine import Engine, GenerationRequest, LogitsParams
+from mlxspec.engine.loop.decode import DecodeBatch, Slot, Token
+from mlxspec.engine.loop.handles import RequestHandle
+from mlxspec.engine.loop.lanes import Handoff
+from mlxspec.engine.loop.rows import Row
+from mlxspec.engine.sampling.sampler import build_logits_processors, build_sampler
+from mlxspec.engine.speculative import NgramDrafts, SpecCounts, Speculator, speculable
+
+NO_EOS = LogitsParams()  # the rows here have no EOS (Row eos=frozenset())
+LOOP = asyncio.new_event_loop()
+
+#: Prompts that repeat themselves, so prompt lookup finds drafts.
+PROMPTS = [
+    "one two three four one two three four one two three four one two",
+    "the cat sat on the mat and the cat sat on the mat and the cat",
+    "a b c d e f a b c d e f a b c",
+    "hello hello hello hello hello",
+    "x y x y x y x y x y x y",
+    "red green blue red green blue red green",
+    "alpha beta gamma alpha beta gamma alpha",
+    "to be or not to be or not to be or not",
+]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_loop():
+    yield
+    LOOP.close()
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_engine):
+    return tiny_engine
+
+
+def _handoff(
+    engine: Engine, prompt: tuple[int, ...], max_tokens: int, spec: bool, logits=None, **kw: Any
+) -> Handoff:
+    request = GenerationRequest(
+        prompt, max_tokens=max_tokens, logits=logits or LogitsParams(), logprobs=True, **kw
+    )
+    handle = RequestHandle(request, LOOP)
+    row = Row(handle, engine.tokenizer, frozenset(), lane="batched")
+    if spec and speculable(request):
+        row.spec = SpecCounts()
+    return Handoff(
+        row=row,
+        feed=list(prompt),
+        held=[],
+        cache=None,
+        max_tokens=max_tokens,
+        sampler=build_sampler(request.sampling, []),
+        processors=build_logits_processors(request.logits),
+    )
+
+
+def _run(engine: Engine, cases, speculator: Speculator | None, stagger: bool = False):
+    """Decode ``cases`` ((prompt text, max tokens, logits)) in one DecodeBatch;
+    returns per row (tokens, logprob values, spec counts) and the step count."""
+    batch = DecodeBatch(engine.model, prefill_step=8, max_rows=8, speculator=speculator)
+    slots: list[Slot] = []
+    got: dict[int, list[int]] = {}
+    values: dict[int, list[float]] = {}
+
+    def add(i: int) -> None:
+        text, n, logits = cases[i]
+        prompt = tuple(engine.text_prompt(text))
+        slot = batch.add(_handoff(engine, prompt, n, speculator is not None, logits))
+        slots.append(slot)
+        got[id(slot)], values[id(slot)] = [], []
+
+    def route(tokens: list[Token]) -> None:
+        done = []
+        for t in tokens:
+            if t.slot in done:
+                continue
+            got[id(t.slot)].append(t.id)
+            assert t.logprobs is not None
+            values[id(t.slot)].append(t.logprobs.value)
+            if t.count >= t.slot.budget:
+                done.append(t.slot)
+        batch.remove(done)
+
+    first = len(cases) // 2 if stagger else len(cases)
+    for i in range(first):
+        add(i)
+    steps = 0
+    while len(batch):
+        if stagger and steps == 2:
+            for i in range(first, len(cases)):
+                add(i)
+        batch.step(route)
+        steps += 1
+    return [(got[id(s)], values[id(s)], s.row.spec) for s in slots], steps
+
+
+def _ngram(k: int = 4) -> Speculator:
+    return Speculator(NgramDrafts(), k)
+
+
+def test_ngram_greedy_alone_equals_plain_decoding(engine) -> None:
+    cases = [(PROMPTS[0], 24, NO_EOS)]
+
+    def work():
+        return _run(engine, cases, None), _run(engine, cases, spec := _ngram()), spec
+
+    (plain, plain_steps), (fast, fast_steps), spec = asyncio.run(engine.run_exclusive(work))
+    assert fast[0][0] == plain[0][0]
+    assert len(fast[0][0]) == 24
+    assert fast[0][1] == pytest.approx(plain[0][1], abs=1e-4)
+    counts = fast[0][2]
+    assert counts.drafted > 0 and counts.accepted > 0  # lookup drafts were kept
+    assert counts.target_calls + counts.accepted == 24  # each call gives 1 + its kept drafts
+    assert fast_steps < plain_steps
+    assert spec.stats.accepted == counts.accepted
+
+
+def test_ngram_greedy_batch_of_eight_equals_plain_decoding(engine) -> None:
+    cases = [(p, 10 + 3 * i, NO_EOS) for i, p in enumerate(PROMPTS)]
+
+    def work():
+        return _run(engine, cases, None, stagger=True), _run(engine, cases, _ngram(), True)
+
+    (plain, _), (fast, _) = asyncio.run(engine.run_exclusive(work))
+    for (want, want_lp, _), (got, got_lp, counts), (_, n, _) in zip(plain, fast, cases, strict=True):
+        assert got == want
+        assert len(got) == n  # never past max_tokens, even inside an accepted run
+        assert got_lp == pytest.approx(want_lp, abs=1e-4)
+        assert counts.target_calls + counts.accepted == n
+    assert sum(c.accepted for _, _, c in fast) > 0
+
+
+def test_rows_that_cannot_speculate_decode_beside_unchanged(engine) -> None:
+    penalised = LogitsParams(logit_bias=((2, -1e9),), repetition_penalty=1.3)
+    cases = [(PROMPTS[0], 16, NO_EOS), (PROMPTS[1], 16, penalised), (PROMPTS[2], 16, NO_EOS)]
+
+    def work():
+        return _run(engine, cases, None), _run(engine, cases, _ngram())
+
+    (plain, _), (fast, _) = asyncio.run(engine.run_exclusive(work))
+    assert [t for t, _, _ in fast] == [t for t, _, _ in plain]
+    assert fast[1][2] is None  # penalties: no drafts for it
+    assert fast[0][2] is not None and fast[0][2].accepted > 0
