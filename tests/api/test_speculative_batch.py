@@ -155,3 +155,78 @@ def test_rows_that_cannot_speculate_decode_beside_unchanged(engine) -> None:
     assert [t for t, _, _ in fast] == [t for t, _, _ in plain]
     assert fast[1][2] is None  # penalties: no drafts for it
     assert fast[0][2] is not None and fast[0][2].accepted > 0
+
+
+@pytest.fixture(scope="module")
+def same_draft(engine, tiny_model_dir):
+    """The tiny model drafting for itself: greedy drafts always pass."""
+    from mlxspec.engine.speculative.draft_model import DraftModel
+
+    return DraftModel.load(tiny_model_dir, engine.model, engine.tokenizer)
+
+
+@pytest.fixture(scope="module")
+def other_draft(engine, tiny_model_dir):
+    """Another random tiny model of the same shape, without the fixture's
+    scaled-up embeddings (which make every tiny model echo its last token): its
+    drafts pass sometimes."""
+    import json
+
+    import mlx.core as mx
+    from mlx_lm.models.llama import Model, ModelArgs
+
+    from mlxspec.engine.speculative.draft_model import DraftModel
+
+    config = json.loads((tiny_model_dir / "config.json").read_text())
+    mx.random.seed(7)
+    model = Model(ModelArgs.from_dict(config))
+    mx.eval(model.parameters())
+    return DraftModel(model)
+
+
+@pytest.mark.parametrize("which", ["same_draft", "other_draft"])
+def test_draft_model_greedy_batch_equals_plain_decoding(engine, which, request) -> None:
+    source = request.getfixturevalue(which)
+    penalised = LogitsParams(repetition_penalty=1.3)
+    cases = [(p, 9 + 2 * i, NO_EOS) for i, p in enumerate(PROMPTS)]
+    cases[3] = (PROMPTS[3], 12, penalised)  # one row that cannot speculate, beside them
+
+    def work():
+        plain = _run(engine, cases, None, stagger=True)
+        alone = _run(engine, cases[:1], Speculator(source, 4))
+        return plain, _run(engine, cases, spec := Speculator(source, 4), True), alone, spec
+
+    (plain, plain_steps), (fast, fast_steps), (alone, _), spec = asyncio.run(
+        engine.run_exclusive(work)
+    )
+    assert [t for t, _, _ in fast] == [t for t, _, _ in plain]
+    assert alone[0][0] == plain[0][0]
+    for (_, want_lp, _), (got, got_lp, counts), (_, n, logits) in zip(
+        plain, fast, cases, strict=True
+    ):
+        assert len(got) == n
+        assert got_lp == pytest.approx(want_lp, abs=1e-4)
+        if logits is penalised:
+            assert counts is None
+        else:
+            assert counts.target_calls + counts.accepted == n
+    kept = sum(c.accepted for _, _, c in fast if c is not None)
+    drafted = sum(c.drafted for _, _, c in fast if c is not None)
+    assert spec.stats.accepted == kept and spec.stats.drafted == drafted
+    if which == "same_draft":
+        assert kept == drafted  # a model agrees with itself
+        assert fast_steps < plain_steps
+    else:
+        assert 0 <= kept < drafted
+
+
+def test_a_draft_with_another_tokenizer_is_refused(engine, tmp_path_factory) -> None:
+    from fixtures.tiny_model import build_tiny_llama
+    from mlxspec.engine.speculative import SpeculationError
+    from mlxspec.engine.speculative.draft_model import DraftModel
+
+    folder = build_tiny_llama(
+        tmp_path_factory.mktemp("draft") / "vocab", extra_tokens=("<extra_a>", "<extra_b>")
+    )
+    with pytest.raises(SpeculationError, match="^--draft-model: .* another tokenizer"):
+        DraftModel.load(folder, engine.model, engine.tokenizer)

@@ -167,18 +167,22 @@ class Scheduler:
         if handle.cancelled:
             self.end(handle, "cancelled")
             return
-        serial = lane is None or (self.max_batch == 1 and not self.parts.speculates(handle))
-        if serial or needs_global_seed(handle.request.sampling):
+        speculates = self.parts.speculates(handle)  # drafts are verified in the batch only
+        if (
+            lane is None
+            or (self.max_batch == 1 and not speculates)
+            or needs_global_seed(handle.request.sampling)
+        ):
             handle.started_at = time.monotonic()  # its prefill begins (queue time ends)
             self.serial(job)
-        elif not self.parts.speculates(handle) and self.goes_solo(lane, handle):
+        elif not speculates and self.goes_solo(lane, handle):
             handle.started_at = time.monotonic()
             times = self.stats.solo_steps
             solo = functools.partial(SoloRun, handle, self.parts, job.budget, "batched", times)
             self.solo = self.guard(handle, solo)
         else:  # the batch marks it started when its prefill begins (it may wait for a row)
             self.hand_over(lane)
-            self.guard(handle, lambda: lane.add(handle, job.budget))  # type: ignore[union-attr]
+            self.guard(handle, lambda: lane.add(handle, job.budget))
 
     def goes_solo(self, lane: BatchLane, handle: RequestHandle) -> bool:
         """A lone request decodes on ``generate_step`` (:mod:`.solo`): nothing

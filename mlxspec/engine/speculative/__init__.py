@@ -12,6 +12,13 @@ and keeps the counters (``usage.speculation``, ``/stats``, the Prometheus
 histogram).
 """
 
+from mlxspec.engine.speculative.mount import (
+    DEFAULT_NUM_DRAFT,
+    DRAFT_KINDS,
+    SpeculationError,
+    SpeculationOptions,
+    mount,
+)
 from mlxspec.engine.speculative.ngram import NgramDrafts
 from mlxspec.engine.speculative.speculator import (
     SpecCounts,
@@ -20,4 +27,15 @@ from mlxspec.engine.speculative.speculator import (
     speculable,
 )
 
-__all__ = ["NgramDrafts", "SpecCounts", "SpecStats", "Speculator", "speculable"]
+__all__ = [
+    "DEFAULT_NUM_DRAFT",
+    "DRAFT_KINDS",
+    "NgramDrafts",
+    "SpecCounts",
+    "SpecStats",
+    "SpeculationError",
+    "SpeculationOptions",
+    "Speculator",
+    "mount",
+    "speculable",
+]
