@@ -50,8 +50,6 @@ from mlxspec.engine.model.fit import ModelMemory, model_memory
 from mlxspec.engine.model.load import LoadOptions, adapter_fingerprint, load_model
 from mlxspec.engine.model.loader import read_model_info
 from mlxspec.engine.model.warmup import warm_up_engine
-from mlxspec.engine.speculative import Speculator
-from mlxspec.engine.speculative.mount import SpeculationOptions, mount
 from mlxspec.engine.prompt import encode_text, normalize_messages, quiet_length_warning, render_chat
 from mlxspec.engine.sampling.grammar import GrammarCache
 from mlxspec.engine.sampling.sampler import GenerationDefaults, read_generation_config
@@ -63,6 +61,8 @@ from mlxspec.engine.snapshots import (
     read_chat_format,
     read_stats,
 )
+from mlxspec.engine.speculative import Speculator
+from mlxspec.engine.speculative.mount import SpeculationOptions, mount
 from mlxspec.engine.template_sandbox import TemplateBudget, request_template
 from mlxspec.engine.text_bound import TextBound
 from mlxspec.engine.types import Constraint, GenerationRequest, ModelInfo

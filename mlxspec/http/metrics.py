@@ -216,7 +216,11 @@ def _speculation(spec: dict[str, Any]) -> Iterator[Metric]:
     for name, key, text in (
         ("mlxspec_speculation_drafted_tokens", "drafted", "Draft tokens proposed."),
         ("mlxspec_speculation_accepted_tokens", "accepted", "Draft tokens kept by verify steps."),
-        ("mlxspec_speculation_verify_steps", "verify_steps", "Batch forwards that verified drafts."),
+        (
+            "mlxspec_speculation_verify_steps",
+            "verify_steps",
+            "Batch forwards that verified drafts.",
+        ),
     ):
         yield CounterMetricFamily(name, text, value=spec[key])
     counts = spec["accepted_histogram"]

@@ -136,7 +136,9 @@ def test_ngram_greedy_batch_of_eight_equals_plain_decoding(engine) -> None:
         return _run(engine, cases, None, stagger=True), _run(engine, cases, _ngram(), True)
 
     (plain, _), (fast, _) = asyncio.run(engine.run_exclusive(work))
-    for (want, want_lp, _), (got, got_lp, counts), (_, n, _) in zip(plain, fast, cases, strict=True):
+    for (want, want_lp, _), (got, got_lp, counts), (_, n, _) in zip(
+        plain, fast, cases, strict=True
+    ):
         assert got == want
         assert len(got) == n  # never past max_tokens, even inside an accepted run
         assert got_lp == pytest.approx(want_lp, abs=1e-4)

@@ -74,7 +74,9 @@ async def _events(engine: Engine, request: GenerationRequest) -> tuple[list[Delt
     return deltas, finished
 
 
-def _gather(engine: Engine, requests: list[GenerationRequest]) -> list[tuple[list[Delta], Finished]]:
+def _gather(
+    engine: Engine, requests: list[GenerationRequest]
+) -> list[tuple[list[Delta], Finished]]:
     async def go():
         return await asyncio.gather(*(_events(engine, r) for r in requests))
 

@@ -14,12 +14,12 @@ import pytest
 from fixtures.draft_model import build_low_bit_draft
 from mlxspec.engine import Delta, Engine, Finished, GenerationRequest, SpeculationOptions
 
-CODE = '''def total(items):
+CODE = """def total(items):
     result = 0
     for item in items:
         result = result + item.price * item.count
     return result
-'''
+"""
 TASKS = [
     f"Rename the function total to order_total in this code and show the whole code:\n{CODE}",
     "Summarise: The river rose in the night. The river flooded the mill. The mill was rebuilt.",

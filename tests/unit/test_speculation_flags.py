@@ -29,7 +29,10 @@ def test_the_flags_reach_the_config() -> None:
             "--draft-kind: ngram mounts no draft model; drop --draft-model",
         ),
         (["--draft-kind", "model"], "--draft-kind: model needs --draft-model PATH"),
-        (["--num-draft-tokens", "4"], "--num-draft-tokens: needs --draft-model or --draft-kind ngram"),
+        (
+            ["--num-draft-tokens", "4"],
+            "--num-draft-tokens: needs --draft-model or --draft-kind ngram",
+        ),
     ],
 )
 def test_bad_flag_combinations_are_one_line_errors(

@@ -24,7 +24,6 @@ from mlxspec.engine.sampling.batch_sampler import LogprobPlan, logprob_rows
 
 if TYPE_CHECKING:
     from mlxspec.engine.loop.decode import DecodeBatch, Token
-    from mlxspec.engine.loop.prefill import Slot
     from mlxspec.engine.speculative import Speculator
 
 

@@ -177,7 +177,8 @@ class DraftModel:
         mx.eval(drafted, *([q] if q is not None else []))
         table = cast(list[list[int]], drafted.tolist())
         drafts = [
-            table[where[id(s)]][:kk] if id(s) in where else [] for s, kk in zip(rows, ks, strict=True)
+            table[where[id(s)]][:kk] if id(s) in where else []
+            for s, kk in zip(rows, ks, strict=True)
         ]
         if q is not None:
             index = mx.array([where.get(id(s), 0) for s in rows], dtype=mx.int32)

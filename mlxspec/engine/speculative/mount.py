@@ -86,4 +86,6 @@ def mount(options: SpeculationOptions, model: Any, tokenizer: Any) -> Speculator
     check_cache(model, "--draft-model")
     from mlxspec.engine.speculative.draft_model import DraftModel
 
-    return Speculator(DraftModel.load(Path(options.draft_model), model, tokenizer), options.num_draft)
+    return Speculator(
+        DraftModel.load(Path(options.draft_model), model, tokenizer), options.num_draft
+    )

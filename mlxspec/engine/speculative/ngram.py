@@ -34,7 +34,9 @@ class NgramDrafts:
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
 
-    def draft(self, rows: Sequence[Slot], ks: Sequence[int], sampler: Any) -> tuple[list[list[int]], Any]:
+    def draft(
+        self, rows: Sequence[Slot], ks: Sequence[int], sampler: Any
+    ) -> tuple[list[list[int]], Any]:
         """Each row's lookup drafts (point masses: no probabilities)."""
         return [self.propose(slot.seq, k) for slot, k in zip(rows, ks, strict=True)], None
 

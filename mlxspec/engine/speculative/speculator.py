@@ -211,7 +211,9 @@ class Speculator:
         self.stats.verify_steps += 1
         return runs
 
-    def count(self, rows: Sequence[Slot], drafts: Sequence[Sequence[int]], runs: Sequence[Sequence[int]]) -> None:
+    def count(
+        self, rows: Sequence[Slot], drafts: Sequence[Sequence[int]], runs: Sequence[Sequence[int]]
+    ) -> None:
         """Add a verify step's drafted and kept tokens to the rows' and the
         server's counters."""
         for slot, mine, run in zip(rows, drafts, runs, strict=True):

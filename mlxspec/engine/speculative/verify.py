@@ -88,7 +88,9 @@ def verify_graph(
 
 
 def kept_runs(
-    drafts: Sequence[Sequence[int]], accepted: Sequence[Sequence[bool]], stop: Sequence[Sequence[int]]
+    drafts: Sequence[Sequence[int]],
+    accepted: Sequence[Sequence[bool]],
+    stop: Sequence[Sequence[int]],
 ) -> list[list[int]]:
     """Each row's emitted tokens, from a verify step's host-read verdict.
 
