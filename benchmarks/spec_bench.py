@@ -66,8 +66,11 @@ TEXT = (
     "stone wall along the river to keep the next flood out. The wall still stands."
 )
 TASKS = {
-    "edit": f"Rename the function order_total to total_of and show the whole file:\n\n{CODE}",
-    "summarise": f"Summarise this text, quoting its key sentences:\n\n{TEXT}",
+    "edit": (
+        f"Here is my code:\n\n```python\n{CODE}\n```\n\nRewrite the whole file with the "
+        "function order_total renamed to total_of. Reply with only the code."
+    ),
+    "summarise": f"Summarise this text by repeating its key sentences word for word:\n\n{TEXT}",
     "free": "Write a short story about a lighthouse keeper who finds a message in a bottle.",
 }
 

@@ -24,13 +24,14 @@ class NgramDrafts:
     """Draft tokens by prompt lookup.
 
     Args:
-        max_ngram (int): longest suffix matched. Default: ``3``.
-        min_ngram (int): shortest suffix matched. Default: ``1``.
+        max_ngram (int): longest suffix matched. Default: ``4``.
+        min_ngram (int): shortest suffix matched (one token matches too often
+            in free text: drafts that miss cost a verify step). Default: ``2``.
     """
 
     kind = "ngram"
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
+    def __init__(self, max_ngram: int = 4, min_ngram: int = 2) -> None:
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
 

@@ -51,17 +51,42 @@ class DraftSource(Protocol):
 
 @dataclass
 class SpecCounts:
-    """One request's speculation counters (``usage.speculation``).
+    """One request's speculation counters (``usage.speculation``) and its
+    draft-length schedule.
+
+    A verify step costs more than a plain decode step (``k + 1`` positions
+    through the model, and no pipelining), so drafts that miss make decoding
+    slower. Each row adapts its lookahead as Hugging Face's assisted
+    generation does (``num_assistant_tokens_schedule="heuristic"``: two more
+    after a fully kept draft, one fewer otherwise), and a row whose drafts keep
+    missing entirely pauses drafting for 1, 3, 7, then 15 steps (plain,
+    pipelined steps meanwhile).
 
     Attributes:
         drafted (int): draft tokens proposed for it.
         accepted (int): drafts its verify steps kept.
         target_calls (int): target-model forward calls that decoded it.
+        lookahead (int): drafts its next step may take (``0``: not set yet).
+        pause (int): steps left before it drafts again.
+        misses (int): verify steps in a row that kept none of its drafts.
     """
 
     drafted: int = 0
     accepted: int = 0
     target_calls: int = 0
+    lookahead: int = 0
+    pause: int = 0
+    misses: int = 0
+
+    def adapt(self, drafted: int, kept: int, most: int) -> None:
+        """Update the schedule after a verify step that kept ``kept`` of
+        ``drafted`` drafts (``most``: ``--num-draft-tokens``)."""
+        if kept == drafted:
+            self.lookahead = min(most, max(self.lookahead, drafted) + 2)
+        else:
+            self.lookahead = max(1, min(self.lookahead, drafted) - 1)
+        self.misses = self.misses + 1 if kept == 0 else 0
+        self.pause = 2 ** min(self.misses, 4) - 1 if self.misses else 0
 
     def frozen(self) -> Speculation:
         """The counters as the engine's typed ``Speculation``."""
@@ -174,7 +199,12 @@ class Speculator:
                 continue
             spec.target_calls += 1
             self.stats.target_calls += 1
-            ks.append(max(0, min(self.num_draft, slot.budget - slot.generated - 1)))
+            if spec.pause > 0:
+                spec.pause -= 1
+                ks.append(0)
+                continue
+            most = spec.lookahead or self.num_draft
+            ks.append(max(0, min(most, slot.budget - slot.generated - 1)))
         if not any(ks):
             return [[] for _ in rows], None
         return self.source.draft(rows, ks, sampler)
@@ -227,3 +257,4 @@ class Speculator:
             if spec is not None:
                 spec.drafted += len(mine)
                 spec.accepted += kept
+                spec.adapt(len(mine), kept, self.num_draft)
