@@ -22,7 +22,11 @@ sampling functions, and owns the loop around them:
   (:class:`~.prefill.PrefillGroup`), so running rows keep decoding meanwhile;
 - the model is called in one place, :meth:`DecodeBatch.forward`, for decode
   and prefill alike, inside the batch's ``select`` context given that call's
-  rows: the LoRA adapters' per-row selection (:meth:`.lanes.LaneParts.rows`).
+  rows: the LoRA adapters' per-row selection (:meth:`.lanes.LaneParts.rows`);
+- with a ``speculator`` (:mod:`~mlxspec.engine.speculative`), a step whose rows
+  have drafts is a verify step (:func:`.verify_step.verify_step`): every row
+  feeds its last token and its drafts at once, keeps what the speculator
+  accepts, and its KV cache drops the rest; a step without drafts is a plain one.
 
 What the KV cache holds: a row's cache holds every token fed to the model for
 it. A decode step feeds each row its last token, so once step ``t + 1`` is

@@ -195,7 +195,8 @@ class Row:
         handle (RequestHandle): where events go.
         tokenizer: an mlx-lm ``TokenizerWrapper``.
         eos (Collection[int]): end-of-sequence token ids.
-        lane (str): ``"serial"`` or ``"batched"``, reported in ``Finished``.
+        lane (str): ``"serial"`` or ``"batched"``, reported in ``Finished``
+            (``"serial"`` becomes ``"serial+spec"`` once drafts were kept).
         grammar (GrammarProcessor | None): the request's grammar, which also
             ends it (``"stop"``) once only a stop token may follow. Default: ``None``.
         cached (int): prompt tokens served from the prompt cache, reported in
