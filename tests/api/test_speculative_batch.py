@@ -232,3 +232,37 @@ def test_a_draft_with_another_tokenizer_is_refused(engine, tmp_path_factory) -> 
     )
     with pytest.raises(SpeculationError, match="^--draft-model: .* another tokenizer"):
         DraftModel.load(folder, engine.model, engine.tokenizer)
+
+
+def test_kv_kept_after_verify_steps_is_that_of_the_tokens(engine, other_draft) -> None:
+    """Rows that rejected different numbers of drafts were rewound each to its
+    own kept tokens: each row's KV cache (what the prompt cache keeps) equals
+    a fresh prefill of exactly the tokens it claims to hold."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cases = [(p, 40, NO_EOS) for p in PROMPTS[:4]]
+
+    def work():
+        spec = Speculator(other_draft, 4)
+        batch = DecodeBatch(engine.model, prefill_step=8, max_rows=8, speculator=spec)
+        slots = []
+        for text, n, _ in cases:
+            prompt = tuple(engine.text_prompt(text))
+            slots.append(batch.add(_handoff(engine, prompt, n, True)))
+        for _ in range(12):
+            batch.step(lambda tokens: None)
+        assert spec.stats.verify_steps > 0 and spec.stats.accepted < spec.stats.drafted
+        out = []
+        for slot in slots:
+            cache, tokens = batch.extract(slot)
+            fresh = make_prompt_cache(engine.model)
+            engine.model(mx.array(tokens, dtype=mx.uint32)[None], cache=fresh)
+            for got, want in zip(cache, fresh, strict=True):
+                assert got.keys.shape[2] == len(tokens) == want.offset
+                out.append(mx.abs(got.keys - want.keys[..., : len(tokens), :]).max().item())
+                out.append(mx.abs(got.values - want.values[..., : len(tokens), :]).max().item())
+        return out
+
+    diffs = asyncio.run(engine.run_exclusive(work))
+    assert max(diffs) < 1e-3
