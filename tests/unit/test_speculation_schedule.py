@@ -36,3 +36,10 @@ def test_prompt_lookup_copies_after_the_latest_match() -> None:
     assert drafts.propose([4, 5, 6, 7], 3) == []  # no earlier bigram
     assert drafts.propose([4, 5, 4, 6], 3) == []  # a lone token matching is not enough
     assert drafts.propose(seq, 0) == []
+
+
+def test_finding_no_draft_rests_the_row_too() -> None:
+    spec = SpecCounts()
+    spec.found_none()
+    spec.found_none()
+    assert (spec.misses, spec.pause) == (2, 3)

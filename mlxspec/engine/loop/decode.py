@@ -234,7 +234,7 @@ class DecodeBatch:
         from mlx_lm.generate import generation_stream
 
         with mx.stream(generation_stream):
-            if self._spec is not None and self._rows:
+            if self._spec is not None and self._rows and self._spec.wants(self._rows):
                 self._read(route, keep=0)  # drafts come from the tokens read so far
                 if self._rows and verify_step(self, self._spec, route):
                     return self._prefill()
@@ -252,6 +252,10 @@ class DecodeBatch:
         in flight are never handed out."""
         import mlx.core as mx
 
+        slots = list(slots)
+        if self._spec is not None:  # their step in flight decodes nothing for them
+            pending = {id(s) for launched in self._inflight for s in launched.rows}
+            self._spec.wasted([s for s in slots if id(s) in pending and not s.gone])
         for slot in slots:
             slot.gone = True
         self._waiting = deque(s for s in self._waiting if not s.gone)
@@ -318,6 +322,8 @@ class DecodeBatch:
         tokens = self._sampler(logprobs)
         extras = logprob_rows(logprobs, tokens, self._plan)
         mx.async_eval(tokens, *(e for e in extras if e is not None))
+        if self._spec is not None:
+            self._spec.launched(self._rows)
         for slot in self._rows:
             slot.kv += 1
         self._inputs = tokens

@@ -49,6 +49,7 @@ def verify_step(batch: DecodeBatch, spec: Speculator, route: Callable[[list[Toke
     if not any(drafts):
         return False
     start = time.perf_counter()
+    spec.launched(rows)
     k = max(len(d) for d in drafts)
     fed = [[s.seq[-1], *d, *([0] * (k - len(d)))] for s, d in zip(rows, drafts, strict=True)]
     assert batch._cache is not None

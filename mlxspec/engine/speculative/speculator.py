@@ -59,8 +59,8 @@ class SpecCounts:
     slower. Each row adapts its lookahead as Hugging Face's assisted
     generation does (``num_assistant_tokens_schedule="heuristic"``: two more
     after a fully kept draft, one fewer otherwise), and a row whose drafts keep
-    missing entirely pauses drafting for 1, 3, 7, then 15 steps (plain,
-    pipelined steps meanwhile).
+    missing entirely, or finding none, pauses drafting for 1, 3, 7, then 15
+    steps (plain, pipelined steps meanwhile when no row drafts).
 
     Attributes:
         drafted (int): draft tokens proposed for it.
@@ -68,7 +68,8 @@ class SpecCounts:
         target_calls (int): target-model forward calls that decoded it.
         lookahead (int): drafts its next step may take (``0``: not set yet).
         pause (int): steps left before it drafts again.
-        misses (int): verify steps in a row that kept none of its drafts.
+        misses (int): steps in a row whose drafts all missed, or that found none.
+        resting (bool): it does not draft in the current step.
     """
 
     drafted: int = 0
@@ -77,6 +78,7 @@ class SpecCounts:
     lookahead: int = 0
     pause: int = 0
     misses: int = 0
+    resting: bool = False
 
     def adapt(self, drafted: int, kept: int, most: int) -> None:
         """Update the schedule after a verify step that kept ``kept`` of
@@ -87,6 +89,11 @@ class SpecCounts:
             self.lookahead = max(1, min(self.lookahead, drafted) - 1)
         self.misses = self.misses + 1 if kept == 0 else 0
         self.pause = 2 ** min(self.misses, 4) - 1 if self.misses else 0
+
+    def found_none(self) -> None:
+        """The draft source had nothing for it: rest as after a missed draft."""
+        self.misses += 1
+        self.pause = 2 ** min(self.misses, 4) - 1
 
     def frozen(self) -> Speculation:
         """The counters as the engine's typed ``Speculation``."""
@@ -177,10 +184,47 @@ class Speculator:
         """After a verify step: row ``i`` 's sequence grew by ``kept[i]`` tokens."""
         self.source.settle(rows, kept)
 
+    def wants(self, rows: Sequence[Slot]) -> bool:
+        """Start a decode step: tick the speculating rows' pauses and say
+        whether any of them drafts in it (if none does, the batch runs a plain,
+        pipelined step).
+
+        Args:
+            rows (Sequence[Slot]): the batch's decoding rows.
+
+        Returns:
+            bool: True when a row may draft in this step.
+        """
+        drafting = False
+        for slot in rows:
+            spec = slot.row.spec
+            if spec is None:
+                continue
+            spec.resting = spec.pause > 0
+            if spec.resting:
+                spec.pause -= 1
+            drafting = drafting or not spec.resting
+        return drafting
+
+    def launched(self, rows: Sequence[Slot]) -> None:
+        """A target forward (plain or verify step) decodes ``rows``: count it."""
+        for slot in rows:
+            if slot.row.spec is not None:
+                slot.row.spec.target_calls += 1
+                self.stats.target_calls += 1
+
+    def wasted(self, rows: Sequence[Slot]) -> None:
+        """``rows`` left with a launched step unread (the pipelined step after
+        their last token): that call decoded nothing for them, uncount it."""
+        for slot in rows:
+            if slot.row.spec is not None:
+                slot.row.spec.target_calls -= 1
+                self.stats.target_calls -= 1
+
     def propose(self, rows: Sequence[Slot], sampler: BatchSampler) -> tuple[list[list[int]], Any]:
         """Each decoding row's drafts for this step (empty for rows that do not
-        speculate, and never more than its budget leaves room for), counting
-        this step's target call for every speculating row.
+        speculate or rest, and never more than its budget leaves room for);
+        called after :meth:`wants` said some row drafts.
 
         Args:
             rows (Sequence[Slot]): the batch's decoding rows, in order.
@@ -194,20 +238,18 @@ class Speculator:
         ks = []
         for slot in rows:
             spec = slot.row.spec
-            if spec is None:
-                ks.append(0)
-                continue
-            spec.target_calls += 1
-            self.stats.target_calls += 1
-            if spec.pause > 0:
-                spec.pause -= 1
+            if spec is None or spec.resting:
                 ks.append(0)
                 continue
             most = spec.lookahead or self.num_draft
             ks.append(max(0, min(most, slot.budget - slot.generated - 1)))
         if not any(ks):
             return [[] for _ in rows], None
-        return self.source.draft(rows, ks, sampler)
+        drafts, q = self.source.draft(rows, ks, sampler)
+        for slot, k, mine in zip(rows, ks, drafts, strict=True):
+            if k and not mine and slot.row.spec is not None:
+                slot.row.spec.found_none()
+        return drafts, q
 
     def verify(
         self,
