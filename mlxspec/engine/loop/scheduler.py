@@ -11,8 +11,8 @@ comes from MLX's global random stream), alone a token per
 loop turn on ``generate_step`` while nothing else runs (:mod:`.solo`), or in
 the continuous batch (:class:`~.batching.BatchLane`), which the lone request
 joins when a second one arrives. Under a draft source a request that may
-speculate always runs in the batch (even at ``--batch 1``), where drafts are verified. Every request ends in :meth:`Scheduler.end`,
-which counts its outcome and releases its KV projection. The loop never lets
+speculate always runs in the batch (even at ``--batch 1``), where drafts are
+verified. Every request ends in :meth:`Scheduler.end`, which counts its outcome and releases its KV projection. The loop never lets
 an exception in one request end the thread: the request fails alone (a broken
 batch fails its rows and a fresh batch takes over).
 """
