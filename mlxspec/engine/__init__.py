@@ -58,8 +58,8 @@ from mlxspec.engine.model.loader import cache_dir
 from mlxspec.engine.prompt import off_loop, template_off_loop, token_prompt
 from mlxspec.engine.sampling.sampler import GenerationDefaults
 from mlxspec.engine.scoring import ScoredAnswers, score_answers
-from mlxspec.engine.speculative import SpeculationError, SpeculationOptions
 from mlxspec.engine.snapshots import ChatFormat, FitSnapshot, StatsSnapshot
+from mlxspec.engine.speculative import SpeculationError, SpeculationOptions
 from mlxspec.engine.template_sandbox import (
     DEFAULT_TEMPLATE_SECONDS,
     DEFAULT_TEMPLATE_STEPS,
