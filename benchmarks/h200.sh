@@ -16,6 +16,8 @@
 #     bash benchmarks/h200.sh bench NAME SIZE [serve_bench args]     servers side by side
 #       (results/NAME.partial.json holds each level as soon as it is measured; pass it
 #       back with --resume in a later call to carry on an interrupted run)
+#     bash benchmarks/h200.sh spec NAME MODEL DRAFT [spec_bench args]     issue 28's speculation:
+#       mlxspec (none, ngram, draft model) vs mlx_lm.server (none, --draft-model), c=1/8/32
 #     bash benchmarks/h200.sh adapters NAME SIZE [adapters_bench args]     issue 19's LoRA run:
 #       8 streams on 8 random rank-16 adapters vs 8 on one vs 8 on none, mlxspec and
 #       mlx_lm.server's per-request adapters (--preset h200: under 8 minutes with both
@@ -106,6 +108,15 @@ case "$1" in
     # copied back even when the call is cut off: what was measured so far is kept
     trap 'cp benchmarks/results/"$name".* "$OUT"/ 2>/dev/null || true' EXIT
     python3 benchmarks/serve_bench.py --model /tmp/rand$size --name "$name" "$@" ;;
+  spec)
+    # issue 28's speculation run: mlxspec without drafts, --draft-kind ngram and
+    # --draft-model, against mlx_lm.server without and with --draft-model, c=1 and c=8,
+    # repetitive (edit, summarise) and free tasks. MODEL and DRAFT are folders on the
+    # machine (a random model's acceptance says nothing: stage a real pair for the rates)
+    name=$2 model=$3 draft=$4; shift 4; mkdir -p "$OUT"
+    trap 'cp benchmarks/results/"$name".* /tmp/spec_bench/*.log "$OUT"/ 2>/dev/null || true' EXIT
+    timeout -k 20 -s INT 560 python3 benchmarks/spec_bench.py --model "$model" --draft "$draft" \
+      --name "$name" --concurrency 1 8 32 "$@" ;;
   adapters)
     name=$2 size=$3; shift 3; mkdir -p "$OUT"
     # the script stops starting cells at 360 s (--budget-s); timeout is the backstop

@@ -132,6 +132,12 @@ class ServeConfig:
         prompt_concurrency (int): most prompts prefilled together. Default: ``8``.
         prompt_cache_size (int | None): most prompt-cache entries; ``None`` bounds
             only the bytes. Default: ``None``.
+        draft_model (str | None): the draft model of speculative decoding
+            (``--draft-model``). Default: ``None``.
+        draft_kind (str | None): ``"model"`` (with ``draft_model``) or
+            ``"ngram"`` (prompt lookup, no model); ``None``: no speculation.
+            Default: ``None``.
+        num_draft_tokens (int): most drafts per row and step. Default: ``3``.
         whisper_model (str | None): the Whisper checkpoint of ``/v1/audio/*``
             (:func:`mlxspec.engine.audio.resolve_whisper`); ``None`` picks the
             installed default. Default: ``None``.
@@ -192,6 +198,10 @@ class ServeConfig:
     prefill_step: int | None = None
     prompt_concurrency: int = 8
     prompt_cache_size: int | None = None
+    # Speculative decoding (engine/speculative/): --draft-model, --draft-kind.
+    draft_model: str | None = None
+    draft_kind: str | None = None
+    num_draft_tokens: int = 3
     # The web chat's sessions database (--chat-db); None: ~/.cache/mlxspec/.
     chat_db: str | None = None
     # Speech to text.

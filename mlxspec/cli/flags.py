@@ -14,7 +14,7 @@ from mlxspec.cli.argtypes import non_negative_int as _non_negative_int
 from mlxspec.cli.argtypes import positive_float as _positive_float
 from mlxspec.cli.argtypes import positive_int as _positive_int
 from mlxspec.cli.audio_flags import add_audio_flags, audio_config
-from mlxspec.cli.mlx_lm_flags import mlx_lm_server_flags, refuse_not_yet
+from mlxspec.cli.mlx_lm_flags import draft_kind, mlx_lm_server_flags, refuse_not_yet
 from mlxspec.config import ServeConfig
 
 LOGPROBS_FORMATS = ("mlx", "openai")
@@ -349,6 +349,7 @@ def parse_config(argv: Sequence[str] | None = None) -> ServeConfig:
     parser = _parser()
     args = parser.parse_args(argv)
     refuse_not_yet(args)
+    drafts = draft_kind(args)
     if args.model_flag is not None and args.model not in (None, args.model_flag):
         parser.error(f"two models: MODEL {args.model} and --model {args.model_flag}")
     logprobs_format = args.logprobs_format or os.environ.get("MLXSPEC_LOGPROBS_FORMAT") or "mlx"
@@ -407,6 +408,9 @@ def parse_config(argv: Sequence[str] | None = None) -> ServeConfig:
         prefill_step=args.prefill_step_size,
         prompt_concurrency=args.prompt_concurrency,
         prompt_cache_size=args.prompt_cache_size,
+        draft_model=args.draft_model,
+        draft_kind=drafts,
+        num_draft_tokens=args.num_draft_tokens or 3,
         chat_db=args.chat_db,
         **audio_config(args),
     )

@@ -17,7 +17,7 @@ from mlxspec.cli.flags import parse_config
 from mlxspec.config import ServeConfig, apply_serve_env_defaults
 
 if TYPE_CHECKING:
-    from mlxspec.engine import AdapterFolder
+    from mlxspec.engine import AdapterFolder, SpeculationOptions
 
 EXIT_MODEL_ERROR = 2
 #: uvicorn could not start serving (uvicorn's own ``STARTUP_FAILURE``).
@@ -42,6 +42,7 @@ def load_engine(config: ServeConfig):  # noqa: ANN201 - returns mlxspec.engine.E
         BudgetTooSmallError,
         Engine,
         GenerationDefaults,
+        SpeculationError,
     )
     from mlxspec.engine.model.load import LoadOptions
     from mlxspec.engine.model.loader import ModelLoadError, resolve_model
@@ -83,8 +84,9 @@ def load_engine(config: ServeConfig):  # noqa: ANN201 - returns mlxspec.engine.E
             prefill_step=config.prefill_step,
             prefill_batch=config.prompt_concurrency,
             prompt_cache_entries=config.prompt_cache_size,
+            speculation=_speculation(config),
         )
-    except (BudgetTooSmallError, ModelLoadError) as exc:
+    except (BudgetTooSmallError, ModelLoadError, SpeculationError) as exc:
         raise ModelLoadError(str(exc)) from exc
     except Exception as exc:  # mlx-lm raises many types for unreadable folders
         raise ModelLoadError(f"cannot load model from {resolved.path}: {exc}") from exc
@@ -94,6 +96,15 @@ def load_engine(config: ServeConfig):  # noqa: ANN201 - returns mlxspec.engine.E
     if mount is not None:
         _mount_start_adapter(engine, mount)
     return engine
+
+
+def _speculation(config: ServeConfig) -> SpeculationOptions | None:
+    """The draft source ``--draft-model`` / ``--draft-kind`` name, or ``None``."""
+    from mlxspec.engine import SpeculationOptions
+
+    if config.draft_kind is None:
+        return None
+    return SpeculationOptions(config.draft_kind, config.num_draft_tokens, config.draft_model)
 
 
 def _start_adapter(path: str | None) -> AdapterFolder | None:

@@ -15,8 +15,6 @@ from mlxspec.cli.argtypes import positive_int as _positive_int
 #: mlx_lm.server flags whose feature mlxspec does not have yet: any use is a
 #: one-line error (exit 2), never silently ignored.
 NOT_YET = {
-    "draft_model": ("--draft-model", "speculative decoding"),
-    "num_draft_tokens": ("--num-draft-tokens", "speculative decoding"),
     "kv_bits": ("--kv-bits", "KV cache quantization"),
     "kv_group_size": ("--kv-group-size", "KV cache quantization"),
     "quantized_kv_start": ("--quantized-kv-start", "KV cache quantization"),
@@ -86,6 +84,26 @@ def mlx_lm_server_flags(serve: argparse.ArgumentParser) -> None:
         default=None,
         help="most KV caches the prompt cache keeps (default: bounded by bytes only)",
     )
+    group.add_argument(
+        "--draft-model",
+        default=None,
+        metavar="PATH",
+        help="a smaller model of the same tokenizer whose drafts the model verifies in the "
+        "batched decode step (speculative decoding; greedy output is unchanged)",
+    )
+    group.add_argument(
+        "--num-draft-tokens",
+        type=_positive_int,
+        default=None,
+        help="most draft tokens per row and step (default 3)",
+    )
+    group.add_argument(
+        "--draft-kind",
+        choices=("model", "ngram"),
+        default=None,
+        help="model: drafts from --draft-model (the default with it); ngram: prompt lookup "
+        "over the prompt and the answer so far, no draft model",
+    )
     for dest, (flag, feature) in NOT_YET.items():
         kind: dict = {"action": "store_true"} if dest == "pipeline" else {"default": None}
         group.add_argument(flag, dest=dest, help=f"not supported yet ({feature})", **kind)
@@ -99,6 +117,23 @@ def _json_object(text: str) -> dict:
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError("must be a JSON object")
     return value
+
+
+def draft_kind(args: argparse.Namespace) -> str | None:
+    """The draft source the flags name (``None``: no speculation); a combination
+    that cannot work exits 2 with one line naming the flag."""
+    kind = args.draft_kind or ("model" if args.draft_model is not None else None)
+    problem = None
+    if kind == "ngram" and args.draft_model is not None:
+        problem = "--draft-kind: ngram mounts no draft model; drop --draft-model"
+    elif kind == "model" and args.draft_model is None:
+        problem = "--draft-kind: model needs --draft-model PATH"
+    elif kind is None and args.num_draft_tokens is not None:
+        problem = "--num-draft-tokens: needs --draft-model or --draft-kind ngram"
+    if problem is not None:
+        print(f"mlxspec: error: {problem}", file=sys.stderr)
+        sys.exit(2)
+    return kind
 
 
 def refuse_not_yet(args: argparse.Namespace) -> None:

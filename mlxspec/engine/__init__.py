@@ -61,6 +61,7 @@ from mlxspec.engine.prompt import off_loop, template_off_loop, token_prompt
 from mlxspec.engine.sampling.sampler import GenerationDefaults
 from mlxspec.engine.scoring import ScoredAnswers, score_answers
 from mlxspec.engine.snapshots import ChatFormat, FitSnapshot, StatsSnapshot
+from mlxspec.engine.speculative import SpeculationError, SpeculationOptions
 from mlxspec.engine.template_sandbox import (
     DEFAULT_TEMPLATE_SECONDS,
     DEFAULT_TEMPLATE_STEPS,
@@ -83,6 +84,7 @@ from mlxspec.engine.types import (
     ModelInfo,
     PromptError,
     SamplingParams,
+    Speculation,
     TokenLogprob,
     TopLogprob,
 )
@@ -148,6 +150,9 @@ __all__ = [
     "PromptError",
     "RequestHandle",
     "SamplingParams",
+    "Speculation",
+    "SpeculationError",
+    "SpeculationOptions",
     "ScoredAnswers",
     "StatsSnapshot",
     "TemplateBoundError",

@@ -61,6 +61,8 @@ from mlxspec.engine.snapshots import (
     read_chat_format,
     read_stats,
 )
+from mlxspec.engine.speculative import Speculator
+from mlxspec.engine.speculative.mount import SpeculationOptions, mount
 from mlxspec.engine.template_sandbox import TemplateBudget, request_template
 from mlxspec.engine.text_bound import TextBound
 from mlxspec.engine.types import Constraint, GenerationRequest, ModelInfo
@@ -103,6 +105,8 @@ class Engine:
             buckets tails (on a GPU). Default: ``None``.
         prefill_batch (int): most prompts the batched lane prefills together
             (mlx_lm.server's ``--prompt-concurrency``). Default: :data:`PREFILL_BATCH`.
+        speculator (Speculator | None): the mounted draft source
+            (:mod:`.speculative`); ``None`` decodes a token per step. Default: ``None``.
 
     Raises:
         BudgetTooSmallError: ``limits`` leave no room for any request.
@@ -121,8 +125,11 @@ class Engine:
         prefill_step: int | None = None,
         warmup: bool | None = None,
         prefill_batch: int = PREFILL_BATCH,
+        speculator: Speculator | None = None,
     ) -> None:
         self.model = model
+        #: The mounted draft source, or ``None`` (``/stats`` ``speculation``).
+        self.speculator = speculator
         self.max_batch = max_batch
         self.tokenizer = tokenizer
         # Admission refuses over-long prompts; transformers' "indexing errors" line misleads.
@@ -193,6 +200,7 @@ class Engine:
             self.grammars,
             prefill_batch=self._prefill_batch,
             adapters=self.adapters,
+            speculator=self.speculator,
         )
 
     @property
@@ -225,6 +233,7 @@ class Engine:
         prefill_step: int | None = None,
         prefill_batch: int = PREFILL_BATCH,
         prompt_cache_entries: int | None = None,
+        speculation: SpeculationOptions | None = None,
     ) -> Engine:
         """Load an MLX model folder with ``mlx_lm.load``.
 
@@ -254,6 +263,8 @@ class Engine:
                 Default: :data:`PREFILL_BATCH`.
             prompt_cache_entries (int | None): most KV caches the prompt cache
                 keeps; ``None`` bounds only the bytes. Default: ``None``.
+            speculation (SpeculationOptions | None): the draft source to mount
+                (``--draft-model``, ``--draft-kind``). Default: ``None``.
 
         Returns:
             Engine: not yet started; call :meth:`start` (``engine.cpu_weights``
@@ -261,6 +272,7 @@ class Engine:
 
         Raises:
             ValueError: ``cpu_weights`` is not a known mode.
+            SpeculationError: ``speculation`` cannot be mounted (names the flag).
         """
         options = load_options or LoadOptions()
         model, tokenizer = load_model(Path(path), options)
@@ -288,6 +300,7 @@ class Engine:
             prefill_step=prefill_step,
             warmup=warmup,
             prefill_batch=prefill_batch,
+            speculator=None if speculation is None else mount(speculation, model, tokenizer),
         )
         engine.cpu_weights = converted
         return engine

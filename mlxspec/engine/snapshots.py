@@ -43,6 +43,9 @@ class StatsSnapshot:
         steps (dict[str, float | int]): batched-lane step times
             (``steps``, ``mean_rows``, ``generate_ms_mean``, ``route_ms_mean``).
         solo_steps (dict[str, float | int]): the same for requests decoding alone.
+        speculation (dict[str, Any] | None): the mounted draft source's counters
+            (:meth:`~.speculative.SpecStats.snapshot`); ``None`` without one.
+            Default: ``None``.
     """
 
     submitted: int
@@ -58,6 +61,7 @@ class StatsSnapshot:
     kv_budget_bytes: int | None
     steps: dict[str, float | int]
     solo_steps: dict[str, float | int]
+    speculation: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -124,6 +128,7 @@ def read_stats(engine: Any) -> StatsSnapshot:
         kv_budget_bytes=kv_budget,
         steps=engine.step_times.snapshot(),
         solo_steps=engine.solo_times.snapshot(),
+        speculation=None if engine.speculator is None else engine.speculator.stats.snapshot(),
     )
 
 

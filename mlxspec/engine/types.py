@@ -195,6 +195,21 @@ class Delta:
 
 
 @dataclass(frozen=True)
+class Speculation:
+    """What speculative decoding did for one request (``usage.speculation``).
+
+    Args:
+        drafted (int): draft tokens proposed.
+        accepted (int): drafts the target's verify steps kept.
+        target_calls (int): target-model forward calls that decoded it.
+    """
+
+    drafted: int
+    accepted: int
+    target_calls: int
+
+
+@dataclass(frozen=True)
 class Finished:
     """The request ended normally.
 
@@ -203,10 +218,13 @@ class Finished:
         prompt_tokens (int): prompt length in tokens.
         completion_tokens (int): generated tokens, counting the EOS token as mlx-lm does.
         cached_tokens (int): prompt tokens reused from a prompt cache. Default: ``0``.
-        lane (str): ``"serial"`` or ``"batched"``: how the request ran. Default: ``"serial"``.
+        lane (str): ``"serial"``, ``"serial+spec"`` (alone, with kept drafts) or
+            ``"batched"``: how the request ran. Default: ``"serial"``.
         stop_sequence (str | None): the request's stop string that ended the
             output, ``None`` when EOS or the token budget did (Anthropic's
             ``stop_sequence``). Default: ``None``.
+        speculation (Speculation | None): draft counts, for a request that
+            could speculate under a mounted draft source. Default: ``None``.
     """
 
     finish_reason: FinishReason
@@ -215,6 +233,7 @@ class Finished:
     cached_tokens: int = 0
     lane: str = "serial"
     stop_sequence: str | None = None
+    speculation: Speculation | None = None
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,8 @@ async def get_stats() -> dict[str, Any]:
         "kv_quant": _kv_quant(fit.memory),
         **engine.cache_stats(),
     }
+    if stats.speculation is not None:
+        body["speculation"] = stats.speculation
     store = scope["state"].get("response_store")
     if callable(getattr(store, "stats", None)):
         body["response_store"] = store.stats()

@@ -29,7 +29,12 @@ from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mlxspec.engine import Delta, EngineProtocol, Finished, RequestHandle
@@ -200,6 +205,37 @@ class _EngineCollector:
         for reason, count in sorted((stats.rejected if stats is not None else {}).items()):
             rejected.add_metric([reason], count)
         yield rejected
+        spec = stats.speculation if stats is not None else None
+        if spec is not None:
+            yield from _speculation(spec)
+
+
+def _speculation(spec: dict[str, Any]) -> Iterator[Metric]:
+    """The draft source's counters (``/stats`` ``speculation``) and the histogram
+    of drafts kept per row verification (buckets ``le`` 0 to ``num_draft_tokens``)."""
+    for name, key, text in (
+        ("mlxspec_speculation_drafted_tokens", "drafted", "Draft tokens proposed."),
+        ("mlxspec_speculation_accepted_tokens", "accepted", "Draft tokens kept by verify steps."),
+        (
+            "mlxspec_speculation_verify_steps",
+            "verify_steps",
+            "Batch forwards that verified drafts.",
+        ),
+    ):
+        yield CounterMetricFamily(name, text, value=spec[key])
+    counts = spec["accepted_histogram"]
+    buckets, running = [], 0
+    for kept, count in enumerate(counts):
+        running += count
+        buckets.append((str(float(kept)), running))
+    buckets.append(("+Inf", running))
+    total = sum(kept * count for kept, count in enumerate(counts))
+    yield HistogramMetricFamily(
+        "mlxspec_speculation_accepted_per_verify",
+        "Drafts kept per row verification.",
+        buckets=buckets,
+        sum_value=total,
+    )
 
 
 class RouteLabels:

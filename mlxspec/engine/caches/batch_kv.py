@@ -115,6 +115,27 @@ class RowsKVCache(BatchKVCache):
         cache.offset = cache.keys.shape[2]
         return cache
 
+    def rewind(self, counts: Sequence[int]) -> None:
+        """Drop the last ``counts[i]`` positions of row ``i`` (a speculative
+        verify step's rejected drafts), keeping every row right-aligned.
+
+        The positions every row drops go as ``trim`` drops them (the end moves
+        back); a row dropping ``d`` more than the fewest is rolled ``d``
+        columns right, its left padding growing by ``d`` (mlx-lm's
+        ``finalize`` roll of right-padded prefill rows), so the mask and each
+        row's RoPE offset stay those of its kept tokens.
+
+        Args:
+            counts (Sequence[int]): per row, positions to drop (``>= 0``).
+        """
+        least = min(counts, default=0)
+        if least > 0:
+            self.trim(least)
+        extra = [c - least for c in counts]
+        if any(extra):
+            self.prepare(right_padding=extra)
+            self.finalize()
+
     def make_mask(self, N: int, return_array: bool = False, **kwargs: Any) -> Any:  # noqa: N803
         """No mask for a one-token step when no row is padded (each row then
         sees every cached position, as an unbatched decode step does); else

@@ -66,6 +66,7 @@ class BatchLane:
             prefill_rows=min(max_batch, parts.prefill_batch),
             # every model call of the batch selects its rows' adapters
             select=lambda slots: parts.rows([s.row.pick for s in slots]),
+            speculator=parts.speculator,
         )
         self._cache = parts.prompt_cache
         self._route_s, self._routed = 0.0, 0  # this step's routing time and tokens
@@ -79,7 +80,9 @@ class BatchLane:
         req = handle.request
         if req.shared_prefill:
             self._prefill_once(req.prompt, req.session, self._parts.pick(handle, lease=False))
-        self.adopt(start_request(handle, self._parts, max_tokens, "batched"))
+        # at --batch 1 only speculating requests come here, each alone: the serial lane
+        lane = "batched" if self.batch.max_rows > 1 else "serial"
+        self.adopt(start_request(handle, self._parts, max_tokens, lane))
 
     def adopt(self, handoff: Handoff) -> None:
         """Continue a request in the batch: a new one (:meth:`add`) or one that
@@ -141,9 +144,11 @@ class BatchLane:
         start = time.perf_counter()
         finished: list[Slot] = []
         for t in tokens:
+            if t.slot.row.done:
+                continue  # the rest of a verify step's run, after its row ended
             row = t.slot.row
             ended = row.push(t.id, t.logprobs)
-            if not ended and t.slot.generated >= t.slot.budget:
+            if not ended and t.count >= t.slot.budget:
                 row.finish_length()
                 ended = True
             if ended:

@@ -22,7 +22,11 @@ sampling functions, and owns the loop around them:
   (:class:`~.prefill.PrefillGroup`), so running rows keep decoding meanwhile;
 - the model is called in one place, :meth:`DecodeBatch.forward`, for decode
   and prefill alike, inside the batch's ``select`` context given that call's
-  rows: the LoRA adapters' per-row selection (:meth:`.lanes.LaneParts.rows`).
+  rows: the LoRA adapters' per-row selection (:meth:`.lanes.LaneParts.rows`);
+- with a ``speculator`` (:mod:`~mlxspec.engine.speculative`), a step whose rows
+  have drafts is a verify step (:func:`.verify_step.verify_step`): every row
+  feeds its last token and its drafts at once, keeps what the speculator
+  accepts, and its KV cache drops the rest; a step without drafts is a plain one.
 
 What the KV cache holds: a row's cache holds every token fed to the model for
 it. A decode step feeds each row its last token, so once step ``t + 1`` is
@@ -41,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from mlxspec.engine.loop.prefill import PrefillGroup, Slot, take_group
 from mlxspec.engine.loop.rows import StepLogprobs
+from mlxspec.engine.loop.verify_step import verify_step
 from mlxspec.engine.sampling.batch_logits import BatchLogits
 from mlxspec.engine.sampling.batch_sampler import (
     BatchSampler,
@@ -51,6 +56,7 @@ from mlxspec.engine.sampling.batch_sampler import (
 
 if TYPE_CHECKING:
     from mlxspec.engine.loop.lanes import Handoff
+    from mlxspec.engine.speculative import Speculator
 
 #: Decode steps between returns of MLX's freed buffers (``generate_step``: 256).
 CLEAR_EVERY = 256
@@ -65,11 +71,14 @@ class Token:
         id (int): the token.
         logprobs (StepLogprobs | None): its log-probability and candidates,
             when the row reports them.
+        count (int): the row's tokens generated here, this one included (a
+            verify step hands a row several tokens at once).
     """
 
     slot: Slot
     id: int
     logprobs: StepLogprobs | None
+    count: int = 0
 
 
 @dataclass
@@ -96,7 +105,8 @@ class _Launched:
         for i, slot in enumerate(self.rows):
             if not slot.gone:
                 slot.seq.append(ids[i])
-                out.append(Token(slot, ids[i], lps.get(i)))
+                slot.generated += 1
+                out.append(Token(slot, ids[i], lps.get(i), slot.generated))
         return out
 
 
@@ -130,6 +140,9 @@ class DecodeBatch:
         select (Callable | None): given the rows of a model call, the context
             the call runs in (the rows' adapters, :meth:`.lanes.LaneParts.rows`).
             Default: ``None`` (none).
+        speculator (Speculator | None): drafts for the rows that speculate and
+            the verdict of their verify steps (:mod:`~mlxspec.engine.speculative`).
+            Default: ``None`` (a token per row and step).
     """
 
     def __init__(
@@ -139,11 +152,13 @@ class DecodeBatch:
         max_rows: int,
         prefill_rows: int = 8,
         select: Callable[[Sequence[Slot]], AbstractContextManager[None]] | None = None,
+        speculator: Speculator | None = None,
     ):
         from mlxspec.engine.caches import rows_attention
 
         self._model = model
         self._select = select
+        self._spec = speculator
         #: Whether padded rows' decode attention skips the mask (CUDA, :mod:`.rows_attention`).
         self.rows_attention = rows_attention.install(model)
         self.prefill_step = prefill_step
@@ -219,6 +234,10 @@ class DecodeBatch:
         from mlx_lm.generate import generation_stream
 
         with mx.stream(generation_stream):
+            if self._spec is not None and self._rows and self._spec.wants(self._rows):
+                self._read(route, keep=0)  # drafts come from the tokens read so far
+                if self._rows and verify_step(self, self._spec, route):
+                    return self._prefill()
             if self._logits.needs_host_tokens:  # a grammar sees token t before masking t + 1
                 self._read(route, keep=0)
                 self._launch()
@@ -233,6 +252,10 @@ class DecodeBatch:
         in flight are never handed out."""
         import mlx.core as mx
 
+        slots = list(slots)
+        if self._spec is not None:  # their step in flight decodes nothing for them
+            pending = {id(s) for launched in self._inflight for s in launched.rows}
+            self._spec.wasted([s for s in slots if id(s) in pending and not s.gone])
         for slot in slots:
             slot.gone = True
         self._waiting = deque(s for s in self._waiting if not s.gone)
@@ -241,6 +264,8 @@ class DecodeBatch:
         keep = [i for i, s in enumerate(self._rows) if not s.gone]
         if len(keep) == len(self._rows):
             return
+        if self._spec is not None:
+            self._spec.leave(keep)
         self._rows = [self._rows[i] for i in keep]
         if not keep:
             self._cache, self._inputs = None, None
@@ -264,6 +289,8 @@ class DecodeBatch:
         self._group, self._cache, self._inputs = None, None, None
         self._logits, self._sampler = BatchLogits(), BatchSampler()
         self._plan = LogprobPlan((), ())
+        if self._spec is not None:
+            self._spec.leave([])
         return slots
 
     def extract(self, slot: Slot) -> tuple[list[Any], list[int]] | None:
@@ -295,6 +322,8 @@ class DecodeBatch:
         tokens = self._sampler(logprobs)
         extras = logprob_rows(logprobs, tokens, self._plan)
         mx.async_eval(tokens, *(e for e in extras if e is not None))
+        if self._spec is not None:
+            self._spec.launched(self._rows)
         for slot in self._rows:
             slot.kv += 1
         self._inputs = tokens
@@ -316,8 +345,6 @@ class DecodeBatch:
             start = time.perf_counter()
             tokens = launched.read()
             self.clock.read_s += time.perf_counter() - start
-            for t in tokens:
-                t.slot.generated += 1
             route(tokens)
 
     def _prefill(self) -> list[Slot]:
@@ -369,5 +396,7 @@ class DecodeBatch:
             [s.grammar for s in rows],
         )
         self._sampler.extend([s.sampling for s in rows])
+        if self._spec is not None:
+            self._spec.join(rows)
         self._rows.extend(rows)
         self._plan = LogprobPlan.of([s.logprob_top for s in self._rows])

@@ -27,6 +27,7 @@ from mlxspec.engine.caches.prompt_cache import CacheNamespace, PromptCache
 from mlxspec.engine.loop.rows import Row
 from mlxspec.engine.sampling.grammar import GrammarCache, GrammarProcessor
 from mlxspec.engine.sampling.sampler import build_logits_processors, build_sampler
+from mlxspec.engine.speculative import SpecCounts, Speculator, speculable
 
 if TYPE_CHECKING:
     from mlxspec.engine.loop.handles import RequestHandle
@@ -146,6 +147,9 @@ class LaneParts:
         prefill_batch (int): most prompts prefilled together. Default: :data:`PREFILL_BATCH`.
         adapters (AdapterRegistry | None): the mounted LoRA adapters; ``None``
             serves the base model only. Default: ``None``.
+        speculator (Speculator | None): the draft source's hook into the batched
+            decode step; ``None`` without ``--draft-model`` / ``--draft-kind``.
+            Default: ``None``.
     """
 
     model: Any
@@ -158,6 +162,12 @@ class LaneParts:
     grammars: GrammarCache | None = None
     prefill_batch: int = PREFILL_BATCH
     adapters: AdapterRegistry | None = None
+    speculator: Speculator | None = None
+
+    def speculates(self, handle: RequestHandle) -> bool:
+        """Whether ``handle`` 's request speculates (a draft source is mounted
+        and :func:`~mlxspec.engine.speculative.speculable` allows it)."""
+        return self.speculator is not None and speculable(handle.request)
 
     def keep(
         self,
@@ -272,6 +282,8 @@ def start_request(handle: RequestHandle, parts: LaneParts, budget: int, lane: st
     grammar = None if parts.grammars is None else parts.grammars.for_request(req.constraint)
     row = Row(handle, parts.tokenizer, parts.eos, lane=lane, cached=cached, grammar=grammar)
     row.pick = pick
+    if parts.speculates(handle):
+        row.spec = SpecCounts()
     return Handoff(
         row=row,
         feed=list(req.prompt[cached:]),

@@ -21,6 +21,7 @@ from mlxspec.engine.types import Delta, Finished, GenerationRequest, TokenLogpro
 if TYPE_CHECKING:
     from mlxspec.engine.loop.handles import RequestHandle
     from mlxspec.engine.sampling.grammar import GrammarProcessor
+    from mlxspec.engine.speculative.speculator import SpecCounts
 
 
 #: Reported for a log-probability that is not finite (OpenAI's value for an
@@ -194,7 +195,8 @@ class Row:
         handle (RequestHandle): where events go.
         tokenizer: an mlx-lm ``TokenizerWrapper``.
         eos (Collection[int]): end-of-sequence token ids.
-        lane (str): ``"serial"`` or ``"batched"``, reported in ``Finished``.
+        lane (str): ``"serial"`` or ``"batched"``, reported in ``Finished``
+            (``"serial"`` becomes ``"serial+spec"`` once drafts were kept).
         grammar (GrammarProcessor | None): the request's grammar, which also
             ends it (``"stop"``) once only a stop token may follow. Default: ``None``.
         cached (int): prompt tokens served from the prompt cache, reported in
@@ -230,6 +232,8 @@ class Row:
         self.before_finish: Callable[[], None] | None = None
         #: The LoRA adapters its model calls select (``lanes.start_request`` sets it).
         self.pick: AdapterPick = NO_ADAPTER
+        #: Its speculation counters, when it may speculate (``lanes.start_request``).
+        self.spec: SpecCounts | None = None
 
     def push(self, token: int, logprobs: Any) -> bool:
         """Consume one generated token.
@@ -304,12 +308,16 @@ class Row:
         prompt = len(self.request.prompt)
         if self.before_finish is not None:
             self.before_finish()
+        lane, spec = self.lane, self.spec
+        if spec is not None and lane == "serial" and spec.accepted > 0:
+            lane = "serial+spec"  # the reference's lane: alone, and drafts helped
         finished = Finished(
             reason,  # type: ignore[arg-type]
             prompt,
             self.count,
             cached_tokens=self.cached,
-            lane=self.lane,
+            lane=lane,
             stop_sequence=self._stops.matched,
+            speculation=None if spec is None else spec.frozen(),
         )
         self.handle.emit(finished)

@@ -10,8 +10,9 @@ started request runs in one of three places: alone to its end on mlx-lm's
 comes from MLX's global random stream), alone a token per
 loop turn on ``generate_step`` while nothing else runs (:mod:`.solo`), or in
 the continuous batch (:class:`~.batching.BatchLane`), which the lone request
-joins when a second one arrives. Every request ends in :meth:`Scheduler.end`,
-which counts its outcome and releases its KV projection. The loop never lets
+joins when a second one arrives. Under a draft source a request that may
+speculate always runs in the batch (even at ``--batch 1``), where drafts are
+verified. Every request ends in :meth:`Scheduler.end`, which counts its outcome and releases its KV projection. The loop never lets
 an exception in one request end the thread: the request fails alone (a broken
 batch fails its rows and a fresh batch takes over).
 """
@@ -63,7 +64,8 @@ class Scheduler:
     ) -> None:
         self.jobs, self.parts, self.kv, self.stats = jobs, parts, kv, stats
         self.max_batch = max_batch
-        self.lane = self._new_lane() if max_batch > 1 else None
+        # a draft source speculates in the batched step, so it needs the lane even at --batch 1
+        self.lane = self._new_lane() if max_batch > 1 or parts.speculator is not None else None
         #: The lone request decoding on ``generate_step`` in the batched lane.
         self.solo: SoloRun | None = None
         #: Exclusive jobs in order: the head advances a step per loop turn.
@@ -166,10 +168,15 @@ class Scheduler:
         if handle.cancelled:
             self.end(handle, "cancelled")
             return
-        if lane is None or needs_global_seed(handle.request.sampling):
+        speculates = self.parts.speculates(handle)  # drafts are verified in the batch only
+        if (
+            lane is None
+            or (self.max_batch == 1 and not speculates)
+            or needs_global_seed(handle.request.sampling)
+        ):
             handle.started_at = time.monotonic()  # its prefill begins (queue time ends)
             self.serial(job)
-        elif self.goes_solo(lane, handle):
+        elif not speculates and self.goes_solo(lane, handle):
             handle.started_at = time.monotonic()
             times = self.stats.solo_steps
             solo = functools.partial(SoloRun, handle, self.parts, job.budget, "batched", times)

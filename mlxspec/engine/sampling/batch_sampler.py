@@ -107,6 +107,44 @@ class BatchSampler:
             tokens[rows] = mx.concatenate(own)
         return tokens
 
+    def scaled(self, logprobs: Any) -> tuple[Any, Any]:
+        """What each drawn row samples from, at every position of a
+        multi-token step (a speculative verify step scores several).
+
+        Args:
+            logprobs (mx.array): shape ``(rows, L, vocab)``, log-softmax of the
+                logits at each position.
+
+        Returns:
+            tuple: ``(logits (rows, L, vocab), drawn (rows,) bool)``: each
+            drawn row's filtered logits divided by its temperature (its
+            categorical draw's input, as :meth:`__call__` draws), and which
+            rows draw; ``(None, None)`` when every row is greedy.
+        """
+        import mlx.core as mx
+
+        if self._plan is None:
+            self._plan = _Plan.of(self._rows)
+        plan = self._plan
+        if plan.sampled is None:
+            return None, None
+        rows, width, vocab = logprobs.shape
+
+        def spread(column: Any) -> Any:  # a (rows, 1) setting for every position
+            return None if column is None else mx.repeat(column, width, axis=0)
+
+        flat = _Plan(
+            plan.sampled,
+            spread(plan.inv_temp),
+            spread(plan.top_p),
+            spread(plan.log_min_p),
+            spread(plan.top_k),
+            [],
+        )
+        out = _filtered(logprobs.reshape(rows * width, vocab), flat)
+        out = out * flat.inv_temp.astype(out.dtype)
+        return out.reshape(rows, width, vocab), plan.sampled
+
 
 @dataclass
 class _Plan:
@@ -149,7 +187,17 @@ class _Plan:
 
 def _draw(logprobs: Any, plan: _Plan) -> Any:
     """mlx-lm's ``make_sampler`` chain for every row at once: top-p, min-p and
-    top-k masks, then a categorical draw at each row's temperature.
+    top-k masks (:func:`_filtered`), then a categorical draw at each row's
+    temperature."""
+    import mlx.core as mx
+
+    out = _filtered(logprobs, plan)
+    return mx.random.categorical(out * plan.inv_temp.astype(out.dtype)).astype(mx.uint32)
+
+
+def _filtered(logprobs: Any, plan: _Plan) -> Any:
+    """The top-p, min-p and top-k masks of mlx-lm's ``make_sampler`` chain,
+    for every row at once (masked tokens become ``-inf``).
 
     Per-row settings are cast to the log-probabilities' dtype where mlx-lm uses
     a Python float (a weak scalar), so each row rounds as mlx-lm's own sampler
@@ -183,7 +231,7 @@ def _draw(logprobs: Any, plan: _Plan) -> Any:
         kth = mx.take_along_axis(ordered, at, axis=-1)
         kept = mx.where(out < kth, -float("inf"), out)
         out = mx.where(plan.top_k > 0, kept, out)
-    return mx.random.categorical(out * plan.inv_temp.astype(dtype)).astype(mx.uint32)
+    return out
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
-from mlxspec.engine import Finished
+from mlxspec.engine import Finished, Speculation
 
 T = TypeVar("T")
 
@@ -124,20 +124,38 @@ def choices_usage(finished: Sequence[Finished]) -> dict[str, Any]:
     """``usage`` over all choices: the prompt counted once (choice 0's counts),
     completion tokens summed; ``lane`` is ``batched`` if any choice was batched."""
     first = finished[0]
+    lanes = [f.lane for f in finished]
+    specs = [f.speculation for f in finished if f.speculation is not None]
     total = replace(
         first,
         completion_tokens=sum(f.completion_tokens for f in finished),
-        lane="batched" if any(f.lane == "batched" for f in finished) else first.lane,
+        lane=next((lane for lane in ("batched", "serial+spec") if lane in lanes), first.lane),
+        speculation=Speculation(
+            sum(s.drafted for s in specs),
+            sum(s.accepted for s in specs),
+            sum(s.target_calls for s in specs),
+        )
+        if specs
+        else None,
     )
     return usage(total)
 
 
 def usage(finished: Finished) -> dict[str, Any]:
-    """The ``usage`` object: OpenAI's fields plus ``prompt_tokens_details`` and ``lane``."""
-    return {
+    """The ``usage`` object: OpenAI's fields plus ``prompt_tokens_details``,
+    ``lane`` and, for a request that could speculate, ``speculation``."""
+    out: dict[str, Any] = {
         "prompt_tokens": finished.prompt_tokens,
         "completion_tokens": finished.completion_tokens,
         "total_tokens": finished.prompt_tokens + finished.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": finished.cached_tokens},
         "lane": finished.lane,
     }
+    spec = finished.speculation
+    if spec is not None:
+        out["speculation"] = {
+            "drafted": spec.drafted,
+            "accepted": spec.accepted,
+            "targetCalls": spec.target_calls,
+        }
+    return out
