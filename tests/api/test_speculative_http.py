@@ -64,7 +64,8 @@ def test_chat_and_text_completions_report_speculation(spec_client) -> None:
     r = spec_client.post("/v1/completions", json=text)
     assert r.status_code == 200, r.text
     seen.append(_check(r.json()["usage"]))
-    r = spec_client.post("/v1/completions", json={**text, "stream": True})
+    asked = {"stream": True, "stream_options": {"include_usage": True}}
+    r = spec_client.post("/v1/completions", json={**text, **asked})
     seen.append(_check(_stream_usage(r)))
     after = spec_client.get("/stats").json()["speculation"]
     assert after["kind"] == "ngram" and after["num_draft_tokens"] == 4
