@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import wave
 from collections.abc import Iterator
 from pathlib import Path
@@ -142,10 +143,12 @@ def test_holding_the_microphone_puts_the_transcript_in_the_message_box(
     page.fill("#prompt", "Note:")
     box = mic.bounding_box()
     page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    held = time.monotonic()
     page.mouse.down()
     page.wait_for_selector("#mic[data-state='recording'][aria-pressed='true']")
     page.wait_for_timeout(HOLD_MS)
     page.mouse.up()
+    held = time.monotonic() - held  # HOLD_MS plus what a loaded box adds around it
     idle(page)
     text = page.input_value("#prompt")
     assert text.startswith("Note: ") and "hello world" in normalize(text), text
@@ -160,7 +163,9 @@ def test_holding_the_microphone_puts_the_transcript_in_the_message_box(
     assert {r.headers["content-type"] for r in chunks} == {"audio/pcm;rate=16000"}
     assert all(r.headers["authorization"] == f"Bearer {KEY}" for r in traffic.requests)
     seconds = sum(len(r.post_data_buffer) for r in chunks) / 4 / 16000
-    assert 2.0 < seconds < HOLD_MS / 1000 + 1.0, seconds  # what the hold recorded
+    # what the hold recorded: never more than the hold itself as the test timed it
+    # (a loaded CI box stretched a 3 s hold to 5.3 s of wall time and of audio)
+    assert 2.0 < seconds < held + 1.0, (seconds, held)
     duration = traffic.finished[-1]["mlxspec"]["duration"]
     assert duration == pytest.approx(seconds, abs=0.01)
 
