@@ -119,6 +119,37 @@ class Rejected(Exception):
     """The server answered 429 (its queue was full)."""
 
 
+async def read_chat_stream(
+    client: httpx.AsyncClient, base: str, body: dict
+) -> tuple[list[float], str, dict | None]:
+    """POST ``body`` to ``/v1/chat/completions`` and read its SSE stream.
+
+    Returns:
+        (stamps, text, usage): ``time.perf_counter()`` at each content delta, the
+        text, and the last ``usage`` seen (``None`` if none came).
+
+    Raises:
+        Rejected: a 429 (admission's "queue full": an answer, not a failure).
+        httpx.HTTPStatusError: any other non-2xx status.
+    """
+    stamps, text, usage = [], "", None
+    async with client.stream("POST", f"{base}/v1/chat/completions", json=body) as r:
+        if r.status_code == 429:
+            raise Rejected(r.headers.get("retry-after"))
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            usage = chunk.get("usage") or usage
+            for choice in chunk.get("choices") or []:
+                piece = (choice.get("delta") or {}).get("content")
+                if piece:
+                    stamps.append(time.perf_counter())
+                    text += piece
+    return stamps, text, usage
+
+
 async def stream_one(
     client: httpx.AsyncClient, base: str, messages: list, max_tokens: int, bias: dict
 ) -> dict:
@@ -132,21 +163,7 @@ async def stream_one(
         "stream_options": {"include_usage": True},
     }
     t0 = time.perf_counter()
-    stamps, text, usage = [], "", None
-    async with client.stream("POST", f"{base}/v1/chat/completions", json=body) as r:
-        if r.status_code == 429:  # admission said "queue full": an answer, not a failure
-            raise Rejected(r.headers.get("retry-after"))
-        r.raise_for_status()
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            usage = chunk.get("usage") or usage
-            for choice in chunk.get("choices") or []:
-                piece = (choice.get("delta") or {}).get("content")
-                if piece:
-                    stamps.append(time.perf_counter())
-                    text += piece
+    stamps, text, usage = await read_chat_stream(client, base, body)
     end = time.perf_counter()
     gaps = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
     tokens = (usage or {}).get("completion_tokens") or len(stamps)

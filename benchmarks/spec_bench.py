@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import httpx
+from serve_bench import read_chat_stream
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
@@ -99,19 +100,9 @@ async def one(client: httpx.AsyncClient, base: str, task: str, max_tokens: int) 
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    start, stamps, usage, text = time.perf_counter(), [], {}, ""
-    async with client.stream("POST", f"{base}/v1/chat/completions", json=body) as r:
-        r.raise_for_status()
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            usage = chunk.get("usage") or usage
-            for choice in chunk.get("choices") or []:
-                piece = (choice.get("delta") or {}).get("content")
-                if piece:
-                    stamps.append(time.perf_counter())
-                    text += piece
+    start = time.perf_counter()
+    stamps, text, usage = await read_chat_stream(client, base, body)
+    usage = usage or {}
     tokens = usage.get("completion_tokens") or len(stamps)
     return {
         "tokens": tokens,
