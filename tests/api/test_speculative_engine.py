@@ -20,20 +20,8 @@ from mlxspec.engine import (
     SamplingParams,
     SpeculationOptions,
 )
+from tests.api.test_speculative_batch import PROMPTS  # repetitive: lookup finds drafts
 from tests.helpers import text_and_finish
-
-#: Repetitive prompts: prompt lookup finds drafts in them and in their answers.
-TEXTS = [
-    "one two three four one two three four one two three four one two",
-    "the cat sat on the mat and the cat sat on the mat and the cat",
-    "a b c d e f a b c d e f a b c",
-    "hello hello hello hello hello",
-    "x y x y x y x y x y x y",
-    "red green blue red green blue red green",
-    "alpha beta gamma alpha beta gamma alpha",
-    "to be or not to be or not to be or not",
-]
-
 
 def _engine(folder, batch: int, spec: bool) -> Engine:
     options = SpeculationOptions("ngram", 4) if spec else None
@@ -95,7 +83,7 @@ def _text(deltas: list[Delta]) -> str:
 def _requests(engine: Engine, **kw) -> list[GenerationRequest]:
     return [
         GenerationRequest(tuple(engine.text_prompt(t)), max_tokens=12 + 3 * i, **kw)
-        for i, t in enumerate(TEXTS)
+        for i, t in enumerate(PROMPTS)
     ]
 
 
@@ -145,7 +133,7 @@ def test_lone_request_with_batch_1_reports_serial_spec(plain, spec1) -> None:
 
 def test_seeded_requests_do_not_speculate_and_reproduce(plain, spec8) -> None:
     hot = SamplingParams(temperature=5.0, seed=11)
-    req = GenerationRequest(tuple(plain.text_prompt(TEXTS[1])), max_tokens=10, sampling=hot)
+    req = GenerationRequest(tuple(plain.text_prompt(PROMPTS[1])), max_tokens=10, sampling=hot)
     together = _gather(spec8, [req, *_requests(plain)[:3]])
     alone = _gather(plain, [req])[0]
     assert _text(together[0][0]) == _text(alone[0])
@@ -183,7 +171,7 @@ def test_a_cancelled_speculating_request_leaves_the_others_running(plain, spec8)
 @pytest.fixture(scope="module")
 def eos_model(tiny_model_dir, tmp_path_factory):
     """A tiny model that does not echo its input (unscaled random weights),
-    whose ``eos_token_id`` is a token its greedy answer to one of ``TEXTS`` first
+    whose ``eos_token_id`` is a token its greedy answer to one of ``PROMPTS`` first
     gives a few tokens in: an EOS that lands inside a run of kept drafts.
     Returns ``(folder, text, index of the EOS)``."""
     import json
@@ -204,7 +192,7 @@ def eos_model(tiny_model_dir, tmp_path_factory):
         weights = dict(tree_flatten(model.parameters()))
         mx.save_safetensors(str(folder / "model.safetensors"), weights)
         model, tokenizer = load(str(folder))[:2]
-        for text in TEXTS:
+        for text in PROMPTS:
             prompt = mx.array(tokenizer.encode(text), dtype=mx.uint32)
             tokens = [t for t, _ in generate_step(prompt, model, max_tokens=24)]
             news = [j for j in range(2, len(tokens)) if tokens[j] not in tokens[:j]]
