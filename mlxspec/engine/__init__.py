@@ -57,6 +57,7 @@ from mlxspec.engine.loop.admission import (
 )
 from mlxspec.engine.model.fit import ModelMemory
 from mlxspec.engine.model.loader import cache_dir
+from mlxspec.engine.media import FetchPolicy
 from mlxspec.engine.prompt import off_loop, template_off_loop, token_prompt
 from mlxspec.engine.sampling.sampler import GenerationDefaults
 from mlxspec.engine.scoring import ScoredAnswers, score_answers
@@ -81,6 +82,8 @@ from mlxspec.engine.types import (
     GenerationRequest,
     JobAbandoned,
     LogitsParams,
+    MediaInputs,
+    MediaPrompt,
     ModelInfo,
     PromptError,
     SamplingParams,
@@ -145,6 +148,9 @@ __all__ = [
     "GenerationDefaults",
     "GenerationRequest",
     "LogitsParams",
+    "MediaInputs",
+    "MediaPrompt",
+    "FetchPolicy",
     "ModelInfo",
     "ModelMemory",
     "PromptError",

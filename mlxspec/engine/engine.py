@@ -45,10 +45,14 @@ from mlxspec.engine.loop.handles import ExclusiveJob, RequestHandle
 from mlxspec.engine.loop.jobs import Exclusive, Generate, Job, Stop
 from mlxspec.engine.loop.lanes import PREFILL_BATCH, LaneParts, LoopStats, default_prefill_step
 from mlxspec.engine.loop.scheduler import Scheduler
+from mlxspec.engine.media.fetch import FetchPolicy
+from mlxspec.engine.media.parts import has_media
+from mlxspec.engine.media.prompt import media_prompt
 from mlxspec.engine.model.cpu_weights import CpuWeights, apply_cpu_weights
 from mlxspec.engine.model.fit import ModelMemory, model_memory
 from mlxspec.engine.model.load import LoadOptions, adapter_fingerprint, load_model
 from mlxspec.engine.model.loader import read_model_info
+from mlxspec.engine.model.vision import VisionWing, load_vision
 from mlxspec.engine.model.warmup import warm_up_engine
 from mlxspec.engine.prompt import encode_text, normalize_messages, quiet_length_warning, render_chat
 from mlxspec.engine.sampling.grammar import GrammarCache
@@ -107,6 +111,9 @@ class Engine:
             (mlx_lm.server's ``--prompt-concurrency``). Default: :data:`PREFILL_BATCH`.
         speculator (Speculator | None): the mounted draft source
             (:mod:`.speculative`); ``None`` decodes a token per step. Default: ``None``.
+        vision (VisionWing | None): mlx-vlm's model and processor for requests
+            with media (:mod:`.model.vision`); ``None`` for a text-only model.
+            Default: ``None``.
 
     Raises:
         BudgetTooSmallError: ``limits`` leave no room for any request.
@@ -126,8 +133,13 @@ class Engine:
         warmup: bool | None = None,
         prefill_batch: int = PREFILL_BATCH,
         speculator: Speculator | None = None,
+        vision: VisionWing | None = None,
     ) -> None:
         self.model = model
+        #: The vision wing (requests with media), or ``None``.
+        self.vision = vision
+        #: How remote media URLs are fetched (``--allow-private-media``).
+        self.media_policy = FetchPolicy()
         #: The mounted draft source, or ``None`` (``/stats`` ``speculation``).
         self.speculator = speculator
         self.max_batch = max_batch
@@ -201,6 +213,7 @@ class Engine:
             prefill_batch=self._prefill_batch,
             adapters=self.adapters,
             speculator=self.speculator,
+            vision=self.vision,
         )
 
     @property
@@ -277,7 +290,10 @@ class Engine:
         options = load_options or LoadOptions()
         model, tokenizer = load_model(Path(path), options)
         converted = apply_cpu_weights(model, cpu_weights)
+        vision = load_vision(Path(path), model)  # after the conversion: it shares the weights
         info = read_model_info(Path(path), model_id, model, tokenizer, source)
+        if vision is not None:
+            info = dataclasses.replace(info, media=vision.media)
         if converted.float32:  # float32 activations give other KV numbers
             info = dataclasses.replace(info, weights=f"{info.weights}+float32")
         if (adapter := adapter_fingerprint(options.adapter_path)) is not None:
@@ -301,6 +317,7 @@ class Engine:
             warmup=warmup,
             prefill_batch=prefill_batch,
             speculator=None if speculation is None else mount(speculation, model, tokenizer),
+            vision=vision,
         )
         engine.cpu_weights = converted
         return engine
@@ -330,7 +347,15 @@ class Engine:
         budget: TemplateBudget | None = None,
     ) -> list[int]:
         """Template and tokenize chat messages (:func:`~.prompt.render_chat`;
-        ``budget`` bounds a template the request brings). Raises ``PromptError``."""
+        ``budget`` bounds a template the request brings). Raises ``PromptError``.
+
+        On a vision model, messages with media go to :func:`.media_prompt.media_prompt`
+        (a :class:`~.types.MediaPrompt`)."""
+        if self.vision is not None and has_media(messages):
+            return media_prompt(
+                self.vision, self.tokenizer, self.info.id, self.media_policy,
+                messages, tools, template_kwargs,
+            )  # fmt: skip
         normalized = normalize_messages(messages, self.info.id)
         return render_chat(
             self.tokenizer, normalized, tools=tools, template_kwargs=template_kwargs,

@@ -1,0 +1,90 @@
+"""A chat prompt with images, built for the vision wing (a prompt thread's work).
+
+The messages' media parts become image markers (:mod:`.parts`), the images are
+read (``data:`` URLs locally, http(s) URLs under the fetch policy: :mod:`.fetch`)
+and decoded (:mod:`.images`), the chat template renders the text with the
+markers, and mlx-vlm's processor expands each marker to the image's patch
+tokens (:meth:`~mlxspec.engine.model.vision.VisionWing.prepare`), so the
+prompt's length (``usage.prompt_tokens``, ``count_tokens``, admission) counts
+the media tokens.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from mlxspec.engine.media.fetch import FetchPolicy, fetch_media
+from mlxspec.engine.media.images import load_image_source
+from mlxspec.engine.media.parts import media_messages
+from mlxspec.engine.types import MediaInputs, MediaPrompt, PromptError
+
+__all__ = ["MAX_IMAGES", "media_prompt"]
+
+#: Most images one request may hold (the Responses surface's documented cap).
+MAX_IMAGES = 128
+
+
+def media_prompt(
+    wing: Any,
+    tokenizer: Any,
+    model_id: str,
+    policy: FetchPolicy,
+    messages: Sequence[Mapping[str, Any]],
+    tools: list | None = None,
+    template_kwargs: dict | None = None,
+) -> MediaPrompt:
+    """Template, fetch, decode and tokenize chat messages that hold media.
+
+    Args:
+        wing (VisionWing): the model's vision wing.
+        tokenizer: the model's ``TokenizerWrapper`` (its chat template renders).
+        model_id (str): named in errors.
+        policy (FetchPolicy): how http(s) media URLs are fetched.
+        messages (Sequence[Mapping]): validated chat messages.
+        tools (list | None): tool schemas for the template. Default: ``None``.
+        template_kwargs (dict | None): template variables. Default: ``None``.
+
+    Returns:
+        MediaPrompt: the token ids (media tokens included) and the processed media.
+
+    Raises:
+        PromptError: a part the model does not take, media that cannot be
+            read or decoded (``MediaError``, ``MediaUrlRejected``), too many
+            images, or a template that fails or places no image.
+    """
+    msgs, refs = media_messages(messages, model_id, wing.media)
+    if len(refs) > MAX_IMAGES:
+        raise PromptError(f"at most {MAX_IMAGES} images per request, got {len(refs)}", "messages")
+    fetch = functools.partial(_fetch, policy=policy)
+    images = [load_image_source(ref.source, ref.where, fetch) for ref in refs]
+    kwargs = dict(template_kwargs or {})
+    try:
+        text = tokenizer.apply_chat_template(
+            msgs, tools=tools, tokenize=False, add_generation_prompt=True, **kwargs
+        )
+    except Exception as e:  # jinja raises many kinds; the client sees why
+        raise PromptError(f"the chat template failed on these messages: {e}") from None
+    ids, arrays = wing.prepare(text, images)
+    marker = _image_token(wing)
+    if images and marker is not None and marker not in ids:
+        raise PromptError(
+            f"model {model_id}'s chat template placed no image token for the image parts",
+            "messages",
+        )
+    return MediaPrompt(ids, MediaInputs(arrays, len(images)))
+
+
+def _fetch(url: str, where: str, policy: FetchPolicy) -> bytes:
+    return fetch_media(url, where, policy)
+
+
+def _image_token(wing: Any) -> int | None:
+    """The token id image patches take in the prompt, if the config says."""
+    config = wing.model.config
+    for name in ("image_token_id", "image_token_index"):
+        value = getattr(config, name, None)
+        if isinstance(value, int):
+            return value
+    return None
