@@ -354,7 +354,7 @@ class Engine:
         if self.vision is not None and has_media(messages):
             return media_prompt(
                 self.vision, self.tokenizer, self.info.id, self.media_policy,
-                messages, tools, template_kwargs,
+                messages, tools, template_kwargs, budget, self._text_bound,
             )  # fmt: skip
         normalized = normalize_messages(messages, self.info.id)
         return render_chat(

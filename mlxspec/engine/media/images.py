@@ -75,8 +75,8 @@ def decode_image(data: bytes, where: str = "image") -> Any:
             f"{', '.join(FORMATS.values())})",
             param=where,
         ) from None
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
-        raise MediaError(f"{where}: image is a decompression bomb", param=where) from None
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+        raise MediaError(f"{where}: image is a decompression bomb ({e})", param=where) from None
     except (OSError, ValueError, SyntaxError) as e:
         raise MediaError(f"{where}: image could not be decoded ({e})", param=where) from None
 

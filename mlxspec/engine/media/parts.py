@@ -87,19 +87,21 @@ def media_messages(
         PromptError: a part of a kind the model does not take, or an image
             part without a source.
     """
-    out: list[dict] = []
+    from mlxspec.engine.prompt_messages import normalize_messages
+
+    # tool-call arguments decoded, reasoning aliased, as for any chat prompt
+    plain = [
+        {**m, "content": ""} if isinstance(m.get("content"), list) else m for m in messages
+    ]
+    out = normalize_messages(plain, model_id)
     refs: list[MediaRef] = []
     for i, message in enumerate(messages):
-        msg = dict(message)
-        content = msg.get("content")
+        content = message.get("content")
         if isinstance(content, list):
             parts, found = _parts(content, f"messages[{i}].content", model_id, takes)
             refs.extend(found)
             text = [p["text"] for p in parts if p["type"] == "text"]
-            msg["content"] = parts if found else "".join(text)
-        elif content is None:
-            msg["content"] = ""
-        out.append(msg)
+            out[i]["content"] = parts if found else "".join(text)
     return out, refs
 
 

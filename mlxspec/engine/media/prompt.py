@@ -18,6 +18,9 @@ from typing import Any
 from mlxspec.engine.media.fetch import FetchPolicy, fetch_media
 from mlxspec.engine.media.images import load_image_source
 from mlxspec.engine.media.parts import media_messages
+from mlxspec.engine.prompt import render_chat
+from mlxspec.engine.template_sandbox import TemplateBudget
+from mlxspec.engine.text_bound import TextBound
 from mlxspec.engine.types import MediaInputs, MediaPrompt, PromptError
 
 __all__ = ["MAX_IMAGES", "media_prompt"]
@@ -34,8 +37,14 @@ def media_prompt(
     messages: Sequence[Mapping[str, Any]],
     tools: list | None = None,
     template_kwargs: dict | None = None,
+    budget: TemplateBudget | None = None,
+    bound: TextBound | None = None,
 ) -> MediaPrompt:
     """Template, fetch, decode and tokenize chat messages that hold media.
+
+    The template renders as for any chat prompt (:func:`~mlxspec.engine.prompt.render_chat`:
+    tool history, failed results, request templates and the text bound), with the
+    processor as its tokenizer.
 
     Args:
         wing (VisionWing): the model's vision wing.
@@ -45,6 +54,8 @@ def media_prompt(
         messages (Sequence[Mapping]): validated chat messages.
         tools (list | None): tool schemas for the template. Default: ``None``.
         template_kwargs (dict | None): template variables. Default: ``None``.
+        budget (TemplateBudget | None): a request template's bounds. Default: ``None``.
+        bound (TextBound | None): the longest rendered text taken. Default: ``None``.
 
     Returns:
         MediaPrompt: the token ids (media tokens included) and the processed media.
@@ -59,21 +70,23 @@ def media_prompt(
         raise PromptError(f"at most {MAX_IMAGES} images per request, got {len(refs)}", "messages")
     fetch = functools.partial(_fetch, policy=policy)
     images = [load_image_source(ref.source, ref.where, fetch) for ref in refs]
-    kwargs = dict(template_kwargs or {})
-    try:
-        text = tokenizer.apply_chat_template(
-            msgs, tools=tools, tokenize=False, add_generation_prompt=True, **kwargs
-        )
-    except Exception as e:  # jinja raises many kinds; the client sees why
-        raise PromptError(f"the chat template failed on these messages: {e}") from None
-    ids, arrays = wing.prepare(text, images)
+    made: dict[str, Any] = {}
+
+    def encode(text: str) -> list[int]:
+        ids, made["arrays"] = wing.prepare(text, images)
+        return ids
+
+    ids = render_chat(
+        tokenizer, msgs, tools=tools, template_kwargs=template_kwargs, budget=budget,
+        bound=bound, encode=encode,
+    )  # fmt: skip
     marker = _image_token(wing)
     if images and marker is not None and marker not in ids:
         raise PromptError(
             f"model {model_id}'s chat template placed no image token for the image parts",
             "messages",
         )
-    return MediaPrompt(ids, MediaInputs(arrays, len(images)))
+    return MediaPrompt(ids, MediaInputs(made["arrays"], len(images)))
 
 
 def _fetch(url: str, where: str, policy: FetchPolicy) -> bytes:

@@ -121,8 +121,8 @@ class ChatSocket:
             {
                 "type": "ready",
                 "model": engine.info.id,
-                "vision": False,
-                "audio": False,
+                "vision": "vision" in engine.info.media,
+                "audio": "audio" in engine.info.media,
                 "thinking": self.hub.thinking,
                 "genDefaults": {
                     "temperature": defaults.temperature,
