@@ -152,7 +152,7 @@ class MediaInputs:
     images: int = 0
 
 
-class MediaPrompt(list):  # type: ignore[type-arg]
+class MediaPrompt(list[int]):
     """A prompt's token ids (media tokens included) that carries the processed
     media they refer to (:attr:`media`); a list, so every surface that counts,
     checks or submits a prompt takes it as it takes any other."""

@@ -55,8 +55,9 @@ def check_address(address: str, allow_private: bool) -> str | None:
 
     Args:
         address (str): an IPv4 or IPv6 address (a resolved one).
-        allow_private (bool): the operator opted in to non-global destinations
-            (multicast, unspecified and reserved stay refused).
+        allow_private (bool): the operator opted in to loopback, link-local
+            and private destinations (multicast, unspecified and reserved stay
+            refused).
 
     Returns:
         str | None: the reason, e.g. ``"127.0.0.1 is a loopback address"``.
@@ -66,18 +67,19 @@ def check_address(address: str, allow_private: bool) -> str | None:
         ip = ip.ipv4_mapped
     if ip.is_multicast:
         return f"{ip} is a multicast address"
-    if ip.is_unspecified or ip.is_reserved:
+    if ip.is_unspecified:
         return f"{ip} is not a routable address"
-    if allow_private:
-        return None
     for kind, hit in (
         ("loopback", ip.is_loopback),
         ("link-local", ip.is_link_local),
         ("private", ip.is_private),
-        ("non-global", not ip.is_global),
     ):
         if hit:
+            if allow_private:
+                return None
             return f"{ip} is a {kind} address (start the server with --allow-private-media to allow it)"
+    if ip.is_reserved or not ip.is_global:
+        return f"{ip} is not a routable address"
     return None
 
 
