@@ -296,3 +296,39 @@ def test_text_requests_on_the_vision_model_use_the_text_path(vclient: httpx.Clie
     r = vclient.post("/v1/chat/completions", json=body)
     assert r.status_code == 200
     assert r.json()["usage"]["completion_tokens"] >= 1
+
+
+def test_decisions_with_images_are_refused_not_scored_blind(vclient: httpx.Client) -> None:
+    body = {
+        "model": "tiny-qwen-vl",
+        "input": [
+            {
+                "role": "user",
+                "content": [{"type": "input_image", "image_url": _data_url(_png())}],
+            }
+        ],
+        "questions": [{"type": "predicate", "name": "cat", "instructions": "A cat?"}],
+    }
+    r = vclient.post("/v1/decisions", json=body)
+    assert r.status_code == 400, r.text
+    assert "decision questions with images are not scored yet" in r.json()["error"]["message"]
+
+
+def test_a_vlm_without_the_extra_is_a_start_up_error_naming_it(
+    vlm_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    from fixtures.tiny_model import build_tiny_llama
+    from mlxspec.engine.model.loader import ModelLoadError
+    from mlxspec.engine.model.vision import load_vision
+
+    monkeypatch.setitem(sys.modules, "mlx_vlm", None)  # as if not installed
+    monkeypatch.setitem(sys.modules, "mlx_vlm.utils", None)
+    with pytest.raises(ModelLoadError) as err:
+        load_vision(vlm_dir, None)
+    assert str(err.value) == (
+        f"{vlm_dir} is a vision-language model (qwen2_5_vl): serving it needs mlx-vlm, "
+        "the vision extra (pip install 'mlxspec[vision]')"
+    )
+    assert load_vision(build_tiny_llama(tmp_path / "text"), None) is None  # text: no mlx-vlm
