@@ -332,3 +332,60 @@ def test_a_vlm_without_the_extra_is_a_start_up_error_naming_it(
         "the vision extra (pip install 'mlxspec[vision]')"
     )
     assert load_vision(build_tiny_llama(tmp_path / "text"), None) is None  # text: no mlx-vlm
+
+
+def test_the_official_sdks_send_images_as_base64_and_url(
+    vlm_server: LiveServer, vclient: httpx.Client, vlm_engine: object
+) -> None:
+    from mlxspec.engine import FetchPolicy
+    from tests.helpers import anthropic_sdk, openai_sdk
+
+    data = _png(4)
+    expected = vclient.post("/v1/chat/completions", json=_chat_body(_data_url(data))).json()
+    expected_text = expected["choices"][0]["message"]["content"]
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Image)  # serves _png(4)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/shot.png"
+    vlm_engine.media_policy = FetchPolicy(allow_private=True)
+    try:
+        with openai_sdk(vlm_server.base) as sdk:
+            for source in (_data_url(data), url):
+                reply = sdk.chat.completions.create(
+                    model="tiny-qwen-vl",
+                    messages=[
+                        {
+                            "role": "user",
+                            "content": [
+                                {"type": "image_url", "image_url": {"url": source, "detail": "low"}},
+                                {"type": "text", "text": PROMPT},
+                            ],
+                        }
+                    ],
+                    max_tokens=TOKENS,
+                    temperature=0,
+                )
+                assert reply.choices[0].message.content == expected_text
+        with anthropic_sdk(vlm_server.base) as sdk:
+            b64 = base64.b64encode(data).decode()
+            for source in (
+                {"type": "base64", "media_type": "image/png", "data": b64},
+                {"type": "url", "url": url},
+            ):
+                message = sdk.messages.create(  # greedy: the model has no sampling defaults
+                    model="tiny-qwen-vl",
+                    max_tokens=TOKENS,
+                    messages=[
+                        {
+                            "role": "user",
+                            "content": [
+                                {"type": "image", "source": source},
+                                {"type": "text", "text": PROMPT},
+                            ],
+                        }
+                    ],
+                )
+                assert message.content[0].text == expected_text
+    finally:
+        vlm_engine.media_policy = FetchPolicy()
+        server.shutdown()
+        server.server_close()

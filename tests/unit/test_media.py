@@ -184,3 +184,19 @@ def test_other_schemes_and_statuses_are_rejected() -> None:
     for url in _serve(missing):
         with pytest.raises(MediaUrlRejected, match="the server answered 404"):
             fetch_media(url, WHERE, ALLOW)
+
+
+def test_the_private_media_flag_and_its_environment_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from mlxspec.cli.flags import parse_config
+
+    monkeypatch.delenv("MLXSPEC_ALLOW_PRIVATE_MEDIA", raising=False)
+    assert parse_config(["serve"]).allow_private_media is False
+    assert parse_config(["serve", "--allow-private-media"]).allow_private_media is True
+    monkeypatch.setenv("MLXSPEC_ALLOW_PRIVATE_MEDIA", "1")
+    assert parse_config(["serve"]).allow_private_media is True
+    monkeypatch.setenv("MLXSPEC_ALLOW_PRIVATE_MEDIA", "maybe")
+    with pytest.raises(SystemExit) as err:
+        parse_config(["serve"])
+    assert err.value.code == 2
