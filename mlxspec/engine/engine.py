@@ -45,6 +45,7 @@ from mlxspec.engine.loop.handles import ExclusiveJob, RequestHandle
 from mlxspec.engine.loop.jobs import Exclusive, Generate, Job, Stop
 from mlxspec.engine.loop.lanes import PREFILL_BATCH, LaneParts, LoopStats, default_prefill_step
 from mlxspec.engine.loop.scheduler import Scheduler
+from mlxspec.engine.media.encoder_cache import EncoderCache
 from mlxspec.engine.media.fetch import FetchPolicy
 from mlxspec.engine.media.parts import has_media
 from mlxspec.engine.media.prompt import media_prompt
@@ -72,6 +73,8 @@ from mlxspec.engine.text_bound import TextBound
 from mlxspec.engine.types import Constraint, GenerationRequest, ModelInfo
 
 T = TypeVar("T")
+#: The encoder-output counters of a text-only model (``/stats`` ``prompt_cache``).
+EMPTY_OBJECTS = EncoderCache().stats()
 
 
 #: Started engines, joined at interpreter exit: an engine thread still inside
@@ -516,7 +519,8 @@ class Engine:
 
     def cache_stats(self) -> dict[str, dict[str, Any]]:
         """``prompt_cache`` (and ``ssd_cache`` with an SSD tier) counters, by section."""
-        sections = {"prompt_cache": self.prompt_cache.stats()}
+        objects = self.vision.encoder_cache.stats() if self.vision is not None else {}
+        sections = {"prompt_cache": self.prompt_cache.stats() | (objects or EMPTY_OBJECTS)}
         if self.prompt_cache.ssd is not None:
             sections["ssd_cache"] = self.prompt_cache.ssd.stats()
         return sections

@@ -146,10 +146,13 @@ class MediaInputs:
             ``image_grid_thw``: int ``(images, 3)``, ...); the engine thread
             turns them into MLX arrays.
         images (int): images in the prompt.
+        digest (str): a content hash of the processed media (the encoder-output
+            cache's key). Default: ``""``.
     """
 
     arrays: Mapping[str, Any]
     images: int = 0
+    digest: str = ""
 
 
 class MediaPrompt(list[int]):

@@ -389,3 +389,23 @@ def test_the_official_sdks_send_images_as_base64_and_url(
         vlm_engine.media_policy = FetchPolicy()
         server.shutdown()
         server.server_close()
+
+
+def test_the_same_image_again_reuses_the_towers_output(vclient: httpx.Client) -> None:
+    def objects() -> tuple[int, int]:
+        cache = vclient.get("/stats").json()["prompt_cache"]
+        return cache["object_hits"], cache["object_misses"]
+
+    hits, misses = objects()
+    body = _chat_body(_data_url(_png(7)))
+    first = vclient.post("/v1/chat/completions", json=body).json()
+    assert objects() == (hits, misses + 1)
+    body["messages"].append({"role": "assistant", "content": "ok"})  # a follow-up turn
+    body["messages"].append({"role": "user", "content": "And the colours?"})
+    vclient.post("/v1/chat/completions", json=body)
+    assert objects() == (hits + 1, misses + 1)
+    again = vclient.post("/v1/chat/completions", json=_chat_body(_data_url(_png(7)))).json()
+    assert objects() == (hits + 2, misses + 1)
+    assert again["choices"] == first["choices"]  # the cached features give the same answer
+    vclient.post("/v1/chat/completions", json=_chat_body(_data_url(_png(8))))
+    assert objects() == (hits + 2, misses + 2)

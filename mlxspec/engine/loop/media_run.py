@@ -5,7 +5,9 @@ prompt with its towers' features (``get_input_embeddings``) and decodes with
 mlx-vlm's own loop, the one ``mlx_vlm.generate`` runs, with the request's
 sampler and logits processors, so a greedy answer is token for token
 ``mlx_vlm.generate``'s. It runs on the serial lane (``usage.lane: "serial"``):
-the batch waits while it runs, as the reference runs audio requests. Its KV
+the batch waits while it runs, as the reference runs audio requests. The
+vision tower's output is kept by the media's content hash (the wing's encoder
+cache), so a later turn about the same image skips the tower. Its KV
 cache is neither taken from nor kept in the prompt cache: token ids alone do
 not say which image they stood for (reference, ``/stats`` object counters).
 """
@@ -70,6 +72,9 @@ def run_media_alone(
     if grammar is not None:
         processors = [*processors, grammar]
     pixel_values, mask, extra = _inputs(dict(req.media.arrays))
+    features = parts.vision.image_features(pixel_values, extra, req.media.digest)
+    if features is not None:  # the tower ran once for these pixels (encoder-output cache)
+        extra["cached_image_features"] = features
     steps = generate_step(
         mx.array([list(req.prompt)], dtype=mx.int32),
         parts.vision.model,

@@ -15,6 +15,7 @@ import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from mlxspec.engine.media.encoder_cache import media_digest
 from mlxspec.engine.media.fetch import FetchPolicy, fetch_media
 from mlxspec.engine.media.images import load_image_source
 from mlxspec.engine.media.parts import media_messages
@@ -86,7 +87,8 @@ def media_prompt(
             f"model {model_id}'s chat template placed no image token for the image parts",
             "messages",
         )
-    return MediaPrompt(ids, MediaInputs(made["arrays"], len(images)))
+    arrays = made["arrays"]
+    return MediaPrompt(ids, MediaInputs(arrays, len(images), media_digest(arrays)))
 
 
 def _fetch(url: str, where: str, policy: FetchPolicy) -> bytes:

@@ -15,16 +15,20 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mlxspec.engine.media.encoder_cache import EncoderCache
 from mlxspec.engine.model.loader import ModelLoadError
 
 __all__ = ["VisionWing", "load_vision", "media_kinds"]
 
 log = logging.getLogger("mlxspec.engine")
 
+#: Families whose ``get_input_embeddings`` takes the vision tower's output as
+#: ``cached_image_features`` (mlx-vlm's Qwen-VL models), so it can be cached.
+FEATURE_FAMILIES = frozenset({"qwen2_vl", "qwen2_5_vl"})
 #: What installs mlx-vlm (named in the start-up error without it).
 EXTRA = "pip install 'mlxspec[vision]'"
 
@@ -85,6 +89,36 @@ class VisionWing:
     model_type: str
     media: tuple[str, ...]
     shared: bool = False
+    encoder_cache: EncoderCache = field(default_factory=EncoderCache)
+
+    def image_features(self, pixel_values: Any, extra: dict[str, Any], key: str) -> Any | None:
+        """The vision tower's features for a prompt's images, from the encoder
+        cache when ``key`` was seen (engine thread only).
+
+        Only families whose ``get_input_embeddings`` takes precomputed features
+        (``cached_image_features``: :data:`FEATURE_FAMILIES`) are cached; others
+        return ``None`` and encode in the model call, uncounted.
+
+        Args:
+            pixel_values (mx.array): the processor's patches.
+            extra (dict): the processor's other outputs (``image_grid_thw``).
+            key (str): the media digest (:func:`~mlxspec.engine.media.encoder_cache.media_digest`).
+
+        Returns:
+            mx.array | None: the features, or ``None`` where not cached.
+        """
+        if self.model_type not in FEATURE_FAMILIES or extra.get("image_grid_thw") is None:
+            return None
+        features = self.encoder_cache.get(key)
+        if features is None:
+            import mlx.core as mx
+
+            tower = self.model.vision_tower
+            dtype = tower.patch_embed.proj.weight.dtype
+            features = tower(pixel_values.astype(dtype), extra["image_grid_thw"], output_hidden_states=False)
+            mx.eval(features)
+            self.encoder_cache.put(key, features)
+        return features
 
     def prepare(self, prompt: str, images: list[Any]) -> tuple[list[int], dict[str, Any]]:
         """Tokenize a rendered prompt with its images through mlx-vlm's processor
