@@ -245,14 +245,72 @@ def test_bad_base64_and_schemes_are_400s(vclient: httpx.Client) -> None:
     assert "media url rejected: scheme 'file' is not allowed" in r.json()["error"]["message"]
 
 
-def test_video_parts_are_refused_naming_the_model(vclient: httpx.Client) -> None:
+def _mp4(path: Path, frames: int = 8, fps: int = 4, fmt: str | None = None) -> bytes:
+    """A short random-noise clip (mpeg4, in mp4 unless ``fmt``) written with PyAV."""
+    import av
+
+    with av.open(str(path), "w", format=fmt) as out:
+        stream = out.add_stream("mpeg4", rate=fps)
+        stream.width, stream.height, stream.pix_fmt = 64, 48, "yuv420p"
+        out.start_encoding()
+        rng = np.random.RandomState(0)
+        for _ in range(frames):
+            pixels = (rng.rand(48, 64, 3) * 255).astype("uint8")
+            for packet in stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+    return path.read_bytes()
+
+
+def _video_body(url: str) -> dict:
+    content = [{"type": "video_url", "video_url": {"url": url}}, {"type": "text", "text": "What happens?"}]
+    return {"messages": [{"role": "user", "content": content}], "max_tokens": TOKENS, "temperature": 0}
+
+
+def test_video_answer_is_mlx_vlm_generate_greedy(
+    vclient: httpx.Client, vlm_dir: Path, tmp_path: Path
+) -> None:
+    clip = tmp_path / "clip.mp4"
+    r = vclient.post("/v1/chat/completions", json=_video_body(_data_url(_mp4(clip), "video/mp4")))
+    assert r.status_code == 200, r.text
+    import mlx_vlm
+
+    model, processor = mlx_vlm.load(str(vlm_dir))
+    video = [{"type": "video"}, {"type": "text", "text": "What happens?"}]
+    prompt = processor.tokenizer.apply_chat_template(
+        [{"role": "user", "content": video}], tokenize=False, add_generation_prompt=True
+    )
+    # mlx-vlm reads the file with OpenCV at 2 fps: 8 frames at 4 fps sample 4, two
+    # temporal patches of 2x2 merged 4x3 patches... the prompt counts them all
+    ref = mlx_vlm.generate(
+        model, processor, prompt, video=[str(clip)], max_tokens=TOKENS, temperature=0.0
+    )
+    body = r.json()
+    assert body["choices"][0]["message"]["content"] == processor.tokenizer.decode(ref.token_ids)
+    assert body["usage"]["prompt_tokens"] == ref.prompt_tokens
+    assert ref.prompt_tokens > len(processor.tokenizer.encode(prompt)) + 4
+
+
+def test_bad_videos_and_audio_parts_are_400s(vclient: httpx.Client, tmp_path: Path) -> None:
+    empty = _mp4(tmp_path / "empty.avi", frames=0, fmt="avi")  # a video stream, no frame
+    r = vclient.post("/v1/chat/completions", json=_video_body(_data_url(empty, "video/avi")))
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["message"] == "messages[0].content[0]: the video has no frames"
+    r = vclient.post("/v1/chat/completions", json=_video_body(_data_url(b"not a video", "video/mp4")))
+    assert r.status_code == 400
+    assert r.json()["error"]["message"].startswith("messages[0].content[0]: video could not be decoded")
     body = _chat_body("x")
-    body["messages"][0]["content"][0] = {"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAA"}}
+    body["messages"][0]["content"][0] = {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}}
     r = vclient.post("/v1/chat/completions", json=body)
     assert r.status_code == 400
     assert r.json()["error"]["message"] == (
-        "model tiny-qwen-vl does not take 'video_url' content parts (it takes: vision)"
+        "model tiny-qwen-vl does not take 'input_audio' content parts (it takes: vision, video)"
     )
+    ok = vclient.post(
+        "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    )
+    assert ok.status_code == 200  # still serving
 
 
 class _Image(BaseHTTPRequestHandler):

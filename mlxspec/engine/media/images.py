@@ -81,9 +81,9 @@ def decode_image(data: bytes, where: str = "image") -> Any:
         raise MediaError(f"{where}: image could not be decoded ({e})", param=where) from None
 
 
-def data_url_bytes(url: str, where: str) -> bytes:
+def data_url_bytes(url: str, where: str, cap: int = MAX_MEDIA_BYTES) -> bytes:
     """The bytes of a ``data:`` URL (base64 or percent-encoded), capped at
-    :data:`MAX_MEDIA_BYTES`.
+    ``cap`` bytes (default :data:`MAX_MEDIA_BYTES`).
 
     Raises:
         MediaError: not a data URL, invalid base64, or over the cap.
@@ -92,23 +92,23 @@ def data_url_bytes(url: str, where: str) -> bytes:
     if match is None:
         raise MediaError(f"{where}: malformed data: URL", param=where)
     payload = url[match.end() :]
-    if len(payload) > MAX_MEDIA_BYTES * 4 // 3 + 4:
-        raise MediaError(f"{where}: media is over the {MAX_MEDIA_BYTES}-byte limit", param=where)
+    if len(payload) > cap * 4 // 3 + 4:
+        raise MediaError(f"{where}: media is over the {cap}-byte limit", param=where)
     if match.group(0).lower().endswith(";base64,"):
-        return b64_bytes(payload, where)
+        return b64_bytes(payload, where, cap)
     from urllib.parse import unquote_to_bytes
 
     return unquote_to_bytes(payload)
 
 
-def b64_bytes(payload: str, where: str) -> bytes:
-    """Decode base64 text (whitespace allowed), capped at :data:`MAX_MEDIA_BYTES`.
+def b64_bytes(payload: str, where: str, cap: int = MAX_MEDIA_BYTES) -> bytes:
+    """Decode base64 text (whitespace allowed), capped at ``cap`` bytes.
 
     Raises:
         MediaError: invalid base64 or over the cap.
     """
-    if len(payload) > MAX_MEDIA_BYTES * 4 // 3 + 4:
-        raise MediaError(f"{where}: media is over the {MAX_MEDIA_BYTES}-byte limit", param=where)
+    if len(payload) > cap * 4 // 3 + 4:
+        raise MediaError(f"{where}: media is over the {cap}-byte limit", param=where)
     try:
         return base64.b64decode("".join(payload.split()), validate=True)
     except (binascii.Error, ValueError):
@@ -116,7 +116,16 @@ def b64_bytes(payload: str, where: str) -> bytes:
 
 
 def load_image_source(source: str, where: str, fetch: Any) -> Any:
-    """A Pillow image from a part's source: a ``data:`` URL, an http(s) URL
+    """A Pillow image from a part's source (see :func:`media_bytes`).
+
+    Raises:
+        MediaError: unreadable, refused (``media url rejected: ...``) or undecodable.
+    """
+    return decode_image(media_bytes(source, where, fetch), where)
+
+
+def media_bytes(source: str, where: str, fetch: Any, cap: int = MAX_MEDIA_BYTES) -> bytes:
+    """The bytes a part's source names: a ``data:`` URL, an http(s) URL
     (through ``fetch``, the policy's fetcher) or bare base64.
 
     Args:
@@ -124,25 +133,24 @@ def load_image_source(source: str, where: str, fetch: Any) -> Any:
         where (str): the part named in errors.
         fetch (Callable[[str, str], bytes]): fetches an http(s) URL under the
             remote-media policy (:func:`.fetch.fetch_media` bound to a policy).
+        cap (int): most bytes. Default: :data:`MAX_MEDIA_BYTES`.
 
     Returns:
-        PIL.Image.Image: RGB.
+        bytes: the media file.
 
     Raises:
-        MediaError: undecodable or refused (``media url rejected: ...``).
+        MediaError: an unknown scheme, bad base64, over the cap, or refused.
     """
     head = source[:8].lower()
     if head.startswith("data:"):
-        data = data_url_bytes(source, where)
-    elif head.startswith(("http://", "https://")):
-        data = fetch(source, where)
-    elif "://" in source[:16] or source.startswith("file:"):
+        return data_url_bytes(source, where, cap)
+    if head.startswith(("http://", "https://")):
+        return bytes(fetch(source, where))
+    if "://" in source[:16] or source.startswith("file:"):
         scheme = source.split(":", 1)[0]
         raise MediaError(
             f"{where}: media url rejected: scheme {scheme!r} is not allowed (http, https "
             "or data: only)",
             param=where,
         )
-    else:
-        data = b64_bytes(source, where)
-    return decode_image(data, where)
+    return b64_bytes(source, where, cap)

@@ -47,12 +47,14 @@ def has_media(messages: Sequence[Mapping[str, Any]]) -> bool:
 
 
 def image_source(part: Mapping[str, Any], where: str) -> str:
-    """The URL or base64 text an image part names, in any of the accepted shapes.
+    """The URL or base64 text an image (or video) part names, in any of the
+    accepted shapes (``image_url: {url}``, ``image``, ``video_url: {url}``,
+    ``video``, ``data``, an Anthropic ``source``).
 
     Raises:
         PromptError: the part names no image.
     """
-    for key in ("image_url", "image", "url", "data"):
+    for key in ("image_url", "image", "video_url", "video", "url", "data"):
         value = part.get(key)
         if isinstance(value, Mapping):
             value = value.get("url")
@@ -65,7 +67,7 @@ def image_source(part: Mapping[str, Any], where: str) -> str:
             return f"data:{kind};base64,{source['data']}"
         if source.get("type") == "url" and isinstance(source.get("url"), str):
             return str(source["url"])
-    raise PromptError(f"{where}: the image part names no image (url or data)", param=where)
+    raise PromptError(f"{where}: the part names no media (url or data)", param=where)
 
 
 def media_messages(
@@ -118,6 +120,9 @@ def _parts(
         elif kind in IMAGE_PARTS and "vision" in takes:
             refs.append(MediaRef("image", image_source(part, where), where))
             parts.append({"type": "image"})
+        elif kind in VIDEO_PARTS and "video" in takes:
+            refs.append(MediaRef("video", image_source(part, where), where))
+            parts.append({"type": "video"})
         elif kind in IMAGE_PARTS | VIDEO_PARTS | AUDIO_PARTS:
             raise PromptError(
                 f"model {model_id} does not take '{kind}' content parts "

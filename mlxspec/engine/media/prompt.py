@@ -11,14 +11,16 @@ the media tokens.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mlxspec.engine.media.encoder_cache import media_digest
 from mlxspec.engine.media.fetch import FetchPolicy, fetch_media
-from mlxspec.engine.media.images import load_image_source
+from mlxspec.engine.media.images import load_image_source, media_bytes
 from mlxspec.engine.media.parts import media_messages
+from mlxspec.engine.media.video import MAX_VIDEO_BYTES, decode_video
 from mlxspec.engine.prompt import render_chat
 from mlxspec.engine.template_sandbox import TemplateBudget
 from mlxspec.engine.text_bound import TextBound
@@ -70,11 +72,12 @@ def media_prompt(
     if len(refs) > MAX_IMAGES:
         raise PromptError(f"at most {MAX_IMAGES} images per request, got {len(refs)}", "messages")
     fetch = functools.partial(_fetch, policy=policy)
-    images = [load_image_source(ref.source, ref.where, fetch) for ref in refs]
+    images = [load_image_source(r.source, r.where, fetch) for r in refs if r.kind == "image"]
+    clips = [_clip(r.source, r.where, policy) for r in refs if r.kind == "video"]
     made: dict[str, Any] = {}
 
     def encode(text: str) -> list[int]:
-        ids, made["arrays"] = wing.prepare(text, images)
+        ids, made["arrays"] = wing.prepare(text, images, clips)
         return ids
 
     ids = render_chat(
@@ -93,6 +96,13 @@ def media_prompt(
 
 def _fetch(url: str, where: str, policy: FetchPolicy) -> bytes:
     return fetch_media(url, where, policy)
+
+
+def _clip(source: str, where: str, policy: FetchPolicy) -> tuple[Any, dict[str, Any]]:
+    """A video part's sampled frames and metadata (video's own 256 MB cap)."""
+    video_policy = dataclasses.replace(policy, max_bytes=MAX_VIDEO_BYTES)
+    fetch = functools.partial(_fetch, policy=video_policy)
+    return decode_video(media_bytes(source, where, fetch, MAX_VIDEO_BYTES), where)
 
 
 def _image_token(wing: Any) -> int | None:

@@ -29,6 +29,8 @@ log = logging.getLogger("mlxspec.engine")
 #: Families whose ``get_input_embeddings`` takes the vision tower's output as
 #: ``cached_image_features`` (mlx-vlm's Qwen-VL models), so it can be cached.
 FEATURE_FAMILIES = frozenset({"qwen2_vl", "qwen2_5_vl"})
+#: Families whose processor takes video frames (mlx-vlm's Qwen-VL models).
+VIDEO_FAMILIES = frozenset({"qwen2_vl", "qwen2_5_vl"})
 #: What installs mlx-vlm (named in the start-up error without it).
 EXTRA = "pip install 'mlxspec[vision]'"
 
@@ -80,7 +82,8 @@ class VisionWing:
             features into the prompt embeddings; ``language_model`` decodes).
         processor: its processor (tokenizer + image processor).
         model_type (str): mlx-vlm's family, e.g. ``"qwen2_5_vl"``.
-        media (tuple[str, ...]): what it takes: ``("vision",)`` (images).
+        media (tuple[str, ...]): what it takes: ``"vision"`` (images) and, for
+            :data:`VIDEO_FAMILIES`, ``"video"``.
         shared (bool): the language weights are the text model's arrays.
     """
 
@@ -120,7 +123,9 @@ class VisionWing:
             self.encoder_cache.put(key, features)
         return features
 
-    def prepare(self, prompt: str, images: list[Any]) -> tuple[list[int], dict[str, Any]]:
+    def prepare(
+        self, prompt: str, images: list[Any], clips: list[tuple[Any, dict]] | None = None
+    ) -> tuple[list[int], dict[str, Any]]:
         """Tokenize a rendered prompt with its images through mlx-vlm's processor
         (``mlx_vlm.utils.prepare_inputs``, as ``mlx_vlm.generate`` does), so each
         image's placeholder becomes its patch tokens.
@@ -131,6 +136,9 @@ class VisionWing:
         Args:
             prompt (str): the chat-templated prompt text.
             images (list[PIL.Image.Image]): in the prompt's order.
+            clips (list | None): videos in the prompt's order, each its sampled
+                frames and metadata (:func:`~mlxspec.engine.media.video.decode_video`).
+                Default: ``None``.
 
         Returns:
             tuple: the token ids (media tokens included) and the processor's
@@ -145,11 +153,18 @@ class VisionWing:
 
         from mlxspec.engine.types import PromptError
 
+        videos: dict[str, Any] = {}
+        if clips:
+            from mlx_vlm.utils import VideoMetadata
+
+            videos["videos"] = [frames for frames, _ in clips]
+            videos["video_metadata"] = [VideoMetadata(**meta) for _, meta in clips]
         try:
             inputs = prepare_inputs(
                 self.processor,
                 images=images or None,
                 prompts=prompt,
+                **videos,
                 image_token_index=getattr(self.model.config, "image_token_index", None),
                 add_special_tokens=should_add_special_tokens(self.model_type, self.processor),
             )
@@ -200,7 +215,8 @@ def load_vision(path: Path, text_model: Any) -> VisionWing | None:
         raise ModelLoadError(f"mlx-vlm cannot load {path}: {e}") from e
     shared = _share_language_weights(model, text_model)
     # audio parts are not wired yet (docs/deviations.md): the model takes images
-    return VisionWing(model, processor, model_type, ("vision",), shared)
+    media = ("vision", "video") if model_type in VIDEO_FAMILIES else ("vision",)
+    return VisionWing(model, processor, model_type, media, shared)
 
 
 def _share_language_weights(vlm: Any, text_model: Any) -> bool:
