@@ -32,7 +32,7 @@ def _frames(data: bytes, where: str) -> tuple[list[Any], float]:
     import av
 
     try:
-        with av.open(io.BytesIO(data)) as container:
+        with av.open(io.BytesIO(data), mode="r") as container:
             if not container.streams.video:
                 raise MediaError(f"{where}: the video has no video stream", param=where)
             stream = container.streams.video[0]
