@@ -70,7 +70,7 @@ from mlxspec.engine.speculative import Speculator
 from mlxspec.engine.speculative.mount import SpeculationOptions, mount
 from mlxspec.engine.template_sandbox import TemplateBudget, request_template
 from mlxspec.engine.text_bound import TextBound
-from mlxspec.engine.types import Constraint, GenerationRequest, ModelInfo
+from mlxspec.engine.types import Constraint, EngineRequestError, GenerationRequest, ModelInfo
 
 T = TypeVar("T")
 #: The encoder-output counters of a text-only model (``/stats`` ``prompt_cache``).
@@ -425,10 +425,15 @@ class Engine:
         Raises:
             ContextLengthError: the prompt does not fit the context window.
             ContextBudgetError: it leaves no room under the operator's cap.
-            EngineRequestError: ``group`` is more than the server ever holds (``n``).
+            EngineRequestError: ``group`` is more than the server ever holds (``n``),
+                or a request with media names LoRA adapters.
             QueueFullError: the wait queue has no room for ``group`` more requests.
         """
         self.check_fits(len(request.prompt), prompt_param)
+        if request.media is not None and request.adapter:  # the vision wing has no LoRA hook
+            raise EngineRequestError(
+                "LoRA adapters do not apply to requests with media yet", "adapter"
+            )
         budget = self.budget(request)
         if not admitted:
             projected = len(request.prompt) + budget

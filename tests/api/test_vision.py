@@ -467,3 +467,36 @@ def test_the_same_image_again_reuses_the_towers_output(vclient: httpx.Client) ->
     assert again["choices"] == first["choices"]  # the cached features give the same answer
     vclient.post("/v1/chat/completions", json=_chat_body(_data_url(_png(8))))
     assert objects() == (hits + 2, misses + 2)
+
+
+def test_two_images_are_taken_and_images_with_video_refused(
+    vclient: httpx.Client, tmp_path: Path
+) -> None:
+    one = vclient.post("/v1/chat/completions", json=_chat_body(_data_url(_png(5)))).json()
+    body = _chat_body(_data_url(_png(5)))
+    body["messages"][0]["content"].insert(0, {"type": "image_url", "image_url": {"url": _data_url(_png(6))}})
+    two = vclient.post("/v1/chat/completions", json=body)
+    assert two.status_code == 200, two.text
+    # each 100x80 image adds 12 patch tokens and its two markers
+    assert two.json()["usage"]["prompt_tokens"] == one["usage"]["prompt_tokens"] + 14
+    video = {"type": "video_url", "video_url": {"url": _data_url(_mp4(tmp_path / "c.mp4"), "video/mp4")}}
+    body["messages"][0]["content"][0] = video
+    r = vclient.post("/v1/chat/completions", json=body)
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == "image and video content parts cannot be combined in one request"
+
+
+def test_a_request_with_media_and_adapters_is_refused(vlm_engine: object) -> None:
+    import asyncio
+
+    from mlxspec.engine import EngineRequestError, GenerationRequest
+
+    content = [{"type": "image_url", "image_url": {"url": _data_url(_png())}}]
+    prompt = vlm_engine.chat_prompt([{"role": "user", "content": content}])
+    request = GenerationRequest(prompt=tuple(prompt), media=prompt.media, adapter=("style",))
+
+    async def submit() -> None:
+        vlm_engine.submit(request)
+
+    with pytest.raises(EngineRequestError, match="LoRA adapters do not apply to requests with media"):
+        asyncio.run(submit())

@@ -71,6 +71,10 @@ def media_prompt(
     msgs, refs = media_messages(messages, model_id, wing.media)
     if len(refs) > MAX_IMAGES:
         raise PromptError(f"at most {MAX_IMAGES} images per request, got {len(refs)}", "messages")
+    if len({r.kind for r in refs}) > 1:  # mlx-vlm's Qwen-VL merges one kind per prompt
+        raise PromptError(
+            "image and video content parts cannot be combined in one request", "messages"
+        )
     fetch = functools.partial(_fetch, policy=policy)
     images = [load_image_source(r.source, r.where, fetch) for r in refs if r.kind == "image"]
     clips = [_clip(r.source, r.where, policy) for r in refs if r.kind == "video"]
