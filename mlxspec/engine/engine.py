@@ -53,7 +53,7 @@ from mlxspec.engine.model.cpu_weights import CpuWeights, apply_cpu_weights
 from mlxspec.engine.model.fit import ModelMemory, model_memory
 from mlxspec.engine.model.load import LoadOptions, adapter_fingerprint, load_model
 from mlxspec.engine.model.loader import read_model_info
-from mlxspec.engine.model.vision import VisionWing, load_vision
+from mlxspec.engine.model.vision import VisionWing, load_vision, vision_family
 from mlxspec.engine.model.warmup import warm_up_engine
 from mlxspec.engine.prompt import encode_text, normalize_messages, quiet_length_warning, render_chat
 from mlxspec.engine.sampling.grammar import GrammarCache
@@ -291,6 +291,7 @@ class Engine:
             SpeculationError: ``speculation`` cannot be mounted (names the flag).
         """
         options = load_options or LoadOptions()
+        vision_family(Path(path))  # a VLM without the vision extra fails before any weight loads
         model, tokenizer = load_model(Path(path), options)
         converted = apply_cpu_weights(model, cpu_weights)
         vision = load_vision(Path(path), model)  # after the conversion: it shares the weights

@@ -500,3 +500,18 @@ def test_a_request_with_media_and_adapters_is_refused(vlm_engine: object) -> Non
 
     with pytest.raises(EngineRequestError, match="LoRA adapters do not apply to requests with media"):
         asyncio.run(submit())
+
+
+def test_a_streamed_image_answer_adds_up_to_the_whole_one(vclient: httpx.Client) -> None:
+    import json
+
+    body = _chat_body(_data_url(_png(9)))
+    whole = vclient.post("/v1/chat/completions", json=body).json()
+    text = []
+    with vclient.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                for choice in json.loads(line[6:])["choices"]:
+                    text.append(choice["delta"].get("content") or "")
+    assert "".join(text) == whole["choices"][0]["message"]["content"]

@@ -22,7 +22,7 @@ from typing import Any
 from mlxspec.engine.media.encoder_cache import EncoderCache
 from mlxspec.engine.model.loader import ModelLoadError
 
-__all__ = ["VisionWing", "load_vision", "media_kinds"]
+__all__ = ["VisionWing", "load_vision", "media_kinds", "vision_family"]
 
 log = logging.getLogger("mlxspec.engine")
 
@@ -187,6 +187,18 @@ def read_config(path: Path) -> dict:
         return {}
 
 
+def vision_family(path: Path) -> str | None:
+    """The mlx-vlm family of the model folder ``path``, or ``None`` for a
+    text-only model; checked before any weight is read.
+
+    Raises:
+        ModelLoadError: a VLM without mlx-vlm installed (names the extra), or
+            one mlx-vlm has no class for.
+    """
+    config = read_config(path)
+    return _mlx_vlm_model_type(config, path) if media_kinds(config) else None
+
+
 def load_vision(path: Path, text_model: Any) -> VisionWing | None:
     """Load the vision wing of ``path`` if its config names a vision or audio
     model, sharing ``text_model``'s language weights where the names match.
@@ -202,11 +214,9 @@ def load_vision(path: Path, text_model: Any) -> VisionWing | None:
         ModelLoadError: a VLM without mlx-vlm installed (names the extra), or
             one mlx-vlm cannot load.
     """
-    config = read_config(path)
-    kinds = media_kinds(config)
-    if not kinds:
+    model_type = vision_family(path)
+    if model_type is None:
         return None
-    model_type = _mlx_vlm_model_type(config, path)
     from mlx_vlm.utils import load
 
     try:
