@@ -515,3 +515,35 @@ def test_a_streamed_image_answer_adds_up_to_the_whole_one(vclient: httpx.Client)
                 for choice in json.loads(line[6:])["choices"]:
                     text.append(choice["delta"].get("content") or "")
     assert "".join(text) == whole["choices"][0]["message"]["content"]
+
+
+def test_a_gemma3_style_model_answers_as_mlx_vlm_generate(tmp_path: Path) -> None:
+    """The wing is not Qwen-only: a SigLIP/Gemma-3-style model (fixed-size images,
+    pooled soft tokens, no encoder cache) gives mlx-vlm's greedy answer."""
+    import mlx_vlm
+    from PIL import Image
+
+    from mlxspec.engine import Engine
+    from mlxspec.http.app import create_app
+
+    folder = build_tiny_vlm(tmp_path / "tiny-gemma3", family="gemma3")
+    engine = Engine.load(folder, "tiny-gemma3")
+    engine.start()
+    try:
+        with LiveServer(create_app(engine, validate_responses=True)) as server:
+            with checking_client(server.base, timeout=120) as c:
+                assert c.get("/v1/models").json()["data"][0]["vision"] is True
+                r = c.post("/v1/chat/completions", json=_chat_body(_data_url(_png(1))))
+    finally:
+        engine.close()
+    assert r.status_code == 200, r.text
+    model, processor = mlx_vlm.load(str(folder))
+    content = [{"type": "image"}, {"type": "text", "text": PROMPT}]
+    prompt = processor.tokenizer.apply_chat_template(
+        [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
+    )
+    image = Image.open(io.BytesIO(_png(1))).convert("RGB")
+    ref = mlx_vlm.generate(model, processor, prompt, image=[image], max_tokens=TOKENS, temperature=0.0)
+    body = r.json()
+    assert body["choices"][0]["message"]["content"] == processor.tokenizer.decode(ref.token_ids)
+    assert body["usage"]["prompt_tokens"] == ref.prompt_tokens
