@@ -160,7 +160,10 @@ def test_a_body_over_the_cap_is_cut() -> None:
 
 def _slow(h: BaseHTTPRequestHandler) -> None:
     time.sleep(2.0)
-    _body(b"late")(h)
+    try:
+        _body(b"late")(h)
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the client gave up first, as it should
 
 
 def test_a_slow_server_times_out() -> None:
