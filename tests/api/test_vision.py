@@ -151,7 +151,11 @@ def test_image_alias_messages_and_responses_give_the_chat_answer(vclient: httpx.
 def test_an_image_inside_a_tool_result_reaches_the_model(
     vclient: httpx.Client, vlm_engine: object
 ) -> None:
-    source = {"type": "base64", "media_type": "image/png", "data": base64.b64encode(_png(3)).decode()}
+    source = {
+        "type": "base64",
+        "media_type": "image/png",
+        "data": base64.b64encode(_png(3)).decode(),
+    }
 
     def turn(image: dict) -> dict:
         return {
@@ -174,7 +178,9 @@ def test_an_image_inside_a_tool_result_reaches_the_model(
             ],
         }
 
-    with_image = vclient.post("/v1/messages/count_tokens", json=turn({"type": "image", "source": source}))
+    with_image = vclient.post(
+        "/v1/messages/count_tokens", json=turn({"type": "image", "source": source})
+    )
     assert with_image.status_code == 200, with_image.text
     without = vclient.post(
         "/v1/messages/count_tokens", json=turn({"type": "text", "text": "done"})
@@ -232,7 +238,8 @@ def test_bad_images_are_400s_naming_the_problem(
     assert error["message"].startswith(f"messages[0].content[0]: {says}"), error
     assert error["param"] == "messages[0].content[0]"
     ok = vclient.post(
-        "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
     )
     assert ok.status_code == 200  # still serving
 
@@ -264,8 +271,15 @@ def _mp4(path: Path, frames: int = 8, fps: int = 4, fmt: str | None = None) -> b
 
 
 def _video_body(url: str) -> dict:
-    content = [{"type": "video_url", "video_url": {"url": url}}, {"type": "text", "text": "What happens?"}]
-    return {"messages": [{"role": "user", "content": content}], "max_tokens": TOKENS, "temperature": 0}
+    content = [
+        {"type": "video_url", "video_url": {"url": url}},
+        {"type": "text", "text": "What happens?"},
+    ]
+    return {
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": TOKENS,
+        "temperature": 0,
+    }
 
 
 def test_video_answer_is_mlx_vlm_generate_greedy(
@@ -297,18 +311,26 @@ def test_bad_videos_and_audio_parts_are_400s(vclient: httpx.Client, tmp_path: Pa
     r = vclient.post("/v1/chat/completions", json=_video_body(_data_url(empty, "video/avi")))
     assert r.status_code == 400, r.text
     assert r.json()["error"]["message"] == "messages[0].content[0]: the video has no frames"
-    r = vclient.post("/v1/chat/completions", json=_video_body(_data_url(b"not a video", "video/mp4")))
+    r = vclient.post(
+        "/v1/chat/completions", json=_video_body(_data_url(b"not a video", "video/mp4"))
+    )
     assert r.status_code == 400
-    assert r.json()["error"]["message"].startswith("messages[0].content[0]: video could not be decoded")
+    assert r.json()["error"]["message"].startswith(
+        "messages[0].content[0]: video could not be decoded"
+    )
     body = _chat_body("x")
-    body["messages"][0]["content"][0] = {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}}
+    body["messages"][0]["content"][0] = {
+        "type": "input_audio",
+        "input_audio": {"data": "UklGRg==", "format": "wav"},
+    }
     r = vclient.post("/v1/chat/completions", json=body)
     assert r.status_code == 400
     assert r.json()["error"]["message"] == (
         "model tiny-qwen-vl does not take 'input_audio' content parts (it takes: vision, video)"
     )
     ok = vclient.post(
-        "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
     )
     assert ok.status_code == 200  # still serving
 
@@ -414,7 +436,10 @@ def test_the_official_sdks_send_images_as_base64_and_url(
                         {
                             "role": "user",
                             "content": [
-                                {"type": "image_url", "image_url": {"url": source, "detail": "low"}},
+                                {
+                                    "type": "image_url",
+                                    "image_url": {"url": source, "detail": "low"},
+                                },
                                 {"type": "text", "text": PROMPT},
                             ],
                         }
@@ -474,16 +499,24 @@ def test_two_images_are_taken_and_images_with_video_refused(
 ) -> None:
     one = vclient.post("/v1/chat/completions", json=_chat_body(_data_url(_png(5)))).json()
     body = _chat_body(_data_url(_png(5)))
-    body["messages"][0]["content"].insert(0, {"type": "image_url", "image_url": {"url": _data_url(_png(6))}})
+    body["messages"][0]["content"].insert(
+        0, {"type": "image_url", "image_url": {"url": _data_url(_png(6))}}
+    )
     two = vclient.post("/v1/chat/completions", json=body)
     assert two.status_code == 200, two.text
     # each 100x80 image adds 12 patch tokens and its two markers
     assert two.json()["usage"]["prompt_tokens"] == one["usage"]["prompt_tokens"] + 14
-    video = {"type": "video_url", "video_url": {"url": _data_url(_mp4(tmp_path / "c.mp4"), "video/mp4")}}
+    video = {
+        "type": "video_url",
+        "video_url": {"url": _data_url(_mp4(tmp_path / "c.mp4"), "video/mp4")},
+    }
     body["messages"][0]["content"][0] = video
     r = vclient.post("/v1/chat/completions", json=body)
     assert r.status_code == 400
-    assert r.json()["error"]["message"] == "image and video content parts cannot be combined in one request"
+    assert (
+        r.json()["error"]["message"]
+        == "image and video content parts cannot be combined in one request"
+    )
 
 
 def test_a_request_with_media_and_adapters_is_refused(vlm_engine: object) -> None:
@@ -498,7 +531,9 @@ def test_a_request_with_media_and_adapters_is_refused(vlm_engine: object) -> Non
     async def submit() -> None:
         vlm_engine.submit(request)
 
-    with pytest.raises(EngineRequestError, match="LoRA adapters do not apply to requests with media"):
+    with pytest.raises(
+        EngineRequestError, match="LoRA adapters do not apply to requests with media"
+    ):
         asyncio.run(submit())
 
 
@@ -543,7 +578,9 @@ def test_a_gemma3_style_model_answers_as_mlx_vlm_generate(tmp_path: Path) -> Non
         [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
     )
     image = Image.open(io.BytesIO(_png(1))).convert("RGB")
-    ref = mlx_vlm.generate(model, processor, prompt, image=[image], max_tokens=TOKENS, temperature=0.0)
+    ref = mlx_vlm.generate(
+        model, processor, prompt, image=[image], max_tokens=TOKENS, temperature=0.0
+    )
     body = r.json()
     assert body["choices"][0]["message"]["content"] == processor.tokenizer.decode(ref.token_ids)
     assert body["usage"]["prompt_tokens"] == ref.prompt_tokens

@@ -13,7 +13,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from PIL import Image
 
-from mlxspec.engine.media import FetchPolicy, MediaError, MediaUrlRejected, decode_image, fetch_media
+from mlxspec.engine.media import (
+    FetchPolicy,
+    MediaError,
+    MediaUrlRejected,
+    decode_image,
+    fetch_media,
+)
 from mlxspec.engine.media.fetch import check_address
 from mlxspec.engine.media.images import data_url_bytes
 
@@ -75,7 +81,9 @@ def test_data_urls_decode_base64_and_percent_encoding() -> None:
         ("10.1.2.3", True, None),
     ],
 )
-def test_the_policy_decides_on_each_address(address: str, private_ok: bool, why: str | None) -> None:
+def test_the_policy_decides_on_each_address(
+    address: str, private_ok: bool, why: str | None
+) -> None:
     reason = check_address(address, private_ok)
     assert reason is None if why is None else (reason or "").startswith(why)
 

@@ -77,7 +77,8 @@ def check_address(address: str, allow_private: bool) -> str | None:
         if hit:
             if allow_private:
                 return None
-            return f"{ip} is a {kind} address (start the server with --allow-private-media to allow it)"
+            hint = "start the server with --allow-private-media to allow it"
+            return f"{ip} is a {kind} address ({hint})"
     if ip.is_reserved or not ip.is_global:
         return f"{ip} is not a routable address"
     return None
@@ -88,7 +89,9 @@ def _resolve(host: str, port: int, where: str) -> str:
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError) as e:
-        raise MediaUrlRejected(f"{where}: media url rejected: cannot resolve {host} ({e})", where) from None
+        raise MediaUrlRejected(
+            f"{where}: media url rejected: cannot resolve {host} ({e})", where
+        ) from None
     return str(infos[0][4][0])
 
 

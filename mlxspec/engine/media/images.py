@@ -29,7 +29,9 @@ MAX_IMAGE_PIXELS = 8192 * 8192
 #: Largest media body, decoded from ``data:`` or fetched (reference: 64 MB).
 MAX_MEDIA_BYTES = 64 * 1024 * 1024
 
-_DATA_URL = re.compile(r"^data:(?P<type>[\w.+-]+/[\w.+-]+)?(?P<params>(;[^,;]*)*?)(;base64)?,", re.I)
+_DATA_URL = re.compile(
+    r"^data:(?P<type>[\w.+-]+/[\w.+-]+)?(?P<params>(;[^,;]*)*?)(;base64)?,", re.I
+)
 
 
 class MediaError(PromptError):

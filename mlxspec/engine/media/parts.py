@@ -92,9 +92,7 @@ def media_messages(
     from mlxspec.engine.prompt_messages import normalize_messages
 
     # tool-call arguments decoded, reasoning aliased, as for any chat prompt
-    plain = [
-        {**m, "content": ""} if isinstance(m.get("content"), list) else m for m in messages
-    ]
+    plain = [{**m, "content": ""} if isinstance(m.get("content"), list) else m for m in messages]
     out = normalize_messages(plain, model_id)
     refs: list[MediaRef] = []
     for i, message in enumerate(messages):

@@ -118,7 +118,9 @@ class VisionWing:
 
             tower = self.model.vision_tower
             dtype = tower.patch_embed.proj.weight.dtype
-            features = tower(pixel_values.astype(dtype), extra["image_grid_thw"], output_hidden_states=False)
+            features = tower(
+                pixel_values.astype(dtype), extra["image_grid_thw"], output_hidden_states=False
+            )
             mx.eval(features)
             self.encoder_cache.put(key, features)
         return features
