@@ -55,9 +55,9 @@ from mlxspec.engine.loop.admission import (
     ContextBudgetError,
     QueueFullError,
 )
+from mlxspec.engine.media import FetchPolicy
 from mlxspec.engine.model.fit import ModelMemory
 from mlxspec.engine.model.loader import cache_dir
-from mlxspec.engine.media import FetchPolicy
 from mlxspec.engine.prompt import off_loop, template_off_loop, token_prompt
 from mlxspec.engine.sampling.sampler import GenerationDefaults
 from mlxspec.engine.scoring import ScoredAnswers, score_answers

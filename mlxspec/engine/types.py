@@ -7,8 +7,8 @@ Nothing here imports MLX, so handlers and tests can use these types cheaply.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 FinishReason = Literal["stop", "length"]
