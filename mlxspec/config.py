@@ -89,6 +89,10 @@ class ServeConfig:
             template (``chat_template_kwargs.chat_template``), rendered within
             the two bounds below; without it such a request is a 400 (vLLM's
             ``--trust-request-chat-template``). Default: ``False``.
+        allow_private_media (bool): remote media URLs may point at private,
+            loopback and link-local hosts (``--allow-private-media``, environment
+            ``MLXSPEC_ALLOW_PRIVATE_MEDIA=1``); by default they are refused
+            (:mod:`mlxspec.engine.media.fetch`). Default: ``False``.
         allow_special_tokens_in_content (bool): special-token strings in
             client text (message contents, tool arguments and results) are
             control tokens, as mlx_lm.server reads them; by default they are
@@ -185,6 +189,7 @@ class ServeConfig:
     request_template_steps: int = DEFAULT_TEMPLATE_STEPS
     request_template_seconds: float = DEFAULT_TEMPLATE_SECONDS
     # What reaches the prompt, and usage in streams.
+    allow_private_media: bool = False
     allow_special_tokens_in_content: bool = False
     stream_usage: str = "requested"
     # mlx_lm.server's loading, templating and batching flags.

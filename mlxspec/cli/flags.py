@@ -264,6 +264,13 @@ def _template_flags(serve: argparse.ArgumentParser) -> None:
         "(env MLXSPEC_ALLOW_REQUEST_TEMPLATES=1)",
     )
     serve.add_argument(
+        "--allow-private-media",
+        action="store_true",
+        default=None,
+        help="let media URLs (image_url, Anthropic image url sources) reach private, loopback "
+        "and link-local hosts; default: refused with a 400 (env MLXSPEC_ALLOW_PRIVATE_MEDIA=1)",
+    )
+    serve.add_argument(
         "--allow-special-tokens-in-content",
         action="store_true",
         help="read special-token strings (e.g. <|im_end|>) in message text, tool arguments and "
@@ -361,6 +368,9 @@ def parse_config(argv: Sequence[str] | None = None) -> ServeConfig:
     templates = os.environ.get("MLXSPEC_ALLOW_REQUEST_TEMPLATES", "").strip().lower()
     if templates not in SWITCH_VALUES:
         parser.error("MLXSPEC_ALLOW_REQUEST_TEMPLATES must be 1 or 0")
+    private_media = os.environ.get("MLXSPEC_ALLOW_PRIVATE_MEDIA", "").strip().lower()
+    if private_media not in SWITCH_VALUES:
+        parser.error("MLXSPEC_ALLOW_PRIVATE_MEDIA must be 1 or 0")
     return ServeConfig(
         model=args.model or args.model_flag,
         host=args.host,
@@ -388,6 +398,7 @@ def parse_config(argv: Sequence[str] | None = None) -> ServeConfig:
         ssd_cache_bytes=args.ssd_cache_bytes,
         logprobs_format=logprobs_format,
         allow_request_templates=args.allow_request_templates or SWITCH_VALUES[templates],
+        allow_private_media=args.allow_private_media or SWITCH_VALUES[private_media],
         allow_special_tokens_in_content=args.allow_special_tokens_in_content,
         stream_usage=args.stream_usage,
         request_template_steps=args.request_template_steps,

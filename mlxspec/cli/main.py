@@ -41,6 +41,7 @@ def load_engine(config: ServeConfig):  # noqa: ANN201 - returns mlxspec.engine.E
         AdmissionLimits,
         BudgetTooSmallError,
         Engine,
+        FetchPolicy,
         GenerationDefaults,
         SpeculationError,
     )
@@ -92,6 +93,7 @@ def load_engine(config: ServeConfig):  # noqa: ANN201 - returns mlxspec.engine.E
         raise ModelLoadError(f"cannot load model from {resolved.path}: {exc}") from exc
     engine.adapters.limits = AdapterLimits(config.max_adapters, config.max_adapter_stack)
     engine.special_in_content = config.allow_special_tokens_in_content
+    engine.media_policy = FetchPolicy(allow_private=config.allow_private_media)
     engine.start()
     if mount is not None:
         _mount_start_adapter(engine, mount)

@@ -55,6 +55,7 @@ from mlxspec.engine.loop.admission import (
     ContextBudgetError,
     QueueFullError,
 )
+from mlxspec.engine.media import FetchPolicy
 from mlxspec.engine.model.fit import ModelMemory
 from mlxspec.engine.model.loader import cache_dir
 from mlxspec.engine.prompt import off_loop, template_off_loop, token_prompt
@@ -81,6 +82,8 @@ from mlxspec.engine.types import (
     GenerationRequest,
     JobAbandoned,
     LogitsParams,
+    MediaInputs,
+    MediaPrompt,
     ModelInfo,
     PromptError,
     SamplingParams,
@@ -145,6 +148,9 @@ __all__ = [
     "GenerationDefaults",
     "GenerationRequest",
     "LogitsParams",
+    "MediaInputs",
+    "MediaPrompt",
+    "FetchPolicy",
     "ModelInfo",
     "ModelMemory",
     "PromptError",

@@ -45,10 +45,15 @@ from mlxspec.engine.loop.handles import ExclusiveJob, RequestHandle
 from mlxspec.engine.loop.jobs import Exclusive, Generate, Job, Stop
 from mlxspec.engine.loop.lanes import PREFILL_BATCH, LaneParts, LoopStats, default_prefill_step
 from mlxspec.engine.loop.scheduler import Scheduler
+from mlxspec.engine.media.encoder_cache import EncoderCache
+from mlxspec.engine.media.fetch import FetchPolicy
+from mlxspec.engine.media.parts import has_media
+from mlxspec.engine.media.prompt import media_prompt
 from mlxspec.engine.model.cpu_weights import CpuWeights, apply_cpu_weights
 from mlxspec.engine.model.fit import ModelMemory, model_memory
 from mlxspec.engine.model.load import LoadOptions, adapter_fingerprint, load_model
 from mlxspec.engine.model.loader import read_model_info
+from mlxspec.engine.model.vision import VisionWing, load_vision, vision_family
 from mlxspec.engine.model.warmup import warm_up_engine
 from mlxspec.engine.prompt import encode_text, normalize_messages, quiet_length_warning, render_chat
 from mlxspec.engine.sampling.grammar import GrammarCache
@@ -65,9 +70,11 @@ from mlxspec.engine.speculative import Speculator
 from mlxspec.engine.speculative.mount import SpeculationOptions, mount
 from mlxspec.engine.template_sandbox import TemplateBudget, request_template
 from mlxspec.engine.text_bound import TextBound
-from mlxspec.engine.types import Constraint, GenerationRequest, ModelInfo
+from mlxspec.engine.types import Constraint, EngineRequestError, GenerationRequest, ModelInfo
 
 T = TypeVar("T")
+#: The encoder-output counters of a text-only model (``/stats`` ``prompt_cache``).
+EMPTY_OBJECTS = EncoderCache().stats()
 
 
 #: Started engines, joined at interpreter exit: an engine thread still inside
@@ -107,6 +114,9 @@ class Engine:
             (mlx_lm.server's ``--prompt-concurrency``). Default: :data:`PREFILL_BATCH`.
         speculator (Speculator | None): the mounted draft source
             (:mod:`.speculative`); ``None`` decodes a token per step. Default: ``None``.
+        vision (VisionWing | None): mlx-vlm's model and processor for requests
+            with media (:mod:`.model.vision`); ``None`` for a text-only model.
+            Default: ``None``.
 
     Raises:
         BudgetTooSmallError: ``limits`` leave no room for any request.
@@ -126,8 +136,13 @@ class Engine:
         warmup: bool | None = None,
         prefill_batch: int = PREFILL_BATCH,
         speculator: Speculator | None = None,
+        vision: VisionWing | None = None,
     ) -> None:
         self.model = model
+        #: The vision wing (requests with media), or ``None``.
+        self.vision = vision
+        #: How remote media URLs are fetched (``--allow-private-media``).
+        self.media_policy = FetchPolicy()
         #: The mounted draft source, or ``None`` (``/stats`` ``speculation``).
         self.speculator = speculator
         self.max_batch = max_batch
@@ -201,6 +216,7 @@ class Engine:
             prefill_batch=self._prefill_batch,
             adapters=self.adapters,
             speculator=self.speculator,
+            vision=self.vision,
         )
 
     @property
@@ -275,9 +291,13 @@ class Engine:
             SpeculationError: ``speculation`` cannot be mounted (names the flag).
         """
         options = load_options or LoadOptions()
+        vision_family(Path(path))  # a VLM without the vision extra fails before any weight loads
         model, tokenizer = load_model(Path(path), options)
         converted = apply_cpu_weights(model, cpu_weights)
+        vision = load_vision(Path(path), model)  # after the conversion: it shares the weights
         info = read_model_info(Path(path), model_id, model, tokenizer, source)
+        if vision is not None:
+            info = dataclasses.replace(info, media=vision.media)
         if converted.float32:  # float32 activations give other KV numbers
             info = dataclasses.replace(info, weights=f"{info.weights}+float32")
         if (adapter := adapter_fingerprint(options.adapter_path)) is not None:
@@ -301,6 +321,7 @@ class Engine:
             warmup=warmup,
             prefill_batch=prefill_batch,
             speculator=None if speculation is None else mount(speculation, model, tokenizer),
+            vision=vision,
         )
         engine.cpu_weights = converted
         return engine
@@ -330,7 +351,15 @@ class Engine:
         budget: TemplateBudget | None = None,
     ) -> list[int]:
         """Template and tokenize chat messages (:func:`~.prompt.render_chat`;
-        ``budget`` bounds a template the request brings). Raises ``PromptError``."""
+        ``budget`` bounds a template the request brings). Raises ``PromptError``.
+
+        On a vision model, messages with media go to :func:`.media_prompt.media_prompt`
+        (a :class:`~.types.MediaPrompt`)."""
+        if self.vision is not None and has_media(messages):
+            return media_prompt(
+                self.vision, self.tokenizer, self.info.id, self.media_policy,
+                messages, tools, template_kwargs, budget, self._text_bound,
+            )  # fmt: skip
         normalized = normalize_messages(messages, self.info.id)
         return render_chat(
             self.tokenizer, normalized, tools=tools, template_kwargs=template_kwargs,
@@ -397,10 +426,15 @@ class Engine:
         Raises:
             ContextLengthError: the prompt does not fit the context window.
             ContextBudgetError: it leaves no room under the operator's cap.
-            EngineRequestError: ``group`` is more than the server ever holds (``n``).
+            EngineRequestError: ``group`` is more than the server ever holds (``n``),
+                or a request with media names LoRA adapters.
             QueueFullError: the wait queue has no room for ``group`` more requests.
         """
         self.check_fits(len(request.prompt), prompt_param)
+        if request.media is not None and request.adapter:  # the vision wing has no LoRA hook
+            raise EngineRequestError(
+                "LoRA adapters do not apply to requests with media yet", "adapter"
+            )
         budget = self.budget(request)
         if not admitted:
             projected = len(request.prompt) + budget
@@ -491,7 +525,8 @@ class Engine:
 
     def cache_stats(self) -> dict[str, dict[str, Any]]:
         """``prompt_cache`` (and ``ssd_cache`` with an SSD tier) counters, by section."""
-        sections = {"prompt_cache": self.prompt_cache.stats()}
+        objects = self.vision.encoder_cache.stats() if self.vision is not None else {}
+        sections = {"prompt_cache": self.prompt_cache.stats() | (objects or EMPTY_OBJECTS)}
         if self.prompt_cache.ssd is not None:
             sections["ssd_cache"] = self.prompt_cache.ssd.stats()
         return sections

@@ -119,6 +119,7 @@ def render_chat(
     budget: TemplateBudget | None = None,
     bound: TextBound | None = None,
     special_in_content: bool = False,
+    encode: Callable[[str], list[int]] | None = None,
 ) -> list[int]:
     """Render messages with the chat template and tokenize, as mlx_lm.server does
     (a rendered text longer than ``bound`` allows is a ``ContextLengthError``,
@@ -149,9 +150,13 @@ def render_chat(
         bound (TextBound | None): the longest rendered text tokenized. Default: ``None``.
         special_in_content (bool): let special-token strings in client text
             be control tokens. Default: ``False``.
+        encode (Callable[[str], list[int]] | None): tokenizes the rendered text
+            instead (a vision model's processor, which expands image markers:
+            :mod:`.media.prompt`); client text is then not kept literal.
+            Default: ``None``.
 
     Returns:
-        list[int]: prompt token ids.
+        list[int]: prompt token ids (what ``encode`` returned, when given).
 
     Raises:
         PromptError: the model has no chat template (and the request brings
@@ -183,7 +188,7 @@ def render_chat(
     continuing = bool(kwargs.get("continue_final_message"))
     literal = literal_text(tokenizer)
     protected: list[Protected] = []
-    if not special_in_content:
+    if not special_in_content and encode is None:
         protected = [literal.protect(messages), literal.protect(tools)]
         messages, tools = protected[0].value, protected[1].value
     try:
@@ -207,6 +212,8 @@ def render_chat(
         raise PromptError(f"prompt build failed: {exc}", param="messages") from exc
     if bound is not None:
         bound.check(literal.restore(text, protected), "messages")
+    if encode is not None:
+        return encode(text)
     tokens = dedupe_bos(literal.encode(text, protected), tokenizer.bos_token_id)
     if not tokens:  # e.g. a chat_template_kwargs "chat_template" that renders nothing
         raise PromptError("the chat template rendered an empty prompt", param="messages")

@@ -125,6 +125,10 @@ def mark_tool_errors(messages: list[dict], template: Any) -> list[dict]:
             continue
         message = {k: v for k, v in message.items() if k != "is_error"}
         if failed:
-            message["content"] = TOOL_ERROR_MARKER + str(message.get("content") or "")
+            content = message.get("content") or ""
+            if isinstance(content, list):  # parts holding media
+                message["content"] = [{"type": "text", "text": TOOL_ERROR_MARKER}, *content]
+            else:
+                message["content"] = TOOL_ERROR_MARKER + str(content)
         out.append(message)
     return out

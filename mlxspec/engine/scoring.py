@@ -185,6 +185,12 @@ def _decision_tokens(
 ) -> tuple[list[int], list[list[int]]]:
     """The prompt's and each candidate's token ids (a prompt thread's work)."""
     prompt = engine.chat_prompt(messages, template_kwargs={"enable_thinking": False})
+    if getattr(prompt, "media", None) is not None:  # scored on the text model: never silently
+        raise PromptError(
+            f"model {engine.info.id}: decision questions with images are not scored yet "
+            "(docs/deviations.md)",
+            param="messages",
+        )
     ending = answer_ending(engine.tokenizer)
     encode = engine.tokenizer.encode
     return prompt, [list(encode(a + ending, add_special_tokens=False)) for a in answers]

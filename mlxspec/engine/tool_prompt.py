@@ -84,15 +84,30 @@ def with_tool_history(messages: list[dict]) -> list[dict]:
             text = "\n".join([message["content"], *calls] if message["content"] else calls)
             out.append({k: v for k, v in message.items() if k != "tool_calls"} | {"content": text})
         elif role == "tool":
-            result = f"<tool_response>\n{message['content']}\n</tool_response>"
+            result = _wrapped(message["content"], "<tool_response>\n", "\n</tool_response>")
             if previous == "tool":  # parallel calls' results share one turn
-                out[-1]["content"] += "\n" + result
+                out[-1]["content"] = _joined(out[-1]["content"], result)
             else:
                 out.append({"role": "user", "content": result})
         else:
             out.append(message)
         previous = role
     return out
+
+
+def _wrapped(content: Any, before: str, after: str) -> Any:
+    """``content`` (text, or a list of parts holding media) between two texts."""
+    if isinstance(content, list):
+        return [{"type": "text", "text": before}, *content, {"type": "text", "text": after}]
+    return f"{before}{content}{after}"
+
+
+def _joined(first: Any, second: Any) -> Any:
+    """Two contents as one, a newline between (a list when either holds media)."""
+    if isinstance(first, str) and isinstance(second, str):
+        return first + "\n" + second
+    as_list = [c if isinstance(c, list) else [{"type": "text", "text": c}] for c in (first, second)]
+    return [*as_list[0], {"type": "text", "text": "\n"}, *as_list[1]]
 
 
 def _call_text(call: Mapping[str, Any]) -> str:

@@ -7,8 +7,9 @@ Nothing here imports MLX, so handlers and tests can use these types cheaply.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 FinishReason = Literal["stop", "length"]
 
@@ -115,6 +116,9 @@ class GenerationRequest:
         adapter (tuple[str, ...]): the mounted LoRA adapters to generate with, by
             id, in the order their residuals are summed; ``()`` is the base model.
             Resolved to weights when the request starts. Default: ``()``.
+        media (MediaInputs | None): the processed images the prompt's media
+            tokens stand for; such a request runs on the vision wing, alone.
+            Default: ``None``.
     """
 
     prompt: tuple[int, ...]
@@ -129,6 +133,37 @@ class GenerationRequest:
     shared_prefill: bool = False
     continuation: bool = False
     adapter: tuple[str, ...] = ()
+    media: MediaInputs | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class MediaInputs:
+    """What a vision model's processor made of a prompt's media, beside its tokens.
+
+    Args:
+        arrays (Mapping[str, Any]): NumPy arrays by the processor's names
+            (``pixel_values``: float32 patches, ``attention_mask``: int,
+            ``image_grid_thw``: int ``(images, 3)``, ...); the engine thread
+            turns them into MLX arrays.
+        images (int): images in the prompt.
+        digest (str): a content hash of the processed media (the encoder-output
+            cache's key). Default: ``""``.
+    """
+
+    arrays: Mapping[str, Any]
+    images: int = 0
+    digest: str = ""
+
+
+class MediaPrompt(list[int]):
+    """A prompt's token ids (media tokens included) that carries the processed
+    media they refer to (:attr:`media`); a list, so every surface that counts,
+    checks or submits a prompt takes it as it takes any other."""
+
+    def __init__(self, tokens: Iterable[int], media: MediaInputs) -> None:
+        super().__init__(tokens)
+        #: The processed media (see :class:`MediaInputs`).
+        self.media = media
 
 
 @dataclass(frozen=True)
@@ -297,6 +332,9 @@ class ModelInfo:
             Default: ``False``.
         weights (str | None): fingerprint of the weight files
             (:func:`.loader.weights_fingerprint`); ``None`` if unknown. Default: ``None``.
+        media (tuple[str, ...]): the media parts it takes, in the reference's
+            names (``"vision"``, ``"video"``, ``"audio"``); ``()`` for a
+            text-only model. Default: ``()``.
     """
 
     id: str
@@ -306,3 +344,4 @@ class ModelInfo:
     vocab_size: int | None = None
     embedding: bool = False
     weights: str | None = None
+    media: tuple[str, ...] = ()

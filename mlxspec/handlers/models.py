@@ -19,6 +19,8 @@ def _served_model() -> dict[str, Any]:
         "created": info.created,
         "owned_by": "mlxspec",
         "context_window": info.context_window,
+        "vision": "vision" in info.media,
+        "audio": "audio" in info.media,
         "capabilities": {
             "chat_completions": True,
             "text_completions": True,
@@ -26,6 +28,8 @@ def _served_model() -> dict[str, Any]:
             "logprobs": True,
             "decisions": True,
             "embeddings": info.embedding,
+            "vision": "vision" in info.media,
+            "audio": "audio" in info.media,
         },
         "gen_defaults": {"temperature": d.temperature, "top_p": d.top_p, "top_k": d.top_k},
     }

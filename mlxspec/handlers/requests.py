@@ -118,6 +118,7 @@ def to_generation_request(
     )
     return GenerationRequest(
         prompt=tuple(prompt),
+        media=getattr(prompt, "media", None),
         max_tokens=max_tokens,
         stop=(stop,) if isinstance(stop, str) else tuple(stop),
         sampling=sampling,

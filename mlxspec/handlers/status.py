@@ -177,6 +177,8 @@ async def get_fit() -> dict[str, Any]:
             "gpu": None if gpu is None else gpu.__dict__.copy(),
         },
         "device": "gpu" if gpu is not None else "cpu",
+        "vision": "vision" in engine.info.media,
+        "audio": "audio" in engine.info.media,
         "context_tokens": context,
         "typical_context_tokens": typical,
         "typical_decode_tps": _decode_tps(bandwidth, memory, typical),

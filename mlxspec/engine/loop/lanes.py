@@ -150,6 +150,8 @@ class LaneParts:
         speculator (Speculator | None): the draft source's hook into the batched
             decode step; ``None`` without ``--draft-model`` / ``--draft-kind``.
             Default: ``None``.
+        vision (Any): the vision wing (:class:`~mlxspec.engine.model.vision.VisionWing`)
+            that runs requests with media; ``None`` for a text-only model. Default: ``None``.
     """
 
     model: Any
@@ -163,6 +165,7 @@ class LaneParts:
     prefill_batch: int = PREFILL_BATCH
     adapters: AdapterRegistry | None = None
     speculator: Speculator | None = None
+    vision: Any = None
 
     def speculates(self, handle: RequestHandle) -> bool:
         """Whether ``handle`` 's request speculates (a draft source is mounted

@@ -7,7 +7,8 @@ a prefill chunk per loop turn beside the decode steps
 (:class:`~.kv_ledger.KvLedger`) and start from its head while they fit. A
 started request runs in one of three places: alone to its end on mlx-lm's
 ``generate_step`` (``--batch 1``, or a seeded request using XTC, whose coin
-comes from MLX's global random stream), alone a token per
+comes from MLX's global random stream; a request with media likewise on
+mlx-vlm's, :mod:`.media_run`), alone a token per
 loop turn on ``generate_step`` while nothing else runs (:mod:`.solo`), or in
 the continuous batch (:class:`~.batching.BatchLane`), which the lone request
 joins when a second one arrives. Under a draft source a request that may
@@ -32,6 +33,7 @@ from mlxspec.engine.loop.handles import ExclusiveJob, RequestHandle, coalesced_w
 from mlxspec.engine.loop.jobs import Exclusive, Generate, Job, Stop
 from mlxspec.engine.loop.kv_ledger import KvLedger
 from mlxspec.engine.loop.lanes import LaneParts, LoopStats
+from mlxspec.engine.loop.media_run import run_media_alone
 from mlxspec.engine.loop.solo import SoloRun, run_alone
 from mlxspec.engine.sampling.sampler import needs_global_seed
 from mlxspec.engine.types import EngineRequestError, Failed
@@ -170,7 +172,8 @@ class Scheduler:
             return
         speculates = self.parts.speculates(handle)  # drafts are verified in the batch only
         if (
-            lane is None
+            handle.request.media is not None  # media runs on the vision wing, alone
+            or lane is None
             or (self.max_batch == 1 and not speculates)
             or needs_global_seed(handle.request.sampling)
         ):
@@ -246,7 +249,7 @@ class Scheduler:
         """Run a request alone to its end (the batch and any lone request wait;
         requests cancelled while they wait are counted out between its tokens)."""
         run = functools.partial(
-            run_alone,
+            run_media_alone if job.handle.request.media is not None else run_alone,
             job.handle,
             self.parts,
             job.budget,

@@ -121,8 +121,8 @@ class ChatSocket:
             {
                 "type": "ready",
                 "model": engine.info.id,
-                "vision": False,
-                "audio": False,
+                "vision": "vision" in engine.info.media,
+                "audio": "audio" in engine.info.media,
                 "thinking": self.hub.thinking,
                 "genDefaults": {
                     "temperature": defaults.temperature,
@@ -243,7 +243,12 @@ class ChatSocket:
 
     async def _on_prompt(self, frame: dict[str, Any]) -> None:
         if frame.get("images"):
-            raise ApiError("invalid_request", "this model takes no images", param="images")
+            why = (
+                "the web chat does not send images yet"
+                if "vision" in self.hub.engine.info.media
+                else "this model takes no images"
+            )
+            raise ApiError("invalid_request", why, param="images")
         user = ChatMessage("user", frame["text"])
         if self.session_id is None:
             sid = new_session_id()
