@@ -101,7 +101,9 @@ def test_a_prompt_streams_and_is_stored(chat_server: LiveServer) -> None:
         ("not json", "invalid JSON frame"),
         ("[1, 2]", "Invalid type for frame: expected an object, but got an array instead."),
         ("{}", "type is required"),
-        ('{"type": "approval"}', "unknown frame type: expected one of auth, prompt"),
+        ('{"type": "switch_sibling"}', "unknown frame type: expected one of auth, prompt"),
+        ('{"type": "open_session"}', "open_session.path is required (a session's id)"),
+        ('{"type": "open_session", "path": 7}', "Invalid type for 'path': expected a string"),
         ('{"type": "prompt"}', "prompt.text must be a non-empty string"),
         ('{"type": "set_sampling", "temperature": -1}', "Invalid value for 'temperature'"),
         ('{"type": "open_session", "id": 7}', "Invalid type for 'id': expected a string"),
@@ -215,6 +217,30 @@ def test_regenerate_edit_fork_and_delete(chat_server: LiveServer) -> None:
         chat.send({"type": "delete_session", "id": fork["sessionId"]})
         error = chat.first("error")
         assert error["message"] == f"no chat session {fork['sessionId']!r}"
+
+
+def test_session_frames_take_the_references_path_and_the_old_id(
+    chat_server: LiveServer,
+) -> None:
+    with ChatClient(chat_server.base) as chat:
+        short(chat, 2)
+        sid = chat.turn({"type": "prompt", "text": "by path"})["frames"][0]["sessionId"]
+        listed = chat.first("sessions", lambda f: f["activePath"] == sid)
+        assert listed["activeId"] == sid
+        item = next(i for i in listed["items"] if i["id"] == sid)
+        assert item["path"] == sid
+        chat.send({"type": "fork_session", "path": sid})
+        fork = chat.until("history")[-1]["sessionId"]
+        assert fork != sid and chat.until("sessions")[-1]["activePath"] == fork
+        chat.send({"type": "open_session", "path": sid})
+        assert chat.until("history")[-1]["sessionId"] == sid
+        assert chat.until("sessions")[-1]["activePath"] == sid
+        chat.send({"type": "delete_session", "path": fork})
+        gone = chat.until("sessions")[-1]
+        assert fork not in {s["path"] for s in gone["items"]}
+        chat.send({"type": "delete_session", "path": fork})
+        error = chat.until("error")[-1]
+        assert error["message"] == f"no chat session {fork!r}" and error["param"] == "path"
 
 
 def test_a_turn_sent_the_moment_turn_end_arrives_is_taken(

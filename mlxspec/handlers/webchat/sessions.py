@@ -168,6 +168,7 @@ class SessionSummary:
     def wire(self) -> dict[str, Any]:
         """The summary as a ``sessions`` frame item."""
         return {
+            "path": self.id,  # the reference's field: a session's stable name
             "id": self.id,
             "title": self.title,
             "created": self.created,

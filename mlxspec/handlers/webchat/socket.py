@@ -191,22 +191,24 @@ class ChatSocket:
         await self.send_sessions()
 
     async def _on_open_session(self, frame: dict[str, Any]) -> None:
-        session = await self._session(frame["id"])
-        self.session_id, self.settings, self.next_turn = frame["id"], session.settings, {}
+        sid = _target(frame)
+        session = await self._session(sid)
+        self.session_id, self.settings, self.next_turn = sid, session.settings, {}
         await self.send_history(session)
         await self.send_sessions()
 
     async def _on_fork_session(self, frame: dict[str, Any]) -> None:
-        new = await self.hub.call("fork", frame["id"])
+        new = await self.hub.call("fork", _target(frame))
         if new is None:
-            raise _unknown(frame["id"])
-        await self._on_open_session({"id": new})
+            raise _unknown(_target(frame))
+        await self._on_open_session({"path": new})
         await self.hub.changed(self)
 
     async def _on_delete_session(self, frame: dict[str, Any]) -> None:
-        if not await self.hub.call("delete", frame["id"]):
-            raise _unknown(frame["id"])
-        if self.session_id == frame["id"]:
+        sid = _target(frame)
+        if not await self.hub.call("delete", sid):
+            raise _unknown(sid)
+        if self.session_id == sid:
             self.session_id, self.next_turn = None, {}
             await self.send_history()
         await self.send_sessions()
@@ -224,7 +226,7 @@ class ChatSocket:
         await self._save(dataclasses.replace(self.settings, tools=tools))
 
     async def _on_set_adapter(self, frame: dict[str, Any]) -> None:
-        spec = frame["adapter"]
+        spec = frame["id"] if "id" in frame else frame["adapter"]  # adapter: the old name
         if spec is not None:
             try:  # checked now, as a chat body's would be: an unknown id is named at once
                 request_adapters(self.hub.engine, {"adapter": spec})
@@ -357,7 +359,8 @@ class ChatSocket:
     async def send_sessions(self) -> None:
         """Send the conversation list (``sessions``)."""
         items = [s.wire() for s in await self.hub.call("list")]
-        await self.send({"type": "sessions", "items": items, "activeId": self.session_id})
+        active = self.session_id
+        await self.send({"type": "sessions", "items": items, "activePath": active, "activeId": active})
 
     async def send_history(self, session: Session | None = None, context: bool = True) -> None:
         """Send the shown session's messages and settings (``history``), then
@@ -395,8 +398,13 @@ def _default_adapter(engine: Any) -> str | None:
     return default if default is not None and default in engine.adapters.ids() else None
 
 
+def _target(frame: dict[str, Any]) -> str:
+    """The session a frame names: ``path`` (the reference's field), else ``id``."""
+    return str(frame["path"] if "path" in frame else frame["id"])
+
+
 def _unknown(session_id: str) -> ApiError:
-    return ApiError("not_found", f"no chat session {session_id!r}", param="id")
+    return ApiError("not_found", f"no chat session {session_id!r}", param="path")
 
 
 def _last_user(session: Session) -> int:

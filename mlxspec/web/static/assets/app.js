@@ -53,7 +53,7 @@ const settingsDialog = new SettingsDialog($("#settings-dialog"), (chosen) => {
 });
 
 const adapterChip = new AdapterChip($("#adapter-picker"), (adapter) => {
-  send({ type: "set_adapter", adapter });
+  send({ type: "set_adapter", id: adapter });
   state.settings = { ...state.settings, adapter };
 });
 
@@ -88,7 +88,7 @@ function followUrl() {
   notice("");
   if (id) {
     nav.opening = id;
-    send({ type: "open_session", id });
+    send({ type: "open_session", path: id });
   } else {
     send({ type: "new_session" });
   }
@@ -107,7 +107,7 @@ const handlers = {
     const want = state.sessionId || nav.opening; // a reconnect, or the URL's session
     if (want) {
       nav.opening = want;
-      connection.send({ type: "open_session", id: want });
+      connection.send({ type: "open_session", path: want });
     }
   },
   sessions(frame) {
@@ -203,12 +203,12 @@ function renderSessions() {
     open.append(title, when);
     open.addEventListener("click", () => {
       notice("");
-      send({ type: "open_session", id: s.id });
+      send({ type: "open_session", path: s.id });
       closeSidebarOnPhone();
     });
-    const fork = iconButton("fork", `Fork “${s.title}”`, () => send({ type: "fork_session", id: s.id }));
+    const fork = iconButton("fork", `Fork “${s.title}”`, () => send({ type: "fork_session", path: s.id }));
     const del = iconButton("delete", `Delete “${s.title}”`, () => {
-      if (confirm(`Delete “${s.title}”?`)) send({ type: "delete_session", id: s.id });
+      if (confirm(`Delete “${s.title}”?`)) send({ type: "delete_session", path: s.id });
     });
     li.append(open, fork, del);
     ul.append(li);
