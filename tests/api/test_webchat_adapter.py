@@ -118,4 +118,7 @@ def test_a_malformed_set_adapter_is_refused_by_the_document(server: LiveServer) 
         chat.send({"type": "set_adapter", "adapter": 3})
         assert "Invalid type for 'adapter'" in chat.until("error")[-1]["message"]
         chat.send({"type": "set_adapter"})
-        assert chat.until("error")[-1]["message"] == "set_adapter.id is required (null: the server's default)"
+        assert (
+            chat.until("error")[-1]["message"]
+            == "set_adapter.id is required (null: the server's default)"
+        )

@@ -199,6 +199,22 @@ OPERATIONS = [
     ("get", "/chat", "redirectChatPage", WEB, "web", {"302", "400", "404", "500"}),
     ("get", "/status", "redirectStatusPage", WEB, "web", {"302", "400", "404", "500"}),
     ("get", "/ws/chat", "openChatSocket", WEB, "web", {"101", "400", "403", "426", "500"}),
+    (
+        "get",
+        "/api/settings/tool-approvals",
+        "getToolApprovals",
+        "mlxspec.handlers.webchat.settings",
+        "web",
+        READ_CODES,
+    ),
+    (
+        "delete",
+        "/api/settings/tool-approvals",
+        "deleteToolApproval",
+        "mlxspec.handlers.webchat.settings",
+        "web",
+        READ_CODES | {"413", "415"},
+    ),
     # speech to text (the 503s: no Whisper checkpoint, or too many connections)
     (
         "post",

@@ -73,7 +73,8 @@ class ChatMessage:
     """One turn of a conversation.
 
     Args:
-        role (str): ``"user"`` or ``"assistant"``.
+        role (str): ``"user"``, ``"assistant"`` or ``"tool"`` (a coding tool's
+            result; ``meta`` holds ``toolCallId``, ``tool`` and ``ok``).
         content (str): the text (an assistant's answer as far as it got).
         reasoning (str | None): the thinking channel, when the model used one.
             Default: ``None``.
@@ -117,6 +118,9 @@ class SessionSettings:
             its calls are shown, never run. Default: ``()``.
         adapter (str | None): the chat body's ``adapter`` (a mounted id,
             ``"a+b"``, ``"none"``); ``None`` is the server's default. Default: ``None``.
+        coding_tools (bool): the coding tools are offered and run
+            (``set_coding_tools``; only on a server with ``--web-tools``).
+            Default: ``False``.
     """
 
     system_prompt: str | None = None
@@ -124,6 +128,7 @@ class SessionSettings:
     thinking: bool | None = None
     tools: tuple[dict[str, Any], ...] = ()
     adapter: str | None = None
+    coding_tools: bool = False
 
     def wire(self) -> dict[str, Any]:
         """The settings as frames carry them (camelCase, as the reference's frames)."""
@@ -133,6 +138,7 @@ class SessionSettings:
             "thinking": self.thinking,
             "tools": list(self.tools),
             "adapter": self.adapter,
+            "codingTools": self.coding_tools,
         }
 
     @classmethod
@@ -144,6 +150,7 @@ class SessionSettings:
             data.get("thinking"),
             tuple(data.get("tools") or ()),
             data.get("adapter"),
+            bool(data.get("codingTools", False)),
         )
 
 

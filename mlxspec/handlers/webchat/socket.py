@@ -27,18 +27,18 @@ from mlxspec.engine import EngineRequestError
 from mlxspec.errors import ApiError
 from mlxspec.handlers.adapters.select import request_adapters
 from mlxspec.handlers.turns.turns import count_prompt
+from mlxspec.handlers.webchat.agent import AgentTurn
 from mlxspec.handlers.webchat.frames import FrameError, dump_frame, error_frame, read_frame
+from mlxspec.handlers.webchat.hub import ChatHub
 from mlxspec.handlers.webchat.sessions import (
     ChatMessage,
-    ChatStore,
     Session,
     SessionSettings,
     new_session_id,
 )
-from mlxspec.handlers.webchat.turn import SAMPLING_FIELDS, SocketTurn, as_api_error, chat_body
-from mlxspec.parsers import detect
+from mlxspec.handlers.webchat.turn import SAMPLING_FIELDS, as_api_error, chat_body
 
-__all__ = ["ChatHub", "ChatSocket"]
+__all__ = ["ChatSocket"]
 
 log = logging.getLogger("mlxspec.webchat")
 
@@ -46,39 +46,6 @@ log = logging.getLogger("mlxspec.webchat")
 _LEAVING = frozenset({"new_session", "open_session", "fork_session", "delete_session"})
 #: Frames that start a turn: refused while one runs.
 _TURNS = frozenset({"prompt", "regenerate", "edit_resend"})
-
-
-class ChatHub:
-    """What the sockets of one app share: the engine, the store, each other.
-
-    Args:
-        engine (Engine): the serving engine.
-        store (ChatStore): the sessions database.
-        context_window (int): tokens one turn may take (the operator's cap,
-            else the model's window).
-        transcription (bool): a Whisper service answers ``/v1/audio/sessions``
-            (the page shows its microphone). Default: ``False``.
-    """
-
-    def __init__(
-        self, engine: Any, store: ChatStore, context_window: int, transcription: bool = False
-    ) -> None:
-        self.engine, self.store, self.context_window = engine, store, context_window
-        self.transcription = transcription
-        self.sockets: set[ChatSocket] = set()
-        self.thinking = detect(engine.chat_format).reasoning is not None
-
-    async def call(self, method: str, *args: Any) -> Any:
-        """``store.<method>(*args)`` off the event loop (a commit fsyncs)."""
-        return await asyncio.to_thread(getattr(self.store, method), *args)
-
-    async def changed(self, origin: ChatSocket, session_id: str | None = None) -> None:
-        """Tell the other sockets the list changed; those showing ``session_id``
-        get its history again."""
-        for socket in list(self.sockets - {origin}):
-            await socket.send_sessions()
-            if session_id is not None and socket.session_id == session_id:
-                await socket.send_history()
 
 
 class ChatSocket:
@@ -97,7 +64,9 @@ class ChatSocket:
         self.session_id: str | None = None
         self.settings = SessionSettings()
         self.next_turn: dict[str, Any] = {}
-        self.turn: SocketTurn | None = None
+        self.turn: AgentTurn | None = None
+        #: ``set_coding_tools`` sent while a turn ran: applied when it ends.
+        self.coding_pending: bool | None = None
         self.task: asyncio.Task[None] | None = None
 
     async def send(self, frame: dict[str, Any]) -> None:
@@ -133,6 +102,7 @@ class ChatSocket:
                 "transcription": self.hub.transcription,
                 "contextWindow": self.hub.context_window,
                 "defaultAdapter": _default_adapter(engine),
+                "codingTools": self.hub.workspace is not None,
             }
         )
         await self.send_sessions()
@@ -181,6 +151,31 @@ class ChatSocket:
     async def _on_abort(self, frame: dict[str, Any]) -> None:
         if self.turn is not None:
             self.turn.abort()
+
+    async def _on_approval(self, frame: dict[str, Any]) -> None:
+        if self.turn is None or not self.turn.approve(frame):
+            raise ApiError(
+                "invalid_request", f"no tool call {frame['callId']!r} awaits approval", "callId"
+            )
+
+    async def _on_set_coding_tools(self, frame: dict[str, Any]) -> None:
+        enabled = frame["enabled"]
+        if enabled and self.hub.workspace is None:
+            raise ApiError(
+                "invalid_request",
+                "coding tools are off on this server: start it with --web-tools WORKSPACE_DIR",
+                param="enabled",
+            )
+        if self.turn is not None:  # the running turn keeps its tools
+            self.coding_pending = enabled
+        else:
+            await self._save(dataclasses.replace(self.settings, coding_tools=enabled))
+        await self.send_coding_tools()
+
+    async def send_coding_tools(self) -> None:
+        """Send whether the coding tools are on, and a change waiting for the turn."""
+        active = self.settings.coding_tools
+        await self.send({"type": "coding_tools", "active": active, "pending": self.coding_pending})
 
     async def _on_list_sessions(self, frame: dict[str, Any]) -> None:
         await self.send_sessions()
@@ -282,14 +277,22 @@ class ChatSocket:
     ) -> None:
         """Start a turn answering ``messages`` of session ``sid`` as a task;
         ``commit`` stores them once the engine took it (:meth:`_opened`)."""
-        body = chat_body(sid, self.settings, messages, self.next_turn)
-        self.next_turn = {}
+        hub = self.hub
 
         async def opened() -> None:
             await self._opened(sid, commit)
 
-        self.turn = SocketTurn(self.hub.engine, body, sid, self.send, opened)
-        self.task = asyncio.ensure_future(self._run(self.turn, sid, len(messages)))
+        async def store(message: ChatMessage, keep: int) -> None:
+            await hub.call("append", sid, message, keep)
+
+        runner = hub.tool_runner() if self.settings.coding_tools else None
+        steps = hub.config.web_tool_steps if hub.config is not None else 1
+        self.turn = AgentTurn(
+            hub.engine, sid, self.settings, messages, self.next_turn, self.send,
+            opened, store, runner, hub.approvals, steps,
+        )  # fmt: skip
+        self.next_turn = {}
+        self.task = asyncio.ensure_future(self._run(self.turn, sid))
 
     async def _opened(self, sid: str, commit: Callable[[], Awaitable[Any]]) -> None:
         """The engine took the turn: store its messages, show them (the history
@@ -300,20 +303,15 @@ class ChatSocket:
         await self.send_sessions()
         await self.hub.changed(self)
 
-    async def _run(self, turn: SocketTurn, session_id: str, keep: int) -> None:
+    async def _run(self, turn: AgentTurn, session_id: str) -> None:
         ended = False  # turn_end sent: a later failure must not send a second one
         try:
-            answer, end = await turn.run()
-            if answer is None:  # refused: an error frame said why, nothing was stored
-                self.turn = None
-                ended = True
-                await self.send(end)
-                return
-            # keep: the answer follows exactly the messages it was asked with
-            await self.hub.call("append", session_id, answer, keep)
+            end = await turn.run()
             self.turn = None  # stored: the next turn may start once turn_end is seen
             ended = True
             await self.send(end)
+            if not turn.stored:  # refused: an error frame said why, nothing was stored
+                return
             tokens = turn.context_tokens
             if tokens is None:
                 tokens = await self._count(await self._session(session_id))
@@ -328,6 +326,10 @@ class ChatSocket:
         finally:
             if self.turn is turn:
                 self.turn = None
+            if self.coding_pending is not None:
+                enabled, self.coding_pending = self.coding_pending, None
+                await self._save(dataclasses.replace(self.settings, coding_tools=enabled))
+                await self.send_coding_tools()
 
     async def _save(self, settings: SessionSettings) -> None:
         self.settings = settings
@@ -360,7 +362,9 @@ class ChatSocket:
         """Send the conversation list (``sessions``)."""
         items = [s.wire() for s in await self.hub.call("list")]
         active = self.session_id
-        await self.send({"type": "sessions", "items": items, "activePath": active, "activeId": active})
+        await self.send(
+            {"type": "sessions", "items": items, "activePath": active, "activeId": active}
+        )
 
     async def send_history(self, session: Session | None = None, context: bool = True) -> None:
         """Send the shown session's messages and settings (``history``), then

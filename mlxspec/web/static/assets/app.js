@@ -102,6 +102,7 @@ const handlers = {
     showModel();
     $("#mic").hidden = !frame.transcription; // a Whisper checkpoint serves /v1/audio/sessions
     adapterChip.refresh(frame.defaultAdapter);
+    $("#coding-tools").hidden = !frame.codingTools; // the server has a --web-tools workspace
     $("#prompt").disabled = false;
     if (document.activeElement === document.body) $("#prompt").focus(); // autofocus skipped it while disabled
     const want = state.sessionId || nav.opening; // a reconnect, or the URL's session
@@ -126,6 +127,7 @@ const handlers = {
     renderSessions();
     showSettingsSummary();
     adapterChip.show(frame.settings.adapter);
+    showCodingTools(frame.settings.codingTools, false);
     if (!frame.sessionId) resetStrip();
   },
   turn_start(frame) {
@@ -139,10 +141,20 @@ const handlers = {
   thinking_delta: (frame) => state.live?.thinking_delta(frame.delta),
   tool_start: (frame) => state.live?.tool_start(frame),
   tool_end: (frame) => state.live?.tool_end(frame),
+  tool_approval_request: (frame) => state.live?.tool_approval_request(frame, send),
+  tool_update: (frame) => state.live?.tool_update(frame),
+  tool_approvals(frame) {
+    notice(`Always allowed from now on: ${frame.alwaysAllow.join(", ")} (Settings → forget).`);
+  },
+  coding_tools(frame) {
+    showCodingTools(frame.pending ?? frame.active, frame.pending != null);
+  },
   turn_end(frame) {
     if (state.live) {
+      const ran = state.live.ran; // tools ran: the stored turn has their results
       state.items.push(state.live.finish(frame));
       state.live = null;
+      if (ran && state.sessionId) send({ type: "open_session", path: state.sessionId });
     }
     setRunning(false);
     list.render(state.items);
@@ -157,7 +169,7 @@ const handlers = {
     $("#stat-context").textContent = `${frame.tokens} / ${frame.contextWindow} tokens (${frame.percent}%)`;
   },
   error(frame) {
-    if (nav.opening && frame.param === "id") {
+    if (nav.opening && (frame.param === "path" || frame.param === "id")) {
       // the URL's session is not here (deleted, or another server's): a new chat
       const id = nav.opening;
       nav.opening = null;
@@ -259,6 +271,12 @@ function showSettingsSummary() {
   if (s.thinking != null) parts.push(`thinking ${s.thinking ? "on" : "off"}`);
   if (s.tools?.length) parts.push(`${s.tools.length} tools`);
   $("#settings-summary").textContent = parts.length ? parts.join(", ") : "server defaults";
+}
+
+function showCodingTools(on, pending) {
+  const chip = $("#coding-tools");
+  chip.setAttribute("aria-pressed", String(Boolean(on)));
+  chip.textContent = `tools: ${on ? "on" : "off"}${pending ? " (next turn)" : ""}`;
 }
 
 function setRunning(running) {
@@ -383,6 +401,10 @@ function wire() {
   box.addEventListener("input", autosize);
   box.addEventListener("paste", onPaste);
   $("#stop").addEventListener("click", stop);
+  $("#coding-tools").addEventListener("click", () => {
+    const on = $("#coding-tools").getAttribute("aria-pressed") !== "true";
+    send({ type: "set_coding_tools", enabled: on });
+  });
   wireMic($("#mic"), { insert: insertTranscript, notice });
   $("#new-chat").addEventListener("click", newChat);
   $("#toggle-sidebar").addEventListener("click", () => toggleSidebar());

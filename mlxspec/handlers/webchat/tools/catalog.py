@@ -1,0 +1,128 @@
+"""The coding tools the model is offered, and the one place a call is run.
+
+``read``, ``ls`` and ``grep`` only read, and run without asking; ``bash``,
+``edit`` and ``write`` change the machine, and each call waits for the user's
+approval card unless the tool is always allowed (reference, "Web chat
+WebSocket": ``tool_approval_request``, ``approval``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from mlxspec.handlers.webchat.tools import files
+from mlxspec.handlers.webchat.tools.shell import Shell
+from mlxspec.handlers.webchat.tools.workspace import ToolError, Workspace
+
+__all__ = ["GATED", "TOOLS", "ToolRunner", "definitions"]
+
+#: Tools whose every call needs an approval (or the tool always allowed).
+GATED = frozenset({"bash", "edit", "write"})
+
+
+def _fn(name: str, description: str, props: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {"type": "object", "properties": props, "required": required},
+        },
+    }
+
+
+_PATH = {"type": "string", "description": "A path relative to the workspace."}
+#: The coding tools as OpenAI function tools, in the order offered.
+TOOLS: tuple[dict[str, Any], ...] = (
+    _fn("read", "Read a text file of the workspace.", {"path": _PATH}, ["path"]),
+    _fn("ls", "List a folder of the workspace.", {"path": _PATH}, []),
+    _fn(
+        "grep",
+        "Find lines matching a regular expression in the workspace's files.",
+        {"pattern": {"type": "string"}, "path": _PATH},
+        ["pattern"],
+    ),
+    _fn(
+        "bash",
+        "Run a bash command in the workspace (needs the user's approval).",
+        {"command": {"type": "string"}},
+        ["command"],
+    ),
+    _fn(
+        "edit",
+        "Replace the one occurrence of oldText in a file (needs the user's approval).",
+        {"path": _PATH, "oldText": {"type": "string"}, "newText": {"type": "string"}},
+        ["path", "oldText", "newText"],
+    ),
+    _fn(
+        "write",
+        "Create or replace a file (needs the user's approval).",
+        {"path": _PATH, "content": {"type": "string"}},
+        ["path", "content"],
+    ),
+)
+NAMES = frozenset(t["function"]["name"] for t in TOOLS)
+_FILE_TOOLS = {"read": files.read, "ls": files.ls, "grep": files.grep,
+               "edit": files.edit, "write": files.write}  # fmt: skip
+
+
+def definitions() -> list[dict[str, Any]]:
+    """The tools a turn with coding tools on offers (copies)."""
+    return [dict(t) for t in TOOLS]
+
+
+class ToolRunner:
+    """Runs coding tool calls in one workspace, with its caps.
+
+    Args:
+        workspace (Workspace): the confined folder.
+        timeout (float): seconds one call may take.
+        limit (int): output bytes one call keeps.
+    """
+
+    def __init__(self, workspace: Workspace, timeout: float, limit: int) -> None:
+        self.workspace, self.timeout, self.limit = workspace, timeout, limit
+        self.shell: Shell | None = None
+
+    def kill(self) -> None:
+        """Abort the running ``bash`` call, if any (its process group)."""
+        if self.shell is not None:
+            self.shell.kill()
+
+    async def run(
+        self, name: str, args: Any, emit: Callable[[str], Awaitable[None]]
+    ) -> tuple[bool, str]:
+        """Run one call.
+
+        Args:
+            name (str): a name of :data:`TOOLS`.
+            args: the call's arguments (a JSON object).
+            emit (Callable): sends a chunk of output as it comes (``tool_update``).
+
+        Returns:
+            tuple[bool, str]: whether it succeeded, and the result for the model.
+        """
+        if not isinstance(args, dict):
+            return False, "arguments must be a JSON object"
+        try:
+            if name == "bash":
+                self.shell = Shell(self.workspace, self.timeout, self.limit)
+                try:
+                    return True, await self.shell.run(args.get("command"), emit)
+                finally:
+                    self.shell = None
+            fn = _FILE_TOOLS[name]
+            result = await asyncio.wait_for(
+                asyncio.to_thread(fn, self.workspace, args, self.limit), self.timeout
+            )
+            return True, result
+        except ToolError as exc:
+            return False, str(exc)
+        except TimeoutError:
+            return False, f"timed out after {self.timeout:g} s"
+        except UnicodeError:
+            return False, "not UTF-8 text"
+        except OSError as exc:  # a file that vanished, a permission: say which
+            return False, f"{type(exc).__name__}: {exc.strerror or exc}"
