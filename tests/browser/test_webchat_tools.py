@@ -1,0 +1,78 @@
+"""The coding tools' approval card in headless Chromium.
+
+A scripted model (:class:`tests.fakes.FakeEngine` on the Hermes tool fixture)
+asks to ``write`` a file, then to run ``bash``: the page shows an approval card
+for each; the user denies the first and allows the second, whose output appears
+on its card. The card is photographed into ``docs/`` (``MLXSPEC_SCREENSHOTS=1``
+rewrites the committed picture).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fixtures.tool_models import build_tool_model
+from mlxspec.config import ServeConfig
+from mlxspec.http.app import create_app
+from tests.conftest import LiveServer
+from tests.fakes import FakeEngine
+
+SHOT = Path(__file__).resolve().parents[2] / "docs" / "webchat-approval-card.png"
+
+
+def call(name: str, **args: Any) -> str:
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': args})}\n</tool_call>"
+
+
+@pytest.fixture(scope="module")
+def tools_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveServer, Path]]:
+    model = build_tool_model(tmp_path_factory.mktemp("agent") / "hermes", "hermes")
+    engine = FakeEngine.from_dir(model, "agent")
+    replies = [
+        call("write", path="plan.md", content="# plan"),
+        call("bash", command="echo hi"),
+        "done",
+    ]
+    engine.script = lambda request: [replies.pop(0) if replies else "done"]
+    workspace = tmp_path_factory.mktemp("ws")
+    config = ServeConfig(
+        chat_db=str(tmp_path_factory.mktemp("db") / "c.sqlite3"), web_tools=str(workspace)
+    )
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("MLXSPEC_CONFIG_DIR", str(tmp_path_factory.mktemp("config")))
+        with LiveServer(create_app(engine, config)) as server:
+            yield server, workspace
+
+
+def test_the_approval_card_denies_and_allows(open_page: Any, tools_server: Any) -> None:
+    server, workspace = tools_server
+    page, watch = open_page(server)
+    chip = page.locator("#coding-tools")
+    chip.click()
+    watch.wait(lambda: page.get_attribute("#coding-tools", "aria-pressed") == "true")
+    page.fill("#prompt", "write a plan, then say hi")
+    page.keyboard.press("Enter")
+    card = page.locator(".tool-call .approval").first
+    card.wait_for()
+    assert "Run write?" in card.inner_text()
+    if os.environ.get("MLXSPEC_SCREENSHOTS") == "1" or not SHOT.exists():
+        page.locator(".msg.assistant.live").screenshot(path=str(SHOT))
+    card.locator("button.deny").click()
+    page.locator(".tool-call .badge.failed").first.wait_for()
+    allow = page.locator(".tool-call .approval button.approve")
+    allow.wait_for()
+    allow.click()
+    watch.wait(lambda: watch.turns_ended() == 1)
+    assert [f["decision"] for f in watch.frames("approval", watch.sent)] == ["deny", "allow"]
+    assert not (workspace / "plan.md").exists()
+    # the turn's stored history is shown again: both calls' results on their cards
+    page.locator(".tool-call .badge.ok").wait_for()
+    outputs = page.locator(".tool-output").all_inner_texts()
+    assert outputs[0].startswith("denied") and outputs[1] == "hi\n"
+    assert page.locator(".msg.assistant .body").last.inner_text().strip() == "done"
