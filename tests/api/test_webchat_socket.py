@@ -90,7 +90,8 @@ def test_a_prompt_streams_and_is_stored(chat_server: LiveServer) -> None:
         other.send({"type": "open_session", "id": sid})
         history = other.until("history")[-1]
         user, answer = history["items"]
-        assert user == {"role": "user", "content": "hello there"}
+        assert (user["role"], user["content"]) == ("user", "hello there")
+        assert user["entryId"].startswith("e-") and "siblings" not in user
         assert answer["content"] == turn["text"] and answer["meta"]["lane"] == "batched"
         assert history["settings"]["sampling"] == {"max_tokens": 5}
 
@@ -101,7 +102,8 @@ def test_a_prompt_streams_and_is_stored(chat_server: LiveServer) -> None:
         ("not json", "invalid JSON frame"),
         ("[1, 2]", "Invalid type for frame: expected an object, but got an array instead."),
         ("{}", "type is required"),
-        ('{"type": "switch_sibling"}', "unknown frame type: expected one of auth, prompt"),
+        ('{"type": "context"}', "unknown frame type: expected one of auth, prompt"),
+        ('{"type": "switch_sibling"}', "entryId is required"),
         ('{"type": "open_session"}', "open_session.path is required (a session's id)"),
         ('{"type": "open_session", "path": 7}', "Invalid type for 'path': expected a string"),
         ('{"type": "prompt"}', "prompt.text must be a non-empty string"),
@@ -200,10 +202,10 @@ def test_regenerate_edit_fork_and_delete(chat_server: LiveServer) -> None:
         sid = first["frames"][0]["sessionId"]
         again = chat.turn({"type": "regenerate"})
         history = next(f for f in again["frames"] if f["type"] == "history")
-        assert [m["role"] for m in history["items"]] == ["user"]  # the old answer is gone
+        assert [m["role"] for m in history["items"]] == ["user"]  # the old answer: a branch
         edited = chat.turn({"type": "edit_resend", "text": "question two"})
         history = next(f for f in edited["frames"] if f["type"] == "history")
-        assert history["items"] == [{"role": "user", "content": "question two"}]
+        assert [(m["role"], m["content"]) for m in history["items"]] == [("user", "question two")]
         chat.send({"type": "list_sessions"})
         listed = {s["id"]: s for s in chat.until("sessions")[-1]["items"]}
         assert listed[sid]["messages"] == 2

@@ -35,6 +35,7 @@ from mlxspec.handlers.webchat.sessions import (
     Session,
     SessionSettings,
     new_session_id,
+    sibling_view,
 )
 from mlxspec.handlers.webchat.turn import SAMPLING_FIELDS, as_api_error, chat_body
 
@@ -45,7 +46,7 @@ log = logging.getLogger("mlxspec.webchat")
 #: Frames that show another session: a running turn is stopped first.
 _LEAVING = frozenset({"new_session", "open_session", "fork_session", "delete_session"})
 #: Frames that start a turn: refused while one runs.
-_TURNS = frozenset({"prompt", "regenerate", "edit_resend"})
+_TURNS = frozenset({"prompt", "regenerate", "edit_resend", "switch_sibling"})
 
 
 class ChatSocket:
@@ -237,6 +238,19 @@ class ChatSocket:
         sampling = {**self.settings.sampling, **fields}
         sampling = {k: v for k, v in sampling.items() if v is not None}  # null: the default
         await self._save(dataclasses.replace(self.settings, sampling=sampling))
+
+    async def _on_switch_sibling(self, frame: dict[str, Any]) -> None:
+        session = await self._current()
+        entry = frame["entryId"]
+        if not await self.hub.call("switch", session.summary.id, entry):
+            raise ApiError("not_found", f"no message {entry!r} in this chat", param="entryId")
+        shown = await self._session(session.summary.id)
+        await self.send_history(shown)
+        mine = next((m for m in shown.messages if m.entry == entry), None)
+        if mine is not None:
+            view = sibling_view(entry, mine.siblings)
+            await self.send({"type": "siblings", "entryId": entry, **view})
+        await self.hub.changed(self, session.summary.id)
 
     async def _on_prompt(self, frame: dict[str, Any]) -> None:
         if frame.get("images"):

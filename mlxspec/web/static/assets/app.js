@@ -34,11 +34,17 @@ const nav = { opening: null };
 const list = new MessageList($("#messages"), {
   onEdit: (text) => {
     notice("");
+    state.branching = true;
     send({ type: "edit_resend", text });
   },
   onRegenerate: () => {
     notice("");
+    state.branching = true;
     send({ type: "regenerate" });
+  },
+  onSwitch: (entryId) => {
+    notice("");
+    if (!state.running) send({ type: "switch_sibling", entryId });
   },
   modelName: () => state.model.id || state.ready?.model || "Model",
 });
@@ -154,7 +160,9 @@ const handlers = {
       const ran = state.live.ran; // tools ran: the stored turn has their results
       state.items.push(state.live.finish(frame));
       state.live = null;
-      if (ran && state.sessionId) send({ type: "open_session", path: state.sessionId });
+      // tools ran, or a regenerate/edit made a sibling: show the stored turn (its < n/m >)
+      if ((ran || state.branching) && state.sessionId) send({ type: "open_session", path: state.sessionId });
+      state.branching = false;
     }
     setRunning(false);
     list.render(state.items);

@@ -112,7 +112,7 @@ export function approvalCard(card, frame, answer) {
 export class MessageList {
   /**
    * @param {HTMLElement} root the log element.
-   * @param {object} actions onEdit(text), onRegenerate(), modelName().
+   * @param {object} actions onEdit(text), onRegenerate(), onSwitch(entryId), modelName().
    */
   constructor(root, actions) {
     this.root = root;
@@ -132,6 +132,8 @@ export class MessageList {
       if (item.role === "tool") return; // shown on its call's card
       const node = item.role === "user" ? this.user(item.content) : this.assistant(item, results);
       node.dataset.index = i;
+      if (item.entryId) node.dataset.entryId = item.entryId;
+      if (item.siblings) this.addSiblings(node, item.siblings);
       this.root.append(node);
       if (running) return;
       if (i === lastUser) this.addEdit(node, item.content);
@@ -177,6 +179,22 @@ export class MessageList {
     renderMarkdown(body, text, false);
     details.append(body);
     return details;
+  }
+
+  /** ``< 2/3 >``: this message's place among its siblings (regenerated or edited). */
+  addSiblings(node, { index, count, siblingIds }) {
+    const nav = el("span", "siblings");
+    nav.setAttribute("role", "group");
+    nav.setAttribute("aria-label", "Versions of this message");
+    const go = (to) => () => this.actions.onSwitch?.(siblingIds[to]);
+    const prev = button("<", go(index - 1), "ghost prev");
+    prev.disabled = index === 0;
+    prev.setAttribute("aria-label", "Previous version");
+    const next = button(">", go(index + 1), "ghost next");
+    next.disabled = index === count - 1;
+    next.setAttribute("aria-label", "Next version");
+    nav.append(prev, el("span", "where", `${index + 1}/${count}`), next);
+    node.querySelector(".who").append(nav);
   }
 
   addEdit(node, text) {
