@@ -1,10 +1,12 @@
-"""The coding tools' approval card in headless Chromium.
+"""The coding tools' approval card and a branched answer in headless Chromium.
 
 A scripted model (:class:`tests.fakes.FakeEngine` on the Hermes tool fixture)
 asks to ``write`` a file, then to run ``bash``: the page shows an approval card
 for each; the user denies the first and allows the second, whose output appears
-on its card. The card is photographed into ``docs/`` (``MLXSPEC_SCREENSHOTS=1``
-rewrites the committed picture).
+on its card. Then an answer is regenerated twice and the page steps back to the
+first version (``< 1/3 >``), which a reload keeps. The card and the branched
+answer are photographed into ``docs/`` (``MLXSPEC_SCREENSHOTS=1`` rewrites the
+committed pictures).
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ from mlxspec.http.app import create_app
 from tests.conftest import LiveServer
 from tests.fakes import FakeEngine
 
-SHOT = Path(__file__).resolve().parents[2] / "docs" / "webchat-approval-card.png"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+SHOT = DOCS / "webchat-approval-card.png"
+BRANCH_SHOT = DOCS / "webchat-branches.png"
 
 
 def call(name: str, **args: Any) -> str:
@@ -39,7 +43,8 @@ def tools_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Liv
         call("bash", command="echo hi"),
         "done",
     ]
-    engine.script = lambda request: [replies.pop(0) if replies else "done"]
+    answers = iter(range(1, 100))
+    engine.script = lambda request: [replies.pop(0) if replies else f"answer {next(answers)}"]
     workspace = tmp_path_factory.mktemp("ws")
     config = ServeConfig(
         chat_db=str(tmp_path_factory.mktemp("db") / "c.sqlite3"), web_tools=str(workspace)
@@ -76,3 +81,31 @@ def test_the_approval_card_denies_and_allows(open_page: Any, tools_server: Any) 
     outputs = page.locator(".tool-output").all_inner_texts()
     assert outputs[0].startswith("denied") and outputs[1] == "hi\n"
     assert page.locator(".msg.assistant .body").last.inner_text().strip() == "done"
+
+
+def test_regenerated_answers_are_versions_that_outlive_a_reload(
+    open_page: Any, tools_server: Any
+) -> None:
+    server, _ = tools_server
+    page, watch = open_page(server)
+    page.fill("#prompt", "pick a number")
+    page.keyboard.press("Enter")
+    watch.wait(lambda: watch.turns_ended() == 1)
+    last = page.locator(".msg.assistant").last
+    first = last.locator(".body").inner_text().strip()
+    for n in (2, 3):
+        last.get_by_role("button", name="Regenerate").click()
+        page.locator(f".msg.assistant .siblings .where:text('{n}/{n}')").wait_for()
+        last = page.locator(".msg.assistant").last
+    third = last.locator(".body").inner_text().strip()
+    assert third != first
+    last.get_by_role("button", name="Previous version").click()
+    page.locator(".msg.assistant .siblings .where:text('2/3')").wait_for()
+    page.locator(".msg.assistant").last.get_by_role("button", name="Previous version").click()
+    page.locator(".msg.assistant .siblings .where:text('1/3')").wait_for()
+    assert page.locator(".msg.assistant .body").last.inner_text().strip() == first
+    if os.environ.get("MLXSPEC_SCREENSHOTS") == "1" or not BRANCH_SHOT.exists():
+        page.locator(".msg").last.screenshot(path=str(BRANCH_SHOT))
+    page.reload()
+    page.locator(".msg.assistant .siblings .where:text('1/3')").wait_for()
+    assert page.locator(".msg.assistant .body").last.inner_text().strip() == first
