@@ -4,8 +4,9 @@ A scripted model (:class:`tests.fakes.FakeEngine` on the Hermes tool fixture)
 asks to ``write`` a file, then to run ``bash``: the page shows an approval card
 for each; the user denies the first and allows the second, whose output appears
 on its card. Then an answer is regenerated twice and the page steps back to the
-first version (``< 1/3 >``), which a reload keeps. The card and the branched
-answer are photographed into ``docs/`` (``MLXSPEC_SCREENSHOTS=1`` rewrites the
+first version (``< 1/3 >``), which a reload keeps; the sessions panel's search
+finds that chat. The card, the branched answer and the search results are
+photographed into ``docs/`` (``MLXSPEC_SCREENSHOTS=1`` rewrites the
 committed pictures).
 """
 
@@ -28,6 +29,7 @@ from tests.fakes import FakeEngine
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 SHOT = DOCS / "webchat-approval-card.png"
 BRANCH_SHOT = DOCS / "webchat-branches.png"
+SEARCH_SHOT = DOCS / "webchat-search.png"
 
 
 def call(name: str, **args: Any) -> str:
@@ -109,3 +111,19 @@ def test_regenerated_answers_are_versions_that_outlive_a_reload(
     page.reload()
     page.locator(".msg.assistant .siblings .where:text('1/3')").wait_for()
     assert page.locator(".msg.assistant .body").last.inner_text().strip() == first
+
+
+def test_the_search_box_finds_a_word_and_opens_its_chat(open_page: Any, tools_server: Any) -> None:
+    server, _ = tools_server
+    page, watch = open_page(server)
+    page.fill("#session-search", "NUMBER")
+    result = page.locator("#search-results button.match").first
+    result.wait_for()
+    assert page.locator("#search-results mark").first.inner_text() == "number"
+    assert result.inner_text() == "You: pick a number"
+    assert page.locator("#session-list").is_hidden()
+    if os.environ.get("MLXSPEC_SCREENSHOTS") == "1" or not SEARCH_SHOT.exists():
+        page.locator("#sidebar").screenshot(path=str(SEARCH_SHOT))
+    result.click()
+    watch.wait(lambda: watch.frames("open_session", watch.sent))
+    page.locator(".msg.user .text:text('pick a number')").wait_for()

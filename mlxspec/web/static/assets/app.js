@@ -10,6 +10,7 @@ import { AdapterChip } from "./adapters.js";
 import { MessageList } from "./messages.js";
 import { wireMic } from "./mic.js";
 import { SettingsDialog, askKey, modelInfo, showStatus } from "./panels.js";
+import { wireSearch } from "./search.js";
 import { ChatConnection } from "./socket.js";
 import { hashSession, onChatRoute, showBlankInUrl, syncUrl } from "./url.js";
 
@@ -415,6 +416,11 @@ function wire() {
   });
   wireMic($("#mic"), { insert: insertTranscript, notice });
   $("#new-chat").addEventListener("click", newChat);
+  wireSearch($("#session-search"), $("#search-results"), document.querySelector(".sessions"), (path) => {
+    notice("");
+    send({ type: "open_session", path });
+    closeSidebarOnPhone();
+  });
   $("#toggle-sidebar").addEventListener("click", () => toggleSidebar());
   $("#open-settings").addEventListener("click", () =>
     settingsDialog.open(state.settings, state.ready?.genDefaults, state.ready?.thinking),
