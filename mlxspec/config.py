@@ -85,6 +85,9 @@ class ServeConfig:
         web_tool_timeout (float): seconds one tool call may run
             (``--web-tool-timeout``). Default: ``120``.
         web_tool_output (int): bytes of output one tool call keeps. Default: 64 KiB.
+        mcp_config (str | None): an ``mcpServers`` JSON file whose stdio servers'
+            tools the web chat offers, each call approved (``--mcp-config``).
+            Default: ``None``.
         chat_db (str | None): the web chat's sessions database (SQLite);
             ``None`` is ``chat.sqlite3`` in mlxspec's cache folder
             (:func:`mlxspec.http.ws_chat.chat_db_path`). Default: ``None``.
@@ -217,6 +220,8 @@ class ServeConfig:
     web_tool_steps: int = 8
     web_tool_timeout: float = 120.0
     web_tool_output: int = 64 * 1024
+    # MCP stdio servers whose tools the web chat offers (--mcp-config).
+    mcp_config: str | None = None
     # Speech to text.
     whisper_model: str | None = None
     whisper_idle_unload: float = 300.0

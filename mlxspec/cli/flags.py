@@ -180,6 +180,13 @@ def _operations_flags(serve: argparse.ArgumentParser) -> None:
         "each call approved on the page (default: off)",
     )
     serve.add_argument(
+        "--mcp-config",
+        metavar="FILE",
+        default=None,
+        help="an mcpServers JSON file: its stdio MCP servers' tools join the web chat's "
+        "tools, each call approved on the page (default: none)",
+    )
+    serve.add_argument(
         "--web-tool-steps",
         type=_positive_int,
         default=ServeConfig().web_tool_steps,
@@ -435,6 +442,7 @@ def parse_config(argv: Sequence[str] | None = None) -> ServeConfig:
         num_draft_tokens=args.num_draft_tokens or 3,
         chat_db=args.chat_db,
         web_tools=args.web_tools,
+        mcp_config=args.mcp_config,
         web_tool_steps=args.web_tool_steps,
         web_tool_timeout=args.web_tool_timeout,
         **audio_config(args),

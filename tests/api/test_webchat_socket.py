@@ -181,16 +181,21 @@ def test_a_socket_closed_mid_turn_frees_the_slot_and_keeps_the_partial_answer(
     assert items[1]["meta"]["finishReason"] == "aborted"
 
 
-def test_a_turn_while_one_runs_is_refused_and_leaving_stops_it(chat_server: LiveServer) -> None:
+def test_while_a_turn_runs_regenerate_is_refused_a_prompt_queued_and_leaving_stops_it(
+    chat_server: LiveServer,
+) -> None:
     with ChatClient(chat_server.base) as chat:
         short(chat, 220)
         chat.send({"type": "prompt", "text": "first"})
         _first_delta(chat)
-        chat.send({"type": "prompt", "text": "second"})
+        chat.send({"type": "regenerate"})
         frames = chat.until("error")
         assert frames[-1]["message"] == "a turn is running: abort it first"
-        chat.send({"type": "new_session"})  # stops the turn, keeps its answer
+        chat.send({"type": "prompt", "text": "second"})  # queued, not refused
+        assert chat.until("queue_update")[-1]["followUp"] == ["second"]
+        chat.send({"type": "new_session"})  # stops the turn, keeps its answer, drops the queue
         frames = chat.until("history")
+        assert {"type": "queue_update", "steering": [], "followUp": []} in frames
         assert any(f["type"] == "turn_end" and f["finishReason"] == "aborted" for f in frames)
         assert frames[-1]["sessionId"] is None and frames[-1]["items"] == []
 

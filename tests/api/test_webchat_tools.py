@@ -3,7 +3,9 @@
 A scripted model (:class:`tests.fakes.FakeEngine` on the Hermes tool fixture's
 template) answers each model step with the next reply the test queued: a
 ``<tool_call>`` or plain text. Everything runs in-process; tests whose calls run
-``bash`` start a process and are marked ``subprocess``.
+``bash`` start a process and are marked ``subprocess``. The queue tests at the end
+make the model stream slowly (``FakeEngine.delay``), so a turn is still running
+when the next prompt comes.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -366,3 +369,92 @@ def test_set_coding_tools_during_a_turn_is_pending_until_it_ends(
     with ChatClient(server.base) as other:
         other.send({"type": "open_session", "path": sid})
         assert other.until("history")[-1]["settings"]["codingTools"] is False
+
+
+def test_a_follow_up_waits_for_the_turn_and_then_runs(model_dir: Path, tmp_path: Path) -> None:
+    scripted, server = serve(model_dir, tmp_path, None)
+    scripted.engine.delay = 0.05
+    scripted.engine.script = lambda request: ["slow "] * 20
+    with server, ChatClient(server.base) as chat:
+        chat.send({"type": "prompt", "text": "first"})
+        chat.until("text_delta")
+        chat.send({"type": "prompt", "text": "second"})
+        chat.send({"type": "prompt", "text": "third", "queue": "followUp"})
+        assert chat.until("queue_update")[-1] == {
+            "type": "queue_update",
+            "steering": [],
+            "followUp": ["second"],
+        }
+        assert chat.until("queue_update")[-1]["followUp"] == ["second", "third"]
+        frames = chat.until("turn_start")  # the first turn ends, the second starts
+        assert kinds(frames).index("turn_end") < kinds(frames).index("turn_start")
+        assert frames[-2] == {"type": "queue_update", "steering": [], "followUp": ["third"]} or (
+            any(
+                f == {"type": "queue_update", "steering": [], "followUp": ["third"]} for f in frames
+            )
+        )
+        chat.send({"type": "abort"})  # stops the second turn and drops "third"
+        frames = chat.until("turn_end")
+        assert {"type": "queue_update", "steering": [], "followUp": []} in frames
+        chat.until("context")
+        chat.send({"type": "list_sessions"})
+        sid = chat.until("sessions")[-1]["activePath"]
+        chat.send({"type": "open_session", "path": sid})
+        items = chat.until("history")[-1]["items"]
+        assert [(i["role"], i["content"][:6]) for i in items] == [
+            ("user", "first"),
+            ("assistant", "slow s"),
+            ("user", "second"),
+            ("assistant", items[3]["content"][:6]),
+        ]
+        assert items[3]["meta"]["finishReason"] == "aborted"
+        assert len(scripted.engine.requests) == 2  # "third" never ran
+
+
+def test_steering_joins_the_running_turn_before_its_next_step(
+    model_dir: Path, tmp_path: Path, workspace: Path, config_dir: Path
+) -> None:
+    scripted, server = serve(model_dir, tmp_path, workspace)
+    scripted.engine.delay = 0.05
+    steps = [["thinking "] * 10 + [call("ls")], ["ok"]]
+    scripted.engine.script = lambda request: steps.pop(0) if steps else ["more"]
+    with server, ChatClient(server.base) as chat:
+        tools_on(chat)
+        chat.send({"type": "prompt", "text": "look around"})
+        chat.until("text_delta")
+        chat.send({"type": "prompt", "text": "only .txt files", "queue": "steering"})
+        assert chat.until("queue_update")[-1]["steering"] == ["only .txt files"]
+        frames = chat.until("turn_end")
+        assert {"type": "queue_update", "steering": [], "followUp": []} in frames
+        assert kinds(frames).count("turn_start") == 0  # the same turn took it
+        second = scripted.engine.chats[-1]  # the second step's prompt
+        assert [m["role"] for m in second[-3:]] == ["assistant", "tool", "user"]
+        assert second[-1]["content"] == "only .txt files"
+        assert len(scripted.engine.requests) == 2
+
+
+@pytest.mark.subprocess
+def test_an_mcp_stdio_servers_tool_answers_a_call_after_approval(
+    model_dir: Path, tmp_path: Path, config_dir: Path
+) -> None:
+    server_script = Path(__file__).resolve().parents[2] / "fixtures" / "mcp_add_server.py"
+    config = tmp_path / "mcp.json"
+    spec = {"command": sys.executable, "args": [str(server_script)]}
+    config.write_text(json.dumps({"mcpServers": {"calc": spec, "web": {"url": "http://x"}}}))
+    scripted, server = serve(model_dir, tmp_path, None, mcp_config=str(config))
+    with server, ChatClient(server.base) as chat:
+        assert chat.greeting["ready"]["codingTools"] is True  # MCP tools alone
+        tools_on(chat)
+        scripted.replies = [call("mcp__calc__add", a=2, b=40), "the sum is 42"]
+        chat.send({"type": "prompt", "text": "add them"})
+        ask = chat.until("tool_approval_request", timeout=120)[-1]
+        assert ask["tool"] == "mcp__calc__add" and ask["args"] == {"a": 2, "b": 40}
+        offered = scripted.engine.prompts[-1]
+        assert "mcp__calc__shout" in offered and '"name": "bash"' not in offered
+        chat.send({"type": "approval", "callId": ask["callId"], "decision": "allow"})
+        end = chat.until("tool_end", timeout=120)[-1]
+        assert end["ok"] is True and end["result"] == "42"
+        frames = chat.until("turn_end")
+        text = "".join(f["delta"] for f in frames if f["type"] == "text_delta")
+        assert text == "the sum is 42"
+        assert scripted.engine.chats[-1][-1]["content"] == "42"

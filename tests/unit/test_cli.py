@@ -69,6 +69,7 @@ def test_web_tools_flags(tmp_path: Path) -> None:
         + ["--web-tool-timeout", "2.5"]
     )
     assert (cfg.web_tools, cfg.web_tool_steps, cfg.web_tool_timeout) == (str(tmp_path), 3, 2.5)
+    assert parse_config(["serve", "--mcp-config", "m.json"]).mcp_config == "m.json"
 
 
 @pytest.mark.parametrize(

@@ -28,7 +28,7 @@ from typing import Any
 
 from mlxspec.handlers.webchat.sessions import ChatMessage, SessionSettings
 from mlxspec.handlers.webchat.tools.approvals import ApprovalList
-from mlxspec.handlers.webchat.tools.catalog import GATED, NAMES, ToolRunner, definitions
+from mlxspec.handlers.webchat.tools.catalog import ToolRunner, gated
 from mlxspec.handlers.webchat.turn import SendFrame, SocketTurn, call_args, chat_body
 
 __all__ = ["AgentTurn"]
@@ -58,6 +58,9 @@ class AgentTurn:
             are off for this turn.
         approvals (ApprovalList): the always-allow list.
         max_steps (int): model steps the turn may take.
+        steer (Callable | None): returns the steering prompts sent since the
+            last step (``prompt`` with ``queue: steering``); they join the
+            conversation before the next model step. Default: ``None``.
     """
 
     def __init__(
@@ -73,11 +76,12 @@ class AgentTurn:
         runner: ToolRunner | None,
         approvals: ApprovalList,
         max_steps: int,
+        steer: Callable[[], Awaitable[list[str]]] | None = None,
     ) -> None:
         self.engine, self.session_id, self.settings = engine, session_id, settings
         self.messages, self.overrides, self.send = list(messages), overrides, send
         self.opened, self.store, self.runner = opened, store, runner
-        self.approvals, self.max_steps = approvals, max_steps
+        self.approvals, self.max_steps, self.steer = approvals, max_steps, steer
         self.step: SocketTurn | None = None
         self.pending: dict[str, asyncio.Future[dict[str, Any] | None]] = {}
         self.aborted = False
@@ -88,7 +92,7 @@ class AgentTurn:
 
     def runs(self, name: str) -> bool:
         """Whether a call to tool ``name`` is run by this turn."""
-        return self.runner is not None and name in NAMES
+        return self.runner is not None and self.runner.offers(name)
 
     def abort(self) -> None:
         """Stop the turn: the model step, a pending approval, a running command."""
@@ -111,10 +115,13 @@ class AgentTurn:
 
     async def run(self) -> dict[str, Any]:
         """Run the turn to its end; returns the ``turn_end`` frame to send."""
-        tools = definitions() if self.runner is not None else []
+        tools = await self.runner.offered() if self.runner is not None else []
         end: dict[str, Any] = {"type": "turn_end", "finishReason": "error"}
         for index in range(self.max_steps):
             first = index == 0
+            if not first and self.steer is not None:
+                for text in await self.steer():  # the user's steering, before this step
+                    await self._keep(ChatMessage("user", text))
             body = chat_body(
                 self.session_id,
                 self.settings,
@@ -138,6 +145,11 @@ class AgentTurn:
             await self._keep(answer)
             calls = [c for c in answer.tool_calls if self.runs(c["function"]["name"])]
             if not calls:
+                return end
+            if self.aborted:  # the step said so already (tool_end "not run"): store it only
+                for call in calls:
+                    meta = {"toolCallId": call["id"], "tool": call["function"]["name"], "ok": False}
+                    await self._keep(ChatMessage("tool", ABORTED, meta=meta))
                 return end
             if index + 1 == self.max_steps:
                 await self._answer_unrun(calls, STEP_LIMIT.format(self.max_steps))
@@ -174,7 +186,7 @@ class AgentTurn:
         args = call_args(call["function"]["arguments"])
         if self.aborted:
             return False, ABORTED
-        if name in GATED and name not in await asyncio.to_thread(self.approvals.tools):
+        if gated(name) and name not in await asyncio.to_thread(self.approvals.tools):
             decision = await self._ask(call_id, name, args)
             if decision is None:
                 return False, ABORTED

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from mlxspec.handlers.webchat.sessions import ChatStore
 from mlxspec.handlers.webchat.tools.approvals import ApprovalList
 from mlxspec.handlers.webchat.tools.catalog import ToolRunner
+from mlxspec.handlers.webchat.tools.mcp_servers import McpServers
 from mlxspec.handlers.webchat.tools.workspace import Workspace
 from mlxspec.parsers import detect
 
@@ -48,16 +49,25 @@ class ChatHub:
         self.transcription = transcription
         root = getattr(config, "web_tools", None)
         self.workspace = Workspace(root) if root else None
+        mcp_file = getattr(config, "mcp_config", None)
+        self.mcp = McpServers(mcp_file) if mcp_file else None
         self.config = config
         self.approvals = approvals or ApprovalList()
         self.sockets: set[ChatSocket] = set()
         self.thinking = detect(engine.chat_format).reasoning is not None
 
     def tool_runner(self) -> ToolRunner | None:
-        """A runner for one turn's coding tool calls; ``None`` without ``--web-tools``."""
-        if self.workspace is None:
+        """A runner for one turn's tool calls; ``None`` without ``--web-tools``
+        and ``--mcp-config``."""
+        if not self.has_tools:
             return None
-        return ToolRunner(self.workspace, self.config.web_tool_timeout, self.config.web_tool_output)
+        config = self.config
+        return ToolRunner(self.workspace, config.web_tool_timeout, config.web_tool_output, self.mcp)
+
+    @property
+    def has_tools(self) -> bool:
+        """The server runs tools for the chat (``--web-tools`` or ``--mcp-config``)."""
+        return self.workspace is not None or self.mcp is not None
 
     async def call(self, method: str, *args: Any) -> Any:
         """``store.<method>(*args)`` off the event loop (a commit fsyncs)."""

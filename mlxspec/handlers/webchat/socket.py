@@ -23,13 +23,12 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from mlxspec.engine import EngineRequestError
 from mlxspec.errors import ApiError
-from mlxspec.handlers.adapters.select import request_adapters
 from mlxspec.handlers.turns.turns import count_prompt
 from mlxspec.handlers.webchat.agent import AgentTurn
 from mlxspec.handlers.webchat.frames import FrameError, dump_frame, error_frame, read_frame
 from mlxspec.handlers.webchat.hub import ChatHub
+from mlxspec.handlers.webchat.queue import PromptQueue
 from mlxspec.handlers.webchat.sessions import (
     ChatMessage,
     Session,
@@ -37,7 +36,8 @@ from mlxspec.handlers.webchat.sessions import (
     new_session_id,
     sibling_view,
 )
-from mlxspec.handlers.webchat.turn import SAMPLING_FIELDS, as_api_error, chat_body
+from mlxspec.handlers.webchat.settings_frames import SettingsFrames
+from mlxspec.handlers.webchat.turn import as_api_error, chat_body
 
 __all__ = ["ChatSocket"]
 
@@ -45,11 +45,12 @@ log = logging.getLogger("mlxspec.webchat")
 
 #: Frames that show another session: a running turn is stopped first.
 _LEAVING = frozenset({"new_session", "open_session", "fork_session", "delete_session"})
-#: Frames that start a turn: refused while one runs.
-_TURNS = frozenset({"prompt", "regenerate", "edit_resend", "switch_sibling"})
+#: Frames that start a turn or change the branch: refused while one runs (a
+#: ``prompt`` then is queued instead).
+_TURNS = frozenset({"regenerate", "edit_resend", "switch_sibling"})
 
 
-class ChatSocket:
+class ChatSocket(SettingsFrames):
     """One ``/ws/chat`` connection after its handshake (and key check).
 
     Args:
@@ -68,6 +69,8 @@ class ChatSocket:
         self.turn: AgentTurn | None = None
         #: ``set_coding_tools`` sent while a turn ran: applied when it ends.
         self.coding_pending: bool | None = None
+        #: Prompts sent while a turn ran (:mod:`.queue`).
+        self.queue = PromptQueue()
         self.task: asyncio.Task[None] | None = None
 
     async def send(self, frame: dict[str, Any]) -> None:
@@ -103,7 +106,7 @@ class ChatSocket:
                 "transcription": self.hub.transcription,
                 "contextWindow": self.hub.context_window,
                 "defaultAdapter": _default_adapter(engine),
-                "codingTools": self.hub.workspace is not None,
+                "codingTools": self.hub.has_tools,
             }
         )
         await self.send_sessions()
@@ -141,8 +144,13 @@ class ChatSocket:
         running = self.turn is not None  # until its answer is stored and turn_end sent
         if kind in _TURNS and running:
             raise ApiError("invalid_request", "a turn is running: abort it first")
-        if kind in _LEAVING and running:
-            await self.stop_turn()
+        if kind == "prompt" and running:
+            await self._enqueue(frame)
+            return
+        if kind in _LEAVING:
+            await self._clear_queue()
+            if running:
+                await self.stop_turn()
         handler = getattr(self, f"_on_{kind}", None)
         if handler is not None:
             await handler(frame)
@@ -150,33 +158,43 @@ class ChatSocket:
     # ---------------------------------------------------------------- frames
 
     async def _on_abort(self, frame: dict[str, Any]) -> None:
+        await self._clear_queue()  # stop means stop: nothing queued starts after it
         if self.turn is not None:
             self.turn.abort()
+
+    async def _enqueue(self, frame: dict[str, Any]) -> None:
+        if frame.get("images"):
+            raise ApiError("invalid_request", "this model takes no images", param="images")
+        self.queue.add(frame["text"], frame.get("queue"))
+        await self.send(self.queue.frame())
+
+    async def _clear_queue(self) -> None:
+        if self.queue:
+            self.queue.clear()
+            await self.send(self.queue.frame())
+
+    async def take_steering(self) -> list[str]:
+        """The steering prompts, taken off the queue (the running turn's next step)."""
+        taken = self.queue.take_steering()
+        if taken:
+            await self.send(self.queue.frame())
+        return taken
+
+    async def _next_queued(self) -> None:
+        """After a turn: start the next queued prompt, if any."""
+        if self.closed or self.turn is not None or (text := self.queue.pop_next()) is None:
+            return
+        await self.send(self.queue.frame())
+        try:
+            await self._on_prompt({"type": "prompt", "text": text})
+        except ApiError as exc:
+            await self.send(error_frame(exc))
 
     async def _on_approval(self, frame: dict[str, Any]) -> None:
         if self.turn is None or not self.turn.approve(frame):
             raise ApiError(
                 "invalid_request", f"no tool call {frame['callId']!r} awaits approval", "callId"
             )
-
-    async def _on_set_coding_tools(self, frame: dict[str, Any]) -> None:
-        enabled = frame["enabled"]
-        if enabled and self.hub.workspace is None:
-            raise ApiError(
-                "invalid_request",
-                "coding tools are off on this server: start it with --web-tools WORKSPACE_DIR",
-                param="enabled",
-            )
-        if self.turn is not None:  # the running turn keeps its tools
-            self.coding_pending = enabled
-        else:
-            await self._save(dataclasses.replace(self.settings, coding_tools=enabled))
-        await self.send_coding_tools()
-
-    async def send_coding_tools(self) -> None:
-        """Send whether the coding tools are on, and a change waiting for the turn."""
-        active = self.settings.coding_tools
-        await self.send({"type": "coding_tools", "active": active, "pending": self.coding_pending})
 
     async def _on_list_sessions(self, frame: dict[str, Any]) -> None:
         await self.send_sessions()
@@ -209,35 +227,6 @@ class ChatSocket:
             await self.send_history()
         await self.send_sessions()
         await self.hub.changed(self)
-
-    async def _on_set_system_prompt(self, frame: dict[str, Any]) -> None:
-        text = frame["text"] or None
-        await self._save(dataclasses.replace(self.settings, system_prompt=text))
-
-    async def _on_set_thinking(self, frame: dict[str, Any]) -> None:
-        await self._save(dataclasses.replace(self.settings, thinking=frame["enabled"]))
-
-    async def _on_set_tools(self, frame: dict[str, Any]) -> None:
-        tools = tuple(frame["tools"] or ())
-        await self._save(dataclasses.replace(self.settings, tools=tools))
-
-    async def _on_set_adapter(self, frame: dict[str, Any]) -> None:
-        spec = frame["id"] if "id" in frame else frame["adapter"]  # adapter: the old name
-        if spec is not None:
-            try:  # checked now, as a chat body's would be: an unknown id is named at once
-                request_adapters(self.hub.engine, {"adapter": spec})
-            except EngineRequestError as exc:
-                raise as_api_error(exc) from exc
-        await self._save(dataclasses.replace(self.settings, adapter=spec))
-
-    async def _on_set_sampling(self, frame: dict[str, Any]) -> None:
-        fields = {k: frame[k] for k in SAMPLING_FIELDS if k in frame}
-        if frame.get("scope") == "next_turn":
-            self.next_turn.update({k: v for k, v in fields.items() if v is not None})
-            return
-        sampling = {**self.settings.sampling, **fields}
-        sampling = {k: v for k, v in sampling.items() if v is not None}  # null: the default
-        await self._save(dataclasses.replace(self.settings, sampling=sampling))
 
     async def _on_switch_sibling(self, frame: dict[str, Any]) -> None:
         session = await self._current()
@@ -303,7 +292,7 @@ class ChatSocket:
         steps = hub.config.web_tool_steps if hub.config is not None else 1
         self.turn = AgentTurn(
             hub.engine, sid, self.settings, messages, self.next_turn, self.send,
-            opened, store, runner, hub.approvals, steps,
+            opened, store, runner, hub.approvals, steps, self.take_steering,
         )  # fmt: skip
         self.next_turn = {}
         self.task = asyncio.ensure_future(self._run(self.turn, sid))
@@ -344,6 +333,7 @@ class ChatSocket:
                 enabled, self.coding_pending = self.coding_pending, None
                 await self._save(dataclasses.replace(self.settings, coding_tools=enabled))
                 await self.send_coding_tools()
+            await self._next_queued()
 
     async def _save(self, settings: SessionSettings) -> None:
         self.settings = settings

@@ -10,16 +10,25 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlxspec.handlers.webchat.tools import files
 from mlxspec.handlers.webchat.tools.shell import Shell
 from mlxspec.handlers.webchat.tools.workspace import ToolError, Workspace
 
-__all__ = ["GATED", "TOOLS", "ToolRunner", "definitions"]
+if TYPE_CHECKING:
+    from mlxspec.handlers.webchat.tools.mcp_servers import McpServers
 
-#: Tools whose every call needs an approval (or the tool always allowed).
+__all__ = ["GATED", "TOOLS", "ToolRunner", "definitions", "gated"]
+
+#: Tools whose every call needs an approval (or the tool always allowed); every
+#: MCP tool (``mcp__...``) too.
 GATED = frozenset({"bash", "edit", "write"})
+
+
+def gated(name: str) -> bool:
+    """Whether a call to tool ``name`` waits for an approval card."""
+    return name in GATED or name.startswith("mcp__")
 
 
 def _fn(name: str, description: str, props: dict[str, Any], required: list[str]) -> dict[str, Any]:
@@ -74,17 +83,37 @@ def definitions() -> list[dict[str, Any]]:
 
 
 class ToolRunner:
-    """Runs coding tool calls in one workspace, with its caps.
+    """Runs one turn's tool calls: the coding tools in one workspace, and MCP tools.
 
     Args:
-        workspace (Workspace): the confined folder.
+        workspace (Workspace | None): the confined folder; ``None``: no coding tools.
         timeout (float): seconds one call may take.
         limit (int): output bytes one call keeps.
+        mcp (McpServers | None): MCP stdio servers (``--mcp-config``). Default: ``None``.
     """
 
-    def __init__(self, workspace: Workspace, timeout: float, limit: int) -> None:
-        self.workspace, self.timeout, self.limit = workspace, timeout, limit
+    def __init__(
+        self,
+        workspace: Workspace | None,
+        timeout: float,
+        limit: int,
+        mcp: McpServers | None = None,
+    ) -> None:
+        self.workspace, self.timeout, self.limit, self.mcp = workspace, timeout, limit, mcp
         self.shell: Shell | None = None
+
+    async def offered(self) -> list[dict[str, Any]]:
+        """The tools a turn offers the model (the MCP servers' listed on first use)."""
+        tools = definitions() if self.workspace is not None else []
+        if self.mcp is not None:
+            tools += [t.definition() for t in (await self.mcp.list_tools()).values()]
+        return tools
+
+    def offers(self, name: str) -> bool:
+        """Whether a call to ``name`` is run by this runner."""
+        if self.workspace is not None and name in NAMES:
+            return True
+        return self.mcp is not None and name in self.mcp.tools
 
     def kill(self) -> None:
         """Abort the running ``bash`` call, if any (its process group)."""
@@ -106,6 +135,10 @@ class ToolRunner:
         """
         if not isinstance(args, dict):
             return False, "arguments must be a JSON object"
+        if self.mcp is not None and name in self.mcp.tools:
+            return await self.mcp.call(name, args, self.timeout)
+        if self.workspace is None:
+            return False, f"no tool {name!r}"
         try:
             if name == "bash":
                 self.shell = Shell(self.workspace, self.timeout, self.limit)

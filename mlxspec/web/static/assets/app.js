@@ -153,6 +153,21 @@ const handlers = {
   tool_approvals(frame) {
     notice(`Always allowed from now on: ${frame.alwaysAllow.join(", ")} (Settings → forget).`);
   },
+  queue_update(frame) {
+    const box = $("#queue");
+    box.replaceChildren();
+    for (const [kind, label] of [["steering", "steering"], ["followUp", "next"]]) {
+      for (const text of frame[kind]) {
+        const row = document.createElement("div");
+        const tag = document.createElement("span");
+        tag.className = "kind";
+        tag.textContent = `${label}:`;
+        row.append(tag, text);
+        box.append(row);
+      }
+    }
+    box.hidden = !box.childElementCount;
+  },
   coding_tools(frame) {
     showCodingTools(frame.pending ?? frame.active, frame.pending != null);
   },
@@ -310,10 +325,18 @@ function showStrip(end) {
 
 // ----------------------------------------------------------------- composer
 
-function submitPrompt() {
+function submitPrompt(steer = false) {
   const box = $("#prompt");
   const text = box.value;
-  if (!text.trim() || state.running) return;
+  if (!text.trim()) return;
+  if (state.running) {
+    // queued by the server: steering joins this turn's next step, a follow-up runs after it
+    if (connection.send({ type: "prompt", text, queue: steer ? "steering" : "followUp" })) {
+      box.value = "";
+      autosize();
+    } else notice("Not connected: the message was not sent.");
+    return;
+  }
   if (!connection.send({ type: "prompt", text })) {
     notice("Not connected: the message was not sent.");
     return;
@@ -401,7 +424,7 @@ function wire() {
   box.addEventListener("keydown", (event) => {
     if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
       event.preventDefault();
-      submitPrompt();
+      submitPrompt(event.ctrlKey || event.metaKey);
     } else if (event.key === "Escape" && state.running) {
       event.preventDefault();
       stop();
