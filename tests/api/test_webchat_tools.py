@@ -458,3 +458,47 @@ def test_an_mcp_stdio_servers_tool_answers_a_call_after_approval(
         text = "".join(f["delta"] for f in frames if f["type"] == "text_delta")
         assert text == "the sum is 42"
         assert scripted.engine.chats[-1][-1]["content"] == "42"
+
+
+def test_the_app_aware_tools_read_navigate_and_spotlight(
+    agent: tuple[Scripted, LiveServer],
+) -> None:
+    scripted, server = agent
+    context = {
+        "route": "chat",
+        "step": {"index": 1, "count": 4, "label": "Configure"},
+        "snapshot": {
+            "route": "chat",
+            "elements": [{"ref": f"e{i}", "label": f"button {i}"} for i in range(3)],
+        },
+    }
+    with ChatClient(server.base) as chat:
+        tools_on(chat)
+        scripted.replies = ["no context yet"]
+        chat.turn({"type": "prompt", "text": "hi"})
+        assert "get_current_app_context" not in scripted.engine.prompts[-1]
+        chat.send({"type": "context", "context": context})
+        scripted.replies = [
+            call("get_current_app_context"),
+            call("navigate_app", route="quantize"),
+            call("navigate_app", page="status"),
+            call("spotlight_ui", target="prompt", message="Type here"),
+            call("spotlight_ui", message="nothing named"),
+            "done",
+        ]
+        turn = chat.turn({"type": "prompt", "text": "show me around"})
+        steps = [c for c in scripted.engine.chats if c[0]["role"] == "system"]
+        assert len(steps) == 6  # every model step of the turn starts with the ambient line
+        assert all(c[0]["content"] == "[user is on: Chat · step 2/4]" for c in steps)
+        ends = [f for f in turn["frames"] if f["type"] == "tool_end"]
+        assert [e["ok"] for e in ends] == [True, False, True, True, False]
+        seen = json.loads(ends[0]["result"])
+        assert seen == context
+        assert ends[1]["result"] == "unknown route 'quantize': one of chat, status"
+        ui = [f for f in turn["frames"] if f["type"].startswith("ui_")]
+        assert ui == [
+            {"type": "ui_navigate", "route": "status"},
+            {"type": "ui_spotlight", "target": "prompt", "message": "Type here"},
+        ]
+        assert ends[4]["result"] == "name the element: ref, label, selector or target"
+        assert "tool_approval_request" not in kinds(turn["frames"])  # never gated

@@ -5,7 +5,8 @@ asks to ``write`` a file, then to run ``bash``: the page shows an approval card
 for each; the user denies the first and allows the second, whose output appears
 on its card. Then an answer is regenerated twice and the page steps back to the
 first version (``< 1/3 >``), which a reload keeps; the sessions panel's search
-finds that chat. The card, the branched answer and the search results are
+finds that chat; the model moves the page and spotlights a button (the app-aware
+tools). The card, the branched answer and the search results are
 photographed into ``docs/`` (``MLXSPEC_SCREENSHOTS=1`` rewrites the
 committed pictures).
 """
@@ -37,7 +38,9 @@ def call(name: str, **args: Any) -> str:
 
 
 @pytest.fixture(scope="module")
-def tools_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveServer, Path]]:
+def tools_server(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[LiveServer, Path, list[str]]]:
     model = build_tool_model(tmp_path_factory.mktemp("agent") / "hermes", "hermes")
     engine = FakeEngine.from_dir(model, "agent")
     replies = [
@@ -54,11 +57,11 @@ def tools_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Liv
     with pytest.MonkeyPatch.context() as env:
         env.setenv("MLXSPEC_CONFIG_DIR", str(tmp_path_factory.mktemp("config")))
         with LiveServer(create_app(engine, config)) as server:
-            yield server, workspace
+            yield server, workspace, replies
 
 
 def test_the_approval_card_denies_and_allows(open_page: Any, tools_server: Any) -> None:
-    server, workspace = tools_server
+    server, workspace, _ = tools_server
     page, watch = open_page(server)
     chip = page.locator("#coding-tools")
     chip.click()
@@ -88,7 +91,7 @@ def test_the_approval_card_denies_and_allows(open_page: Any, tools_server: Any) 
 def test_regenerated_answers_are_versions_that_outlive_a_reload(
     open_page: Any, tools_server: Any
 ) -> None:
-    server, _ = tools_server
+    server, _, _ = tools_server
     page, watch = open_page(server)
     page.fill("#prompt", "pick a number")
     page.keyboard.press("Enter")
@@ -114,7 +117,7 @@ def test_regenerated_answers_are_versions_that_outlive_a_reload(
 
 
 def test_the_search_box_finds_a_word_and_opens_its_chat(open_page: Any, tools_server: Any) -> None:
-    server, _ = tools_server
+    server, _, _ = tools_server
     page, watch = open_page(server)
     page.fill("#session-search", "NUMBER")
     result = page.locator("#search-results button.match").first
@@ -127,3 +130,33 @@ def test_the_search_box_finds_a_word_and_opens_its_chat(open_page: Any, tools_se
     result.click()
     watch.wait(lambda: watch.frames("open_session", watch.sent))
     page.locator(".msg.user .text:text('pick a number')").wait_for()
+
+
+def test_the_model_navigates_the_page_and_spotlights_a_button(
+    open_page: Any, tools_server: Any
+) -> None:
+    server, _, replies = tools_server
+    page, watch = open_page(server)
+    page.locator("#coding-tools").click()
+    watch.wait(lambda: page.get_attribute("#coding-tools", "aria-pressed") == "true")
+    sent = watch.wait(lambda: watch.frames("context", watch.sent))[-1]["context"]
+    assert sent["route"] == "chat"
+    labels = {e["label"] for e in sent["snapshot"]["elements"]}
+    assert {"New chat", "Search all conversations"} <= labels
+    replies.clear()  # whatever earlier tests left unused
+    replies.extend(
+        [
+            call("navigate_app", route="status"),
+            call("spotlight_ui", target="new-chat", message="Start here"),
+            "done",
+        ]
+    )
+    page.fill("#prompt", "where do I start?")
+    page.keyboard.press("Enter")
+    watch.wait(lambda: watch.frames("ui_spotlight"))
+    assert watch.frames("ui_navigate") == [{"type": "ui_navigate", "route": "status"}]
+    watch.wait(lambda: page.evaluate("location.hash") == "#status")
+    assert page.locator("#status-view").is_visible()
+    page.locator("#new-chat.spotlight").wait_for()
+    assert page.locator(".spotlight-tip").inner_text() == "Start here"
+    watch.wait(lambda: watch.frames("context", watch.sent)[-1]["context"]["route"] == "status")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from mlxspec.errors import ApiError
 from mlxspec.handlers.webchat.queue import MAX_QUEUED, PromptQueue
 from mlxspec.handlers.webchat.tools import files
+from mlxspec.handlers.webchat.tools.app_context import AppContext
 from mlxspec.handlers.webchat.tools.approvals import ApprovalList
 from mlxspec.handlers.webchat.tools.workspace import ToolError, Workspace
 
@@ -91,3 +93,29 @@ def test_the_prompt_queue() -> None:
         queue.add(str(i), "followUp")
     with pytest.raises(ApiError, match="16 messages are queued already"):
         queue.add("one more", "steering")
+
+
+def test_the_app_context_keeps_120_elements_and_says_where_the_user_is() -> None:
+    asyncio.run(_app_context())
+
+
+async def _app_context() -> None:
+    sent: list[dict] = []
+
+    async def send(frame: dict) -> None:
+        sent.append(frame)
+
+    app = AppContext(send)
+    assert app.ambient() is None
+    assert await app.run("get_current_app_context", {}) == (
+        False,
+        "the page has sent no context yet",
+    )
+    app.update({"route": "status", "snapshot": {"elements": [{"ref": str(i)} for i in range(300)]}})
+    assert len(app.context["snapshot"]["elements"]) == 120
+    assert app.ambient() == "[user is on: Status]"
+    assert await app.run("spotlight_ui", {"label": "Send", "route": "lab"}) == (
+        False,
+        "unknown route 'lab': one of chat, status",
+    )
+    assert sent == []

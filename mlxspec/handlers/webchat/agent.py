@@ -116,6 +116,7 @@ class AgentTurn:
     async def run(self) -> dict[str, Any]:
         """Run the turn to its end; returns the ``turn_end`` frame to send."""
         tools = await self.runner.offered() if self.runner is not None else []
+        app = self.runner.app if self.runner is not None else None
         end: dict[str, Any] = {"type": "turn_end", "finishReason": "error"}
         for index in range(self.max_steps):
             first = index == 0
@@ -128,6 +129,7 @@ class AgentTurn:
                 self.messages,
                 self.overrides if first else None,
                 tools,
+                app.ambient() if app is not None else None,  # the page may have moved
             )
             self.step = SocketTurn(
                 self.engine,

@@ -7,6 +7,7 @@ import asyncio
 from typing import TYPE_CHECKING, Any
 
 from mlxspec.handlers.webchat.sessions import ChatStore
+from mlxspec.handlers.webchat.tools.app_context import AppContext
 from mlxspec.handlers.webchat.tools.approvals import ApprovalList
 from mlxspec.handlers.webchat.tools.catalog import ToolRunner
 from mlxspec.handlers.webchat.tools.mcp_servers import McpServers
@@ -56,13 +57,15 @@ class ChatHub:
         self.sockets: set[ChatSocket] = set()
         self.thinking = detect(engine.chat_format).reasoning is not None
 
-    def tool_runner(self) -> ToolRunner | None:
+    def tool_runner(self, app: AppContext | None = None) -> ToolRunner | None:
         """A runner for one turn's tool calls; ``None`` without ``--web-tools``
-        and ``--mcp-config``."""
+        and ``--mcp-config``. ``app``: the socket's page context (the app tools)."""
         if not self.has_tools:
             return None
         config = self.config
-        return ToolRunner(self.workspace, config.web_tool_timeout, config.web_tool_output, self.mcp)
+        return ToolRunner(
+            self.workspace, config.web_tool_timeout, config.web_tool_output, self.mcp, app
+        )
 
     @property
     def has_tools(self) -> bool:

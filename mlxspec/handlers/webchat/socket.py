@@ -37,6 +37,7 @@ from mlxspec.handlers.webchat.sessions import (
     sibling_view,
 )
 from mlxspec.handlers.webchat.settings_frames import SettingsFrames
+from mlxspec.handlers.webchat.tools.app_context import AppContext
 from mlxspec.handlers.webchat.turn import as_api_error, chat_body
 
 __all__ = ["ChatSocket"]
@@ -71,6 +72,8 @@ class ChatSocket(SettingsFrames):
         self.coding_pending: bool | None = None
         #: Prompts sent while a turn ran (:mod:`.queue`).
         self.queue = PromptQueue()
+        #: What the page last said it shows (``context`` frames; the app tools).
+        self.app = AppContext(self.send)
         self.task: asyncio.Task[None] | None = None
 
     async def send(self, frame: dict[str, Any]) -> None:
@@ -190,6 +193,9 @@ class ChatSocket(SettingsFrames):
         except ApiError as exc:
             await self.send(error_frame(exc))
 
+    async def _on_context(self, frame: dict[str, Any]) -> None:
+        self.app.update(frame["context"])
+
     async def _on_approval(self, frame: dict[str, Any]) -> None:
         if self.turn is None or not self.turn.approve(frame):
             raise ApiError(
@@ -288,7 +294,7 @@ class ChatSocket(SettingsFrames):
         async def store(message: ChatMessage, keep: int) -> None:
             await hub.call("append", sid, message, keep)
 
-        runner = hub.tool_runner() if self.settings.coding_tools else None
+        runner = hub.tool_runner(self.app) if self.settings.coding_tools else None
         steps = hub.config.web_tool_steps if hub.config is not None else 1
         self.turn = AgentTurn(
             hub.engine, sid, self.settings, messages, self.next_turn, self.send,

@@ -79,6 +79,7 @@ def chat_body(
     messages: Sequence[ChatMessage],
     overrides: dict[str, Any] | None = None,
     extra_tools: Sequence[dict[str, Any]] = (),
+    ambient: str | None = None,
 ) -> dict[str, Any]:
     """The OpenAI chat completion body of a session's next turn.
 
@@ -93,14 +94,17 @@ def chat_body(
             (``set_sampling`` with ``scope: next_turn``). Default: ``None``.
         extra_tools (Sequence[dict]): tools offered besides the session's own
             (the coding tools, when on). Default: ``()``.
+        ambient (str | None): a line put before the system prompt (the app-aware
+            assistant's ``[user is on: ...]``). Default: ``None``.
 
     Returns:
         dict: a body :func:`~mlxspec.handlers.turns.turns.open_turn` takes; a
         ``None`` sampling field is left out (the server's default).
     """
     wire: list[dict[str, Any]] = []
-    if settings.system_prompt:
-        wire.append({"role": "system", "content": settings.system_prompt})
+    system = "\n".join(t for t in (ambient, settings.system_prompt) if t)
+    if system:
+        wire.append({"role": "system", "content": system})
     for message in messages:
         item: dict[str, Any] = {"role": message.role, "content": message.content}
         if message.tool_calls:

@@ -17,6 +17,7 @@ const SHELL = [
   "/assets/adapters.js",
   "/assets/url.js",
   "/assets/search.js",
+  "/assets/assistant.js",
   "/assets/mic-worklet.js",
   "/assets/marked.esm.js",
   "/assets/app.css",

@@ -13,10 +13,12 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from mlxspec.handlers.webchat.tools import files
+from mlxspec.handlers.webchat.tools.app_context import NAMES as APP_NAMES
 from mlxspec.handlers.webchat.tools.shell import Shell
 from mlxspec.handlers.webchat.tools.workspace import ToolError, Workspace
 
 if TYPE_CHECKING:
+    from mlxspec.handlers.webchat.tools.app_context import AppContext
     from mlxspec.handlers.webchat.tools.mcp_servers import McpServers
 
 __all__ = ["GATED", "TOOLS", "ToolRunner", "definitions", "gated"]
@@ -90,6 +92,8 @@ class ToolRunner:
         timeout (float): seconds one call may take.
         limit (int): output bytes one call keeps.
         mcp (McpServers | None): MCP stdio servers (``--mcp-config``). Default: ``None``.
+        app (AppContext | None): the page's context and the app tools, offered once
+            the page sent a ``context`` frame. Default: ``None``.
     """
 
     def __init__(
@@ -98,8 +102,10 @@ class ToolRunner:
         timeout: float,
         limit: int,
         mcp: McpServers | None = None,
+        app: AppContext | None = None,
     ) -> None:
         self.workspace, self.timeout, self.limit, self.mcp = workspace, timeout, limit, mcp
+        self.app = app if app is not None and app.context is not None else None
         self.shell: Shell | None = None
 
     async def offered(self) -> list[dict[str, Any]]:
@@ -107,11 +113,17 @@ class ToolRunner:
         tools = definitions() if self.workspace is not None else []
         if self.mcp is not None:
             tools += [t.definition() for t in (await self.mcp.list_tools()).values()]
+        if self.app is not None:
+            from mlxspec.handlers.webchat.tools.app_context import APP_TOOLS
+
+            tools += [dict(t) for t in APP_TOOLS]
         return tools
 
     def offers(self, name: str) -> bool:
         """Whether a call to ``name`` is run by this runner."""
         if self.workspace is not None and name in NAMES:
+            return True
+        if self.app is not None and name in APP_NAMES:
             return True
         return self.mcp is not None and name in self.mcp.tools
 
@@ -137,6 +149,8 @@ class ToolRunner:
             return False, "arguments must be a JSON object"
         if self.mcp is not None and name in self.mcp.tools:
             return await self.mcp.call(name, args, self.timeout)
+        if self.app is not None and name in APP_NAMES:
+            return await self.app.run(name, args)
         if self.workspace is None:
             return False, f"no tool {name!r}"
         try:

@@ -7,6 +7,7 @@
 // user acts (sends, edits, regenerates, dismisses it, switches chat).
 
 import { AdapterChip } from "./adapters.js";
+import { navigate, snapshot, spotlight } from "./assistant.js";
 import { MessageList } from "./messages.js";
 import { wireMic } from "./mic.js";
 import { SettingsDialog, askKey, modelInfo, showStatus } from "./panels.js";
@@ -110,6 +111,7 @@ const handlers = {
     $("#mic").hidden = !frame.transcription; // a Whisper checkpoint serves /v1/audio/sessions
     adapterChip.refresh(frame.defaultAdapter);
     $("#coding-tools").hidden = !frame.codingTools; // the server has a --web-tools workspace
+    sendContext();
     $("#prompt").disabled = false;
     if (document.activeElement === document.body) $("#prompt").focus(); // autofocus skipped it while disabled
     const want = state.sessionId || nav.opening; // a reconnect, or the URL's session
@@ -153,6 +155,8 @@ const handlers = {
   tool_approvals(frame) {
     notice(`Always allowed from now on: ${frame.alwaysAllow.join(", ")} (Settings → forget).`);
   },
+  ui_navigate: (frame) => navigate(frame),
+  ui_spotlight: (frame) => spotlight(frame),
   queue_update(frame) {
     const box = $("#queue");
     box.replaceChildren();
@@ -205,6 +209,11 @@ const handlers = {
     notice(frame.message);
   },
 };
+
+/** Tell the server what the page shows (the app-aware assistant's context). */
+function sendContext() {
+  requestAnimationFrame(() => connection.send({ type: "context", context: snapshot() }));
+}
 
 function onFrame(frame) {
   handlers[frame.type]?.(frame); // an error stays until the user acts
@@ -463,6 +472,7 @@ function wire() {
   window.addEventListener("hashchange", () => {
     route();
     followUrl();
+    sendContext();
   });
 }
 
