@@ -41,8 +41,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from mlxspec.engine import cache_dir
 from mlxspec.errors import ApiError, error_json
 from mlxspec.handlers.webchat.frames import FrameError, dump_frame, error_frame, read_frame
-from mlxspec.handlers.webchat.sessions import ChatStore
 from mlxspec.handlers.webchat.hub import ChatHub
+from mlxspec.handlers.webchat.sessions import ChatStore
 from mlxspec.handlers.webchat.socket import ChatSocket
 from mlxspec.http.guard import RequestGuard
 from mlxspec.http.security import key_refusal
