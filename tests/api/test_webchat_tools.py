@@ -194,6 +194,14 @@ def test_edit_without_edited_args_and_an_unknown_call_are_error_frames(
         assert chat.until("error")[-1]["param"] == "decision"
         chat.send("{not json")
         assert chat.until("error")[-1]["message"].startswith("invalid JSON frame")
+        megabyte = "x" * 2**20
+        chat.send(megabyte)  # a 1 MB frame that is not JSON
+        assert chat.until("error")[-1]["message"].startswith("invalid JSON frame")
+        chat.send({"type": "approval", "callId": megabyte, "decision": "allow"})
+        error = chat.until("error")[-1]
+        assert error["param"] == "callId" and len(error["message"]) < 300  # not echoed back
+        chat.send({"type": "list_sessions"})
+        assert chat.until("sessions")[-1]["type"] == "sessions"  # the socket stays open
 
 
 def test_reads_are_confined_to_the_workspace(
