@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import sys
 from collections.abc import Iterator
@@ -48,20 +49,35 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tool_model(tmp_path_factory.mktemp("agent") / "hermes", "hermes")
 
 
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
+    """One workspace and config folder for the module (reset before each test),
+    so the tests that share :func:`agent`'s server see the folders it serves."""
+    root = tmp_path_factory.mktemp("tools")
+    (root / "secret.txt").write_text("outside")
+    folders = {"ws": root / "ws", "config": root / "config"}
+    folders["ws"].mkdir()
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("MLXSPEC_CONFIG_DIR", str(folders["config"]))
+        yield folders
+
+
 @pytest.fixture
-def workspace(tmp_path: Path) -> Path:
-    root = tmp_path / "ws"
-    root.mkdir()
+def workspace(shared: dict[str, Path]) -> Path:
+    root = shared["ws"]
+    for entry in root.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
     (root / "notes.txt").write_text("alpha\nbeta\n")
-    (tmp_path / "secret.txt").write_text("outside")
     return root
 
 
 @pytest.fixture
-def config_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    folder = tmp_path / "config"
-    monkeypatch.setenv("MLXSPEC_CONFIG_DIR", str(folder))
-    return folder
+def config_dir(shared: dict[str, Path]) -> Path:
+    (shared["config"] / "tool-approvals.json").unlink(missing_ok=True)
+    return shared["config"]
 
 
 def serve(model_dir: Path, tmp_path: Path, workspace: Path | None, **config: Any) -> Any:
@@ -75,13 +91,30 @@ def serve(model_dir: Path, tmp_path: Path, workspace: Path | None, **config: Any
     return scripted, server
 
 
-@pytest.fixture
-def agent(
-    model_dir: Path, tmp_path: Path, workspace: Path, config_dir: Path
+@pytest.fixture(scope="module")
+def agent_server(
+    model_dir: Path, tmp_path_factory: pytest.TempPathFactory, shared: dict[str, Path]
 ) -> Iterator[tuple[Scripted, LiveServer]]:
-    scripted, server = serve(model_dir, tmp_path, workspace, web_tool_timeout=20.0)
+    db = tmp_path_factory.mktemp("agentdb")
+    scripted, server = serve(model_dir, db, shared["ws"], web_tool_timeout=20.0)
     with server:
         yield scripted, server
+
+
+@pytest.fixture
+def agent(
+    agent_server: tuple[Scripted, LiveServer], workspace: Path, config_dir: Path
+) -> tuple[Scripted, LiveServer]:
+    """The module's server with a fresh script, workspace and always-allow list."""
+    scripted, _ = agent_server
+    scripted.replies.clear()
+    engine = scripted.engine
+    engine.script = lambda request: [scripted.replies.pop(0) if scripted.replies else "done"]
+    engine.delay = 0.0
+    engine.requests.clear()
+    engine.chats.clear()
+    engine.prompts.clear()
+    return agent_server
 
 
 def tools_on(chat: ChatClient) -> None:
