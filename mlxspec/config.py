@@ -78,6 +78,16 @@ class ServeConfig:
         cpu_weights (str): ``auto``, ``float32`` or ``native``: whether the CPU
             backend holds the weights as float32 for the optimised BLAS
             (:mod:`mlxspec.engine.model.cpu_weights`). Default: ``"auto"``.
+        web_tools (str | None): the web chat's coding tools' workspace
+            (``--web-tools``); ``None``: the tools are off. Default: ``None``.
+        web_tool_steps (int): model steps one web chat turn may take while it
+            calls tools (``--web-tool-steps``). Default: ``8``.
+        web_tool_timeout (float): seconds one tool call may run
+            (``--web-tool-timeout``). Default: ``120``.
+        web_tool_output (int): bytes of output one tool call keeps. Default: 64 KiB.
+        mcp_config (str | None): an ``mcpServers`` JSON file whose stdio servers'
+            tools the web chat offers, each call approved (``--mcp-config``).
+            Default: ``None``.
         chat_db (str | None): the web chat's sessions database (SQLite);
             ``None`` is ``chat.sqlite3`` in mlxspec's cache folder
             (:func:`mlxspec.http.ws_chat.chat_db_path`). Default: ``None``.
@@ -209,6 +219,14 @@ class ServeConfig:
     num_draft_tokens: int = 3
     # The web chat's sessions database (--chat-db); None: ~/.cache/mlxspec/.
     chat_db: str | None = None
+    # The web chat's coding tools (--web-tools): their workspace, None: off;
+    # model steps one turn may take, seconds and output bytes one call may use.
+    web_tools: str | None = None
+    web_tool_steps: int = 8
+    web_tool_timeout: float = 120.0
+    web_tool_output: int = 64 * 1024
+    # MCP stdio servers whose tools the web chat offers (--mcp-config).
+    mcp_config: str | None = None
     # Speech to text.
     whisper_model: str | None = None
     whisper_idle_unload: float = 300.0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def positive_int(text: str) -> int:
@@ -56,3 +57,15 @@ def positive_float(text: str) -> float:
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError("must be a positive number")
     return value
+
+
+def existing_folder(text: str) -> str:
+    """An existing folder, as its resolved absolute path (``--web-tools``).
+
+    Raises:
+        argparse.ArgumentTypeError: no such folder.
+    """
+    path = Path(text).expanduser().resolve()
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a folder")
+    return str(path)

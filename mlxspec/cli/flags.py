@@ -10,6 +10,7 @@ import re
 from collections.abc import Sequence
 
 from mlxspec import __version__
+from mlxspec.cli.argtypes import existing_folder as _existing_folder
 from mlxspec.cli.argtypes import non_negative_int as _non_negative_int
 from mlxspec.cli.argtypes import positive_float as _positive_float
 from mlxspec.cli.argtypes import positive_int as _positive_int
@@ -169,6 +170,34 @@ def _operations_flags(serve: argparse.ArgumentParser) -> None:
         default=None,
         help="the web chat's sessions database (SQLite; default: chat.sqlite3 in "
         "$MLXSPEC_CACHE_DIR, else ~/.cache/mlxspec)",
+    )
+    serve.add_argument(
+        "--web-tools",
+        metavar="WORKSPACE_DIR",
+        type=_existing_folder,
+        default=None,
+        help="let the web chat's model read, edit and run commands in WORKSPACE_DIR, "
+        "each call approved on the page (default: off)",
+    )
+    serve.add_argument(
+        "--mcp-config",
+        metavar="FILE",
+        default=None,
+        help="an mcpServers JSON file: its stdio MCP servers' tools join the web chat's "
+        "tools, each call approved on the page (default: none)",
+    )
+    serve.add_argument(
+        "--web-tool-steps",
+        type=_positive_int,
+        default=ServeConfig().web_tool_steps,
+        help="model steps one web chat turn may take while calling tools (default 8)",
+    )
+    serve.add_argument(
+        "--web-tool-timeout",
+        type=_positive_float,
+        default=ServeConfig().web_tool_timeout,
+        help="seconds one web chat tool call may run before its process group is killed "
+        "(default 120)",
     )
     serve.add_argument(
         "--max-body-bytes",
@@ -423,5 +452,9 @@ def parse_config(argv: Sequence[str] | None = None) -> ServeConfig:
         draft_kind=drafts,
         num_draft_tokens=args.num_draft_tokens or 3,
         chat_db=args.chat_db,
+        web_tools=args.web_tools,
+        mcp_config=args.mcp_config,
+        web_tool_steps=args.web_tool_steps,
+        web_tool_timeout=args.web_tool_timeout,
         **audio_config(args),
     )

@@ -41,8 +41,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from mlxspec.engine import cache_dir
 from mlxspec.errors import ApiError, error_json
 from mlxspec.handlers.webchat.frames import FrameError, dump_frame, error_frame, read_frame
+from mlxspec.handlers.webchat.hub import ChatHub
 from mlxspec.handlers.webchat.sessions import ChatStore
-from mlxspec.handlers.webchat.socket import ChatHub, ChatSocket
+from mlxspec.handlers.webchat.socket import ChatSocket
 from mlxspec.http.guard import RequestGuard
 from mlxspec.http.security import key_refusal
 
@@ -178,7 +179,9 @@ class ChatSocketMount:
             cap = self.engine.stats_snapshot().enforced_context  # the operator's, if any
             window = cap or self.engine.info.context_window
             if self._hub is None:  # another connection may have opened it meanwhile
-                self._hub = ChatHub(self.engine, store, window, self.transcription)
+                self._hub = ChatHub(
+                    self.engine, store, window, self.transcription, config=self.config
+                )
             else:
                 store.close()
         return self._hub

@@ -118,8 +118,14 @@ SLASHED_GETS = [
     p + "/" for p, item in SPEC["paths"].items() if "get" in item and "{" not in p and p != "/"
 ]
 #: What the unslashed GETs answer: 200, but a redirect for the legacy page paths and
-#: 426 for the WebSocket route.
-UNSLASHED = {"/chat": 302, "/status": 302, "/ws/chat": 426}
+#: 426 for the WebSocket route, 400 for the search and export routes without their parameter.
+UNSLASHED = {
+    "/chat": 302,
+    "/status": 302,
+    "/ws/chat": 426,
+    "/api/sessions/search": 400,  # q is required
+    "/api/sessions/export": 400,  # path is required
+}
 
 
 @pytest.fixture(scope="module")

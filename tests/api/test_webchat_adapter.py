@@ -77,7 +77,7 @@ def test_set_adapter_reaches_the_engine_request(server: LiveServer) -> None:
         start, text = socket_turn(chat, {"type": "prompt", "text": PROMPT})
         assert start["adapter"] == "a" and text == with_a
         sid = start["sessionId"]
-        chat.send({"type": "set_adapter", "adapter": "none"})
+        chat.send({"type": "set_adapter", "id": "none"})  # the reference's field
         start, text = socket_turn(chat, {"type": "regenerate"})
         assert start["adapter"] is None and text == base
         chat.send({"type": "set_adapter", "adapter": "a"})
@@ -86,7 +86,7 @@ def test_set_adapter_reaches_the_engine_request(server: LiveServer) -> None:
         history = other.until("history")[-1]
         assert history["settings"]["adapter"] == "a"
         assert history["items"][-1]["content"] == base  # the regenerated answer
-        other.send({"type": "set_adapter", "adapter": None})  # the server's default: none
+        other.send({"type": "set_adapter", "id": None})  # the server's default: none
         start, text = socket_turn(other, {"type": "regenerate"})
         assert start["adapter"] is None and text == base
 
@@ -118,4 +118,7 @@ def test_a_malformed_set_adapter_is_refused_by_the_document(server: LiveServer) 
         chat.send({"type": "set_adapter", "adapter": 3})
         assert "Invalid type for 'adapter'" in chat.until("error")[-1]["message"]
         chat.send({"type": "set_adapter"})
-        assert chat.until("error")[-1]["message"] == "adapter is required"
+        assert (
+            chat.until("error")[-1]["message"]
+            == "set_adapter.id is required (null: the server's default)"
+        )

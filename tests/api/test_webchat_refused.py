@@ -69,7 +69,7 @@ def test_a_refused_first_prompt_creates_no_conversation(
         chat.send({"type": "set_sampling", "max_tokens": 2})
         chat.send({"type": "prompt", "text": "short"})
         history = chat.until("history")[-1]
-        assert history["items"] == [{"role": "user", "content": "short"}]
+        assert [(m["role"], m["content"]) for m in history["items"]] == [("user", "short")]
         chat.until("turn_end")
         sid = history["sessionId"]
     after = stored(chat_db)

@@ -90,7 +90,8 @@ def test_a_prompt_streams_and_is_stored(chat_server: LiveServer) -> None:
         other.send({"type": "open_session", "id": sid})
         history = other.until("history")[-1]
         user, answer = history["items"]
-        assert user == {"role": "user", "content": "hello there"}
+        assert (user["role"], user["content"]) == ("user", "hello there")
+        assert user["entryId"].startswith("e-") and "siblings" not in user
         assert answer["content"] == turn["text"] and answer["meta"]["lane"] == "batched"
         assert history["settings"]["sampling"] == {"max_tokens": 5}
 
@@ -101,7 +102,11 @@ def test_a_prompt_streams_and_is_stored(chat_server: LiveServer) -> None:
         ("not json", "invalid JSON frame"),
         ("[1, 2]", "Invalid type for frame: expected an object, but got an array instead."),
         ("{}", "type is required"),
-        ('{"type": "approval"}', "unknown frame type: expected one of auth, prompt"),
+        ('{"type": "nope"}', "unknown frame type: expected one of auth, prompt"),
+        ('{"type": "context"}', "context is required"),
+        ('{"type": "switch_sibling"}', "entryId is required"),
+        ('{"type": "open_session"}', "open_session.path is required (a session's id)"),
+        ('{"type": "open_session", "path": 7}', "Invalid type for 'path': expected a string"),
         ('{"type": "prompt"}', "prompt.text must be a non-empty string"),
         ('{"type": "set_sampling", "temperature": -1}', "Invalid value for 'temperature'"),
         ('{"type": "open_session", "id": 7}', "Invalid type for 'id': expected a string"),
@@ -177,16 +182,21 @@ def test_a_socket_closed_mid_turn_frees_the_slot_and_keeps_the_partial_answer(
     assert items[1]["meta"]["finishReason"] == "aborted"
 
 
-def test_a_turn_while_one_runs_is_refused_and_leaving_stops_it(chat_server: LiveServer) -> None:
+def test_while_a_turn_runs_regenerate_is_refused_a_prompt_queued_and_leaving_stops_it(
+    chat_server: LiveServer,
+) -> None:
     with ChatClient(chat_server.base) as chat:
         short(chat, 220)
         chat.send({"type": "prompt", "text": "first"})
         _first_delta(chat)
-        chat.send({"type": "prompt", "text": "second"})
+        chat.send({"type": "regenerate"})
         frames = chat.until("error")
         assert frames[-1]["message"] == "a turn is running: abort it first"
-        chat.send({"type": "new_session"})  # stops the turn, keeps its answer
+        chat.send({"type": "prompt", "text": "second"})  # queued, not refused
+        assert chat.until("queue_update")[-1]["followUp"] == ["second"]
+        chat.send({"type": "new_session"})  # stops the turn, keeps its answer, drops the queue
         frames = chat.until("history")
+        assert {"type": "queue_update", "steering": [], "followUp": []} in frames
         assert any(f["type"] == "turn_end" and f["finishReason"] == "aborted" for f in frames)
         assert frames[-1]["sessionId"] is None and frames[-1]["items"] == []
 
@@ -198,10 +208,10 @@ def test_regenerate_edit_fork_and_delete(chat_server: LiveServer) -> None:
         sid = first["frames"][0]["sessionId"]
         again = chat.turn({"type": "regenerate"})
         history = next(f for f in again["frames"] if f["type"] == "history")
-        assert [m["role"] for m in history["items"]] == ["user"]  # the old answer is gone
+        assert [m["role"] for m in history["items"]] == ["user"]  # the old answer: a branch
         edited = chat.turn({"type": "edit_resend", "text": "question two"})
         history = next(f for f in edited["frames"] if f["type"] == "history")
-        assert history["items"] == [{"role": "user", "content": "question two"}]
+        assert [(m["role"], m["content"]) for m in history["items"]] == [("user", "question two")]
         chat.send({"type": "list_sessions"})
         listed = {s["id"]: s for s in chat.until("sessions")[-1]["items"]}
         assert listed[sid]["messages"] == 2
@@ -215,6 +225,30 @@ def test_regenerate_edit_fork_and_delete(chat_server: LiveServer) -> None:
         chat.send({"type": "delete_session", "id": fork["sessionId"]})
         error = chat.first("error")
         assert error["message"] == f"no chat session {fork['sessionId']!r}"
+
+
+def test_session_frames_take_the_references_path_and_the_old_id(
+    chat_server: LiveServer,
+) -> None:
+    with ChatClient(chat_server.base) as chat:
+        short(chat, 2)
+        sid = chat.turn({"type": "prompt", "text": "by path"})["frames"][0]["sessionId"]
+        listed = chat.first("sessions", lambda f: f["activePath"] == sid)
+        assert listed["activeId"] == sid
+        item = next(i for i in listed["items"] if i["id"] == sid)
+        assert item["path"] == sid
+        chat.send({"type": "fork_session", "path": sid})
+        fork = chat.until("history")[-1]["sessionId"]
+        assert fork != sid and chat.until("sessions")[-1]["activePath"] == fork
+        chat.send({"type": "open_session", "path": sid})
+        assert chat.until("history")[-1]["sessionId"] == sid
+        assert chat.until("sessions")[-1]["activePath"] == sid
+        chat.send({"type": "delete_session", "path": fork})
+        gone = chat.until("sessions")[-1]
+        assert fork not in {s["path"] for s in gone["items"]}
+        chat.send({"type": "delete_session", "path": fork})
+        error = chat.until("error")[-1]
+        assert error["message"] == f"no chat session {fork!r}" and error["param"] == "path"
 
 
 def test_a_turn_sent_the_moment_turn_end_arrives_is_taken(

@@ -98,7 +98,7 @@ def test_the_chip_lists_adapters_and_the_choice_reaches_the_next_turn(
         assert page.is_hidden("#adapter-menu")
         assert page.inner_text("#adapter-chip") == "adapter: a"
         watch.wait(lambda: watch.frames("set_adapter", watch.sent))
-        assert watch.frames("set_adapter", watch.sent) == [{"type": "set_adapter", "adapter": "a"}]
+        assert watch.frames("set_adapter", watch.sent) == [{"type": "set_adapter", "id": "a"}]
 
         page.fill("#prompt", "hello")
         page.press("#prompt", "Enter")

@@ -60,9 +60,23 @@ def test_prompt_and_stream_usage_flags() -> None:
     assert (cfg.allow_special_tokens_in_content, cfg.stream_usage) == (True, "always")
 
 
+def test_web_tools_flags(tmp_path: Path) -> None:
+    cfg = ServeConfig()
+    assert (cfg.web_tools, cfg.web_tool_steps, cfg.web_tool_timeout) == (None, 8, 120.0)
+    (tmp_path / "ws").mkdir()
+    cfg = parse_config(
+        ["serve", "--web-tools", str(tmp_path / "ws" / ".."), "--web-tool-steps", "3"]
+        + ["--web-tool-timeout", "2.5"]
+    )
+    assert (cfg.web_tools, cfg.web_tool_steps, cfg.web_tool_timeout) == (str(tmp_path), 3, 2.5)
+    assert parse_config(["serve", "--mcp-config", "m.json"]).mcp_config == "m.json"
+
+
 @pytest.mark.parametrize(
     "flags",
     [
+        ["--web-tools", "/no/such/folder"],
+        ["--web-tool-steps", "0"],
         ["--max-tokens", "0"],
         ["--port", "99999"],
         ["--batch", "0"],

@@ -30,6 +30,8 @@ GENERATION_CODES = {"200", "400", "401", "413", "415", "429", "499", "500"}
 READ_CODES = {"200", "400", "401", "500"}
 #: The web chat's page routes.
 WEB = "mlxspec.handlers.webchat.pages"
+#: The web chat's search and export routes.
+WEB_SEARCH = "mlxspec.handlers.webchat.search"
 #: Scoring and embeddings: no generation queue, so no 429.
 OPERATIONS = [
     # method, path, operationId, router controller, tag, response codes
@@ -199,6 +201,24 @@ OPERATIONS = [
     ("get", "/chat", "redirectChatPage", WEB, "web", {"302", "400", "404", "500"}),
     ("get", "/status", "redirectStatusPage", WEB, "web", {"302", "400", "404", "500"}),
     ("get", "/ws/chat", "openChatSocket", WEB, "web", {"101", "400", "403", "426", "500"}),
+    ("get", "/api/sessions/search", "searchSessions", WEB_SEARCH, "web", READ_CODES),
+    ("get", "/api/sessions/export", "exportSession", WEB_SEARCH, "web", READ_CODES | {"404"}),
+    (
+        "get",
+        "/api/settings/tool-approvals",
+        "getToolApprovals",
+        "mlxspec.handlers.webchat.settings",
+        "web",
+        READ_CODES,
+    ),
+    (
+        "delete",
+        "/api/settings/tool-approvals",
+        "deleteToolApproval",
+        "mlxspec.handlers.webchat.settings",
+        "web",
+        READ_CODES | {"413", "415"},
+    ),
     # speech to text (the 503s: no Whisper checkpoint, or too many connections)
     (
         "post",

@@ -1,8 +1,14 @@
 """The web chat's conversations, kept in one SQLite database.
 
 Each session is a row of ``sessions`` (its title, its settings: system prompt,
-sampling fields and the thinking switch) and its turns are rows of
-``messages``, numbered from 0. The database runs in WAL mode, so the socket of
+sampling fields and the thinking switch, and ``leaf``: the last message of the
+branch shown) and its messages are rows of ``messages``, numbered from 0 in the
+order written. The messages form a tree (reference, "Web chat WebSocket":
+``switch_sibling``, ``siblings``): each names its ``parent`` entry, so a
+regenerated answer or an edited question is a sibling of the one it replaces,
+never a deletion, and the conversation shown is the path from the root to
+``leaf``. A version 1 file (a list per session) is migrated when opened: each
+message's parent is the one before it. The database runs in WAL mode, so the socket of
 one browser reads while another's turn is written, and a server restart or a
 second browser finds every conversation where it was left (reference, "Web
 chat WebSocket": sessions outlive the page). The default file is
@@ -28,6 +34,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mlxspec.handlers.webchat.store_schema import (
+    FTS,
+    INDEX,
+    MIGRATE_1_2,
+    PATHS,
+    SCHEMA,
+    SCHEMA_VERSION,
+    walk,
+)
+
 __all__ = [
     "ChatMessage",
     "ChatStore",
@@ -36,31 +52,6 @@ __all__ = [
     "SessionSummary",
     "new_session_id",
 ]
-
-#: The schema's version, kept in ``PRAGMA user_version``.
-SCHEMA_VERSION = 1
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS sessions (
-    id       TEXT PRIMARY KEY,
-    title    TEXT NOT NULL,
-    created  REAL NOT NULL,
-    updated  REAL NOT NULL,
-    settings TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS messages (
-    session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
-    seq        INTEGER NOT NULL,
-    role       TEXT NOT NULL,
-    content    TEXT NOT NULL,
-    reasoning  TEXT,
-    tool_calls TEXT NOT NULL DEFAULT '[]',
-    meta       TEXT NOT NULL DEFAULT '{}',
-    created    REAL NOT NULL,
-    PRIMARY KEY (session_id, seq)
-);
-CREATE INDEX IF NOT EXISTS sessions_by_update ON sessions(updated DESC);
-"""
 
 #: Characters of the first user message a session's title keeps.
 TITLE_CHARS = 60
@@ -73,7 +64,8 @@ class ChatMessage:
     """One turn of a conversation.
 
     Args:
-        role (str): ``"user"`` or ``"assistant"``.
+        role (str): ``"user"``, ``"assistant"`` or ``"tool"`` (a coding tool's
+            result; ``meta`` holds ``toolCallId``, ``tool`` and ``ok``).
         content (str): the text (an assistant's answer as far as it got).
         reasoning (str | None): the thinking channel, when the model used one.
             Default: ``None``.
@@ -82,6 +74,10 @@ class ChatMessage:
             shown, never run. Default: ``()``.
         meta (dict): what the page shows beside the answer: ``finishReason``,
             ``lane``, ``usage``, ``stats``, ``sampling``. Default: ``{}``.
+        entry (str | None): the stored message's entry id (``e-<16 hex>``);
+            ``None`` before it is stored. Default: ``None``.
+        siblings (tuple[str, ...]): the entry ids of the messages with the same
+            parent, itself included, oldest first (``()`` unknown). Default: ``()``.
     """
 
     role: str
@@ -89,10 +85,17 @@ class ChatMessage:
     reasoning: str | None = None
     tool_calls: tuple[dict[str, Any], ...] = ()
     meta: dict[str, Any] = field(default_factory=dict)
+    entry: str | None = None
+    siblings: tuple[str, ...] = ()
 
     def wire(self) -> dict[str, Any]:
-        """The message as a ``history`` frame item."""
+        """The message as a ``history`` frame item (``entryId``; ``siblings``
+        when it has any: ``{index, count, siblingIds}``)."""
         item: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.entry is not None:
+            item["entryId"] = self.entry
+        if len(self.siblings) > 1 and self.entry in self.siblings:
+            item["siblings"] = sibling_view(self.entry, self.siblings)
         if self.reasoning:
             item["reasoning"] = self.reasoning
         if self.tool_calls:
@@ -117,6 +120,9 @@ class SessionSettings:
             its calls are shown, never run. Default: ``()``.
         adapter (str | None): the chat body's ``adapter`` (a mounted id,
             ``"a+b"``, ``"none"``); ``None`` is the server's default. Default: ``None``.
+        coding_tools (bool): the coding tools are offered and run
+            (``set_coding_tools``; only on a server with ``--web-tools``).
+            Default: ``False``.
     """
 
     system_prompt: str | None = None
@@ -124,6 +130,7 @@ class SessionSettings:
     thinking: bool | None = None
     tools: tuple[dict[str, Any], ...] = ()
     adapter: str | None = None
+    coding_tools: bool = False
 
     def wire(self) -> dict[str, Any]:
         """The settings as frames carry them (camelCase, as the reference's frames)."""
@@ -133,6 +140,7 @@ class SessionSettings:
             "thinking": self.thinking,
             "tools": list(self.tools),
             "adapter": self.adapter,
+            "codingTools": self.coding_tools,
         }
 
     @classmethod
@@ -144,6 +152,7 @@ class SessionSettings:
             data.get("thinking"),
             tuple(data.get("tools") or ()),
             data.get("adapter"),
+            bool(data.get("codingTools", False)),
         )
 
 
@@ -168,6 +177,7 @@ class SessionSummary:
     def wire(self) -> dict[str, Any]:
         """The summary as a ``sessions`` frame item."""
         return {
+            "path": self.id,  # the reference's field: a session's stable name
             "id": self.id,
             "title": self.title,
             "created": self.created,
@@ -183,6 +193,17 @@ class Session:
     summary: SessionSummary
     settings: SessionSettings
     messages: tuple[ChatMessage, ...]
+
+
+def sibling_view(entry: str, siblings: tuple[str, ...]) -> dict[str, Any]:
+    """``{index, count, siblingIds}`` of ``entry`` among ``siblings`` (the
+    reference's ``siblings`` frame, without its type)."""
+    return {"index": siblings.index(entry), "count": len(siblings), "siblingIds": list(siblings)}
+
+
+def new_entry_id() -> str:
+    """A fresh message entry id (``e-<16 hex>``)."""
+    return f"e-{uuid.uuid4().hex[:16]}"
 
 
 def title_of(text: str) -> str:
@@ -221,7 +242,17 @@ class ChatStore:
             self._db.execute("PRAGMA synchronous=NORMAL")  # durable at checkpoints (WAL)
             self._db.execute("PRAGMA foreign_keys=ON")
             self._db.execute("PRAGMA busy_timeout=5000")  # a second server on the file
-            self._db.executescript(_SCHEMA)
+            self._db.executescript(SCHEMA)
+            columns = {row[1] for row in self._db.execute("PRAGMA table_info(messages)")}
+            if "entry" not in columns:  # a version 1 file: one list per session
+                self._db.executescript(f"BEGIN IMMEDIATE;{MIGRATE_1_2}COMMIT;")
+            self._db.executescript(INDEX)
+            indexed = self._db.execute(
+                "SELECT 1 FROM sqlite_master WHERE name = 'messages_fts'"
+            ).fetchone()
+            self._db.executescript(FTS)
+            if indexed is None:  # a file written before the index: index what it holds
+                self._db.execute("INSERT INTO messages_fts(messages_fts) VALUES ('rebuild')")
             self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     def close(self) -> None:
@@ -240,6 +271,11 @@ class ChatStore:
                 raise
             self._db.execute("COMMIT")
 
+    def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        """The rows of a read-only statement (the search and export routes)."""
+        with self._lock:
+            return self._db.execute(sql, params).fetchall()
+
     def journal_mode(self) -> str:
         """The database's journal mode (``"wal"``)."""
         with self._lock:
@@ -253,7 +289,8 @@ class ChatStore:
         sid, now = sid or new_session_id(), time.time()
         with self._write() as db:
             db.execute(
-                "INSERT INTO sessions VALUES (?, ?, ?, ?, ?)",
+                "INSERT INTO sessions (id, title, created, updated, settings) "
+                "VALUES (?, ?, ?, ?, ?)",
                 (sid, title, now, now, json.dumps(settings.wire())),
             )
         return sid
@@ -263,46 +300,68 @@ class ChatStore:
         (every ``sessions`` frame carries the list)."""
         with self._lock:
             rows = self._db.execute(
-                "SELECT s.id, s.title, s.created, s.updated, COUNT(m.seq) FROM sessions s "
-                "LEFT JOIN messages m ON m.session_id = s.id GROUP BY s.id "
+                PATHS + "SELECT s.id, s.title, s.created, s.updated, "
+                "(SELECT COUNT(*) FROM path WHERE path.session_id = s.id) FROM sessions s "
                 "ORDER BY s.updated DESC, s.rowid DESC LIMIT ?",
                 (limit,),
             ).fetchall()
         return [SessionSummary(*row) for row in rows]
 
     def get(self, sid: str) -> Session | None:
-        """The session ``sid``, or ``None`` when there is none."""
+        """The session ``sid`` with the messages of its shown branch, or ``None``."""
         with self._lock:
             row = self._db.execute(
-                "SELECT id, title, created, updated, settings FROM sessions WHERE id = ?", (sid,)
+                "SELECT id, title, created, updated, settings, leaf FROM sessions WHERE id = ?",
+                (sid,),
             ).fetchone()
             if row is None:
                 return None
             rows = self._db.execute(
-                "SELECT role, content, reasoning, tool_calls, meta FROM messages "
+                "SELECT role, content, reasoning, tool_calls, meta, entry, parent FROM messages "
                 "WHERE session_id = ? ORDER BY seq",
                 (sid,),
             ).fetchall()
+        by_entry = {r[5]: r for r in rows}
+        children: dict[str | None, list[str]] = {}
+        for r in rows:
+            children.setdefault(r[6], []).append(r[5])
         messages = tuple(
-            ChatMessage(role, content, reasoning, tuple(json.loads(calls)), json.loads(meta))
-            for role, content, reasoning, calls, meta in rows
+            ChatMessage(
+                role,
+                content,
+                reasoning,
+                tuple(json.loads(calls)),
+                json.loads(meta),
+                entry,
+                tuple(children[parent]),
+            )  # fmt: skip
+            for role, content, reasoning, calls, meta, entry, parent in (
+                by_entry[e] for e in walk(by_entry, row[5])
+            )
         )
         summary = SessionSummary(row[0], row[1], row[2], row[3], len(messages))
         return Session(summary, SessionSettings.from_wire(json.loads(row[4])), messages)
 
-    def append(self, sid: str, message: ChatMessage, keep: int | None = None) -> None:
-        """Add ``message`` after the session's last one; with ``keep``, first
-        drop every message from index ``keep`` on (regenerate, edit and resend).
-        The first user message names an untitled session."""
-        now = time.time()
+    def append(self, sid: str, message: ChatMessage, keep: int | None = None) -> str:
+        """Add ``message`` after the shown branch's last message; with ``keep``,
+        after its first ``keep`` messages instead, as a sibling of the one there
+        (regenerate, edit and resend), which stays stored. The new message ends
+        the shown branch. A first user message names the session.
+
+        Returns:
+            str: the new message's entry id.
+        """
+        now, entry = time.time(), new_entry_id()
         with self._write() as db:
-            if keep is not None:
-                db.execute("DELETE FROM messages WHERE session_id = ? AND seq >= ?", (sid, keep))
+            path = self._path(db, sid)
+            kept = path if keep is None else path[:keep]
+            parent = kept[-1] if kept else None
             (seq,) = db.execute(
                 "SELECT COALESCE(MAX(seq) + 1, 0) FROM messages WHERE session_id = ?", (sid,)
             ).fetchone()
             db.execute(
-                "INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO messages (session_id, seq, role, content, reasoning, tool_calls, "
+                "meta, created, entry, parent) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     sid,
                     seq,
@@ -312,19 +371,53 @@ class ChatStore:
                     json.dumps(list(message.tool_calls)),
                     json.dumps(message.meta),
                     now,
+                    entry,
+                    parent,
                 ),
             )
-            db.execute("UPDATE sessions SET updated = ? WHERE id = ?", (now, sid))
-            if seq == 0 and message.role == "user":
+            db.execute("UPDATE sessions SET updated = ?, leaf = ? WHERE id = ?", (now, entry, sid))
+            if parent is None and message.role == "user":
                 db.execute(
                     "UPDATE sessions SET title = ? WHERE id = ?", (title_of(message.content), sid)
                 )
+        return entry
 
     def truncate(self, sid: str, keep: int) -> None:
-        """Drop every message of ``sid`` from index ``keep`` on."""
+        """Show only the first ``keep`` messages of the shown branch (the rest
+        stay stored: the next message appended is their sibling)."""
         with self._write() as db:
-            db.execute("DELETE FROM messages WHERE session_id = ? AND seq >= ?", (sid, keep))
-            db.execute("UPDATE sessions SET updated = ? WHERE id = ?", (time.time(), sid))
+            path = self._path(db, sid)[:keep]
+            leaf = path[-1] if path else None
+            db.execute(
+                "UPDATE sessions SET updated = ?, leaf = ? WHERE id = ?", (time.time(), leaf, sid)
+            )
+
+    def switch(self, sid: str, entry: str) -> bool:
+        """Show the branch through ``entry``: down from it, the most recent
+        child each time. ``False`` when ``sid`` has no such entry."""
+        with self._write() as db:
+            rows = db.execute(
+                "SELECT entry, parent FROM messages WHERE session_id = ? ORDER BY seq", (sid,)
+            ).fetchall()
+            if entry not in {e for e, _ in rows}:
+                return False
+            latest = {parent: child for child, parent in rows}  # the last written wins
+            leaf = entry
+            while leaf in latest:
+                leaf = latest[leaf]
+            db.execute(
+                "UPDATE sessions SET leaf = ?, updated = ? WHERE id = ?", (leaf, time.time(), sid)
+            )
+        return True
+
+    @staticmethod
+    def _path(db: sqlite3.Connection, sid: str) -> tuple[str, ...]:
+        """The shown branch's entries, root first (inside a transaction)."""
+        row = db.execute("SELECT leaf FROM sessions WHERE id = ?", (sid,)).fetchone()
+        rows = db.execute(
+            "SELECT entry, parent FROM messages WHERE session_id = ?", (sid,)
+        ).fetchall()
+        return tuple(walk({e: (e, p) for e, p in rows}, row[0] if row else None, parent_at=1))
 
     def set_settings(self, sid: str, settings: SessionSettings) -> None:
         """Replace the settings of ``sid``."""
@@ -338,15 +431,17 @@ class ChatStore:
         when there is no such session."""
         new, now = new_session_id(), time.time()
         with self._write() as db:
-            row = db.execute("SELECT title, settings FROM sessions WHERE id = ?", (sid,)).fetchone()
+            row = db.execute("SELECT title FROM sessions WHERE id = ?", (sid,)).fetchone()
             if row is None:
                 return None
             db.execute(
-                "INSERT INTO sessions VALUES (?, ?, ?, ?, ?)", (new, row[0], now, now, row[1])
+                "INSERT INTO sessions (id, title, created, updated, settings, leaf) "
+                "SELECT ?, title, ?, ?, settings, leaf FROM sessions WHERE id = ?",
+                (new, now, now, sid),
             )
             db.execute(
                 "INSERT INTO messages SELECT ?, seq, role, content, reasoning, tool_calls, meta, "
-                "created FROM messages WHERE session_id = ?",
+                "created, entry, parent FROM messages WHERE session_id = ?",
                 (new, sid),
             )
         return new

@@ -23,65 +23,35 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from mlxspec.engine import EngineRequestError
 from mlxspec.errors import ApiError
-from mlxspec.handlers.adapters.select import request_adapters
 from mlxspec.handlers.turns.turns import count_prompt
+from mlxspec.handlers.webchat.agent import AgentTurn
 from mlxspec.handlers.webchat.frames import FrameError, dump_frame, error_frame, read_frame
+from mlxspec.handlers.webchat.hub import ChatHub
+from mlxspec.handlers.webchat.queue import PromptQueue
 from mlxspec.handlers.webchat.sessions import (
     ChatMessage,
-    ChatStore,
     Session,
     SessionSettings,
     new_session_id,
+    sibling_view,
 )
-from mlxspec.handlers.webchat.turn import SAMPLING_FIELDS, SocketTurn, as_api_error, chat_body
-from mlxspec.parsers import detect
+from mlxspec.handlers.webchat.settings_frames import SettingsFrames
+from mlxspec.handlers.webchat.tools.app_context import AppContext
+from mlxspec.handlers.webchat.turn import as_api_error, chat_body
 
-__all__ = ["ChatHub", "ChatSocket"]
+__all__ = ["ChatSocket"]
 
 log = logging.getLogger("mlxspec.webchat")
 
 #: Frames that show another session: a running turn is stopped first.
 _LEAVING = frozenset({"new_session", "open_session", "fork_session", "delete_session"})
-#: Frames that start a turn: refused while one runs.
-_TURNS = frozenset({"prompt", "regenerate", "edit_resend"})
+#: Frames that start a turn or change the branch: refused while one runs (a
+#: ``prompt`` then is queued instead).
+_TURNS = frozenset({"regenerate", "edit_resend", "switch_sibling"})
 
 
-class ChatHub:
-    """What the sockets of one app share: the engine, the store, each other.
-
-    Args:
-        engine (Engine): the serving engine.
-        store (ChatStore): the sessions database.
-        context_window (int): tokens one turn may take (the operator's cap,
-            else the model's window).
-        transcription (bool): a Whisper service answers ``/v1/audio/sessions``
-            (the page shows its microphone). Default: ``False``.
-    """
-
-    def __init__(
-        self, engine: Any, store: ChatStore, context_window: int, transcription: bool = False
-    ) -> None:
-        self.engine, self.store, self.context_window = engine, store, context_window
-        self.transcription = transcription
-        self.sockets: set[ChatSocket] = set()
-        self.thinking = detect(engine.chat_format).reasoning is not None
-
-    async def call(self, method: str, *args: Any) -> Any:
-        """``store.<method>(*args)`` off the event loop (a commit fsyncs)."""
-        return await asyncio.to_thread(getattr(self.store, method), *args)
-
-    async def changed(self, origin: ChatSocket, session_id: str | None = None) -> None:
-        """Tell the other sockets the list changed; those showing ``session_id``
-        get its history again."""
-        for socket in list(self.sockets - {origin}):
-            await socket.send_sessions()
-            if session_id is not None and socket.session_id == session_id:
-                await socket.send_history()
-
-
-class ChatSocket:
+class ChatSocket(SettingsFrames):
     """One ``/ws/chat`` connection after its handshake (and key check).
 
     Args:
@@ -97,7 +67,13 @@ class ChatSocket:
         self.session_id: str | None = None
         self.settings = SessionSettings()
         self.next_turn: dict[str, Any] = {}
-        self.turn: SocketTurn | None = None
+        self.turn: AgentTurn | None = None
+        #: ``set_coding_tools`` sent while a turn ran: applied when it ends.
+        self.coding_pending: bool | None = None
+        #: Prompts sent while a turn ran (:mod:`.queue`).
+        self.queue = PromptQueue()
+        #: What the page last said it shows (``context`` frames; the app tools).
+        self.app = AppContext(self.send)
         self.task: asyncio.Task[None] | None = None
 
     async def send(self, frame: dict[str, Any]) -> None:
@@ -133,6 +109,7 @@ class ChatSocket:
                 "transcription": self.hub.transcription,
                 "contextWindow": self.hub.context_window,
                 "defaultAdapter": _default_adapter(engine),
+                "codingTools": self.hub.has_tools,
             }
         )
         await self.send_sessions()
@@ -170,8 +147,13 @@ class ChatSocket:
         running = self.turn is not None  # until its answer is stored and turn_end sent
         if kind in _TURNS and running:
             raise ApiError("invalid_request", "a turn is running: abort it first")
-        if kind in _LEAVING and running:
-            await self.stop_turn()
+        if kind == "prompt" and running:
+            await self._enqueue(frame)
+            return
+        if kind in _LEAVING:
+            await self._clear_queue()
+            if running:
+                await self.stop_turn()
         handler = getattr(self, f"_on_{kind}", None)
         if handler is not None:
             await handler(frame)
@@ -179,8 +161,46 @@ class ChatSocket:
     # ---------------------------------------------------------------- frames
 
     async def _on_abort(self, frame: dict[str, Any]) -> None:
+        await self._clear_queue()  # stop means stop: nothing queued starts after it
         if self.turn is not None:
             self.turn.abort()
+
+    async def _enqueue(self, frame: dict[str, Any]) -> None:
+        if frame.get("images"):
+            raise ApiError("invalid_request", "this model takes no images", param="images")
+        self.queue.add(frame["text"], frame.get("queue"))
+        await self.send(self.queue.frame())
+
+    async def _clear_queue(self) -> None:
+        if self.queue:
+            self.queue.clear()
+            await self.send(self.queue.frame())
+
+    async def take_steering(self) -> list[str]:
+        """The steering prompts, taken off the queue (the running turn's next step)."""
+        taken = self.queue.take_steering()
+        if taken:
+            await self.send(self.queue.frame())
+        return taken
+
+    async def _next_queued(self) -> None:
+        """After a turn: start the next queued prompt, if any."""
+        if self.closed or self.turn is not None or (text := self.queue.pop_next()) is None:
+            return
+        await self.send(self.queue.frame())
+        try:
+            await self._on_prompt({"type": "prompt", "text": text})
+        except ApiError as exc:
+            await self.send(error_frame(exc))
+
+    async def _on_context(self, frame: dict[str, Any]) -> None:
+        self.app.update(frame["context"])
+
+    async def _on_approval(self, frame: dict[str, Any]) -> None:
+        if self.turn is None or not self.turn.approve(frame):
+            raise ApiError(
+                "invalid_request", f"no tool call {frame['callId']!r} awaits approval", "callId"
+            )
 
     async def _on_list_sessions(self, frame: dict[str, Any]) -> None:
         await self.send_sessions()
@@ -191,55 +211,41 @@ class ChatSocket:
         await self.send_sessions()
 
     async def _on_open_session(self, frame: dict[str, Any]) -> None:
-        session = await self._session(frame["id"])
-        self.session_id, self.settings, self.next_turn = frame["id"], session.settings, {}
+        sid = _target(frame)
+        session = await self._session(sid)
+        self.session_id, self.settings, self.next_turn = sid, session.settings, {}
         await self.send_history(session)
         await self.send_sessions()
 
     async def _on_fork_session(self, frame: dict[str, Any]) -> None:
-        new = await self.hub.call("fork", frame["id"])
+        new = await self.hub.call("fork", _target(frame))
         if new is None:
-            raise _unknown(frame["id"])
-        await self._on_open_session({"id": new})
+            raise _unknown(_target(frame))
+        await self._on_open_session({"path": new})
         await self.hub.changed(self)
 
     async def _on_delete_session(self, frame: dict[str, Any]) -> None:
-        if not await self.hub.call("delete", frame["id"]):
-            raise _unknown(frame["id"])
-        if self.session_id == frame["id"]:
+        sid = _target(frame)
+        if not await self.hub.call("delete", sid):
+            raise _unknown(sid)
+        if self.session_id == sid:
             self.session_id, self.next_turn = None, {}
             await self.send_history()
         await self.send_sessions()
         await self.hub.changed(self)
 
-    async def _on_set_system_prompt(self, frame: dict[str, Any]) -> None:
-        text = frame["text"] or None
-        await self._save(dataclasses.replace(self.settings, system_prompt=text))
-
-    async def _on_set_thinking(self, frame: dict[str, Any]) -> None:
-        await self._save(dataclasses.replace(self.settings, thinking=frame["enabled"]))
-
-    async def _on_set_tools(self, frame: dict[str, Any]) -> None:
-        tools = tuple(frame["tools"] or ())
-        await self._save(dataclasses.replace(self.settings, tools=tools))
-
-    async def _on_set_adapter(self, frame: dict[str, Any]) -> None:
-        spec = frame["adapter"]
-        if spec is not None:
-            try:  # checked now, as a chat body's would be: an unknown id is named at once
-                request_adapters(self.hub.engine, {"adapter": spec})
-            except EngineRequestError as exc:
-                raise as_api_error(exc) from exc
-        await self._save(dataclasses.replace(self.settings, adapter=spec))
-
-    async def _on_set_sampling(self, frame: dict[str, Any]) -> None:
-        fields = {k: frame[k] for k in SAMPLING_FIELDS if k in frame}
-        if frame.get("scope") == "next_turn":
-            self.next_turn.update({k: v for k, v in fields.items() if v is not None})
-            return
-        sampling = {**self.settings.sampling, **fields}
-        sampling = {k: v for k, v in sampling.items() if v is not None}  # null: the default
-        await self._save(dataclasses.replace(self.settings, sampling=sampling))
+    async def _on_switch_sibling(self, frame: dict[str, Any]) -> None:
+        session = await self._current()
+        entry = frame["entryId"]
+        if not await self.hub.call("switch", session.summary.id, entry):
+            raise ApiError("not_found", f"no message {entry!r} in this chat", param="entryId")
+        shown = await self._session(session.summary.id)
+        await self.send_history(shown)
+        mine = next((m for m in shown.messages if m.entry == entry), None)
+        if mine is not None:
+            view = sibling_view(entry, mine.siblings)
+            await self.send({"type": "siblings", "entryId": entry, **view})
+        await self.hub.changed(self, session.summary.id)
 
     async def _on_prompt(self, frame: dict[str, Any]) -> None:
         if frame.get("images"):
@@ -285,14 +291,22 @@ class ChatSocket:
     ) -> None:
         """Start a turn answering ``messages`` of session ``sid`` as a task;
         ``commit`` stores them once the engine took it (:meth:`_opened`)."""
-        body = chat_body(sid, self.settings, messages, self.next_turn)
-        self.next_turn = {}
+        hub = self.hub
 
         async def opened() -> None:
             await self._opened(sid, commit)
 
-        self.turn = SocketTurn(self.hub.engine, body, sid, self.send, opened)
-        self.task = asyncio.ensure_future(self._run(self.turn, sid, len(messages)))
+        async def store(message: ChatMessage, keep: int) -> None:
+            await hub.call("append", sid, message, keep)
+
+        runner = hub.tool_runner(self.app) if self.settings.coding_tools else None
+        steps = hub.config.web_tool_steps if hub.config is not None else 1
+        self.turn = AgentTurn(
+            hub.engine, sid, self.settings, messages, self.next_turn, self.send,
+            opened, store, runner, hub.approvals, steps, self.take_steering,
+        )  # fmt: skip
+        self.next_turn = {}
+        self.task = asyncio.ensure_future(self._run(self.turn, sid))
 
     async def _opened(self, sid: str, commit: Callable[[], Awaitable[Any]]) -> None:
         """The engine took the turn: store its messages, show them (the history
@@ -303,20 +317,15 @@ class ChatSocket:
         await self.send_sessions()
         await self.hub.changed(self)
 
-    async def _run(self, turn: SocketTurn, session_id: str, keep: int) -> None:
+    async def _run(self, turn: AgentTurn, session_id: str) -> None:
         ended = False  # turn_end sent: a later failure must not send a second one
         try:
-            answer, end = await turn.run()
-            if answer is None:  # refused: an error frame said why, nothing was stored
-                self.turn = None
-                ended = True
-                await self.send(end)
-                return
-            # keep: the answer follows exactly the messages it was asked with
-            await self.hub.call("append", session_id, answer, keep)
+            end = await turn.run()
             self.turn = None  # stored: the next turn may start once turn_end is seen
             ended = True
             await self.send(end)
+            if not turn.stored:  # refused: an error frame said why, nothing was stored
+                return
             tokens = turn.context_tokens
             if tokens is None:
                 tokens = await self._count(await self._session(session_id))
@@ -331,6 +340,11 @@ class ChatSocket:
         finally:
             if self.turn is turn:
                 self.turn = None
+            if self.coding_pending is not None:
+                enabled, self.coding_pending = self.coding_pending, None
+                await self._save(dataclasses.replace(self.settings, coding_tools=enabled))
+                await self.send_coding_tools()
+            await self._next_queued()
 
     async def _save(self, settings: SessionSettings) -> None:
         self.settings = settings
@@ -362,7 +376,10 @@ class ChatSocket:
     async def send_sessions(self) -> None:
         """Send the conversation list (``sessions``)."""
         items = [s.wire() for s in await self.hub.call("list")]
-        await self.send({"type": "sessions", "items": items, "activeId": self.session_id})
+        active = self.session_id
+        await self.send(
+            {"type": "sessions", "items": items, "activePath": active, "activeId": active}
+        )
 
     async def send_history(self, session: Session | None = None, context: bool = True) -> None:
         """Send the shown session's messages and settings (``history``), then
@@ -400,8 +417,13 @@ def _default_adapter(engine: Any) -> str | None:
     return default if default is not None and default in engine.adapters.ids() else None
 
 
+def _target(frame: dict[str, Any]) -> str:
+    """The session a frame names: ``path`` (the reference's field), else ``id``."""
+    return str(frame["path"] if "path" in frame else frame["id"])
+
+
 def _unknown(session_id: str) -> ApiError:
-    return ApiError("not_found", f"no chat session {session_id!r}", param="id")
+    return ApiError("not_found", f"no chat session {session_id!r}", param="path")
 
 
 def _last_user(session: Session) -> int:

@@ -38,7 +38,15 @@ from mlxspec.handlers.turns.turns import Turn, open_turn, turn_events
 from mlxspec.handlers.webchat.frames import error_frame
 from mlxspec.handlers.webchat.sessions import ChatMessage, SessionSettings
 
-__all__ = ["SAMPLING_FIELDS", "SendFrame", "SocketTurn", "as_api_error", "chat_body"]
+__all__ = [
+    "NOT_RUN",
+    "SAMPLING_FIELDS",
+    "SendFrame",
+    "SocketTurn",
+    "as_api_error",
+    "call_args",
+    "chat_body",
+]
 
 #: A coroutine that sends one server frame.
 SendFrame = Callable[[dict[str, Any]], Awaitable[None]]
@@ -60,8 +68,9 @@ SAMPLING_FIELDS = (
     "frequency_penalty",
 )
 
-#: What ``tool_end`` says of every call: the web chat shows calls and runs none.
-NOT_RUN = "not run: the web chat shows tool calls and runs no tools"
+#: What ``tool_end`` says of a call no runner takes (a ``set_tools`` tool, or
+#: any call while the coding tools are off).
+NOT_RUN = "not run: the web chat runs only its coding tools, and only while they are on"
 
 
 def chat_body(
@@ -69,6 +78,8 @@ def chat_body(
     settings: SessionSettings,
     messages: Sequence[ChatMessage],
     overrides: dict[str, Any] | None = None,
+    extra_tools: Sequence[dict[str, Any]] = (),
+    ambient: str | None = None,
 ) -> dict[str, Any]:
     """The OpenAI chat completion body of a session's next turn.
 
@@ -81,26 +92,34 @@ def chat_body(
             user message to answer.
         overrides (dict | None): sampling fields for this turn only
             (``set_sampling`` with ``scope: next_turn``). Default: ``None``.
+        extra_tools (Sequence[dict]): tools offered besides the session's own
+            (the coding tools, when on). Default: ``()``.
+        ambient (str | None): a line put before the system prompt (the app-aware
+            assistant's ``[user is on: ...]``). Default: ``None``.
 
     Returns:
         dict: a body :func:`~mlxspec.handlers.turns.turns.open_turn` takes; a
         ``None`` sampling field is left out (the server's default).
     """
     wire: list[dict[str, Any]] = []
-    if settings.system_prompt:
-        wire.append({"role": "system", "content": settings.system_prompt})
+    system = "\n".join(t for t in (ambient, settings.system_prompt) if t)
+    if system:
+        wire.append({"role": "system", "content": system})
     for message in messages:
         item: dict[str, Any] = {"role": message.role, "content": message.content}
         if message.tool_calls:
             item["tool_calls"] = list(message.tool_calls)
+        if message.role == "tool":
+            item["tool_call_id"] = message.meta.get("toolCallId", "")
         wire.append(item)
     body: dict[str, Any] = {"messages": wire, "session_id": session_id}
     sampling = {**settings.sampling, **(overrides or {})}
     body.update({k: v for k, v in sampling.items() if k in SAMPLING_FIELDS and v is not None})
     if settings.thinking is not None:
         body["chat_template_kwargs"] = {"enable_thinking": settings.thinking}
-    if settings.tools:
-        body["tools"] = list(settings.tools)
+    tools = [*settings.tools, *extra_tools]
+    if tools:
+        body["tools"] = tools
     if settings.adapter is not None:
         body["adapter"] = settings.adapter
     return body
@@ -146,6 +165,11 @@ class SocketTurn:
         opened (Callable | None): awaited once the engine took the turn, before
             ``turn_start`` (the socket stores the turn's messages then: a refused
             turn stores nothing). Default: ``None``.
+        announce (bool): send ``turn_start`` (a later model step of the same
+            turn sends none). Default: ``True``.
+        runs (Callable | None): whether a call to a tool of this name will be
+            run (its ``tool_end`` comes from the runner); others are shown and
+            answered :data:`NOT_RUN`. Default: ``None`` (none is run).
     """
 
     def __init__(
@@ -155,9 +179,12 @@ class SocketTurn:
         session_id: str,
         send: SendFrame,
         opened: Callable[[], Awaitable[None]] | None = None,
+        announce: bool = True,
+        runs: Callable[[str], bool] | None = None,
     ) -> None:
         self.engine, self.body, self.session_id, self.send = engine, body, session_id, send
-        self.opened = opened
+        self.opened, self.announce = opened, announce
+        self.runs = runs or (lambda name: False)
         self._turn: Turn | None = None
         self._aborted = False
         self._text: list[str] = []
@@ -200,14 +227,15 @@ class SocketTurn:
                 raise
         sampling = sampling_view(turn.request)
         adapter = "+".join(turn.request.adapter) or None  # what the engine request runs with
-        await self.send(
-            {
-                "type": "turn_start",
-                "sessionId": self.session_id,
-                "sampling": sampling,
-                "adapter": adapter,
-            }
-        )
+        if self.announce:
+            await self.send(
+                {
+                    "type": "turn_start",
+                    "sessionId": self.session_id,
+                    "sampling": sampling,
+                    "adapter": adapter,
+                }
+            )
         finished: Finished | None = None
         reason = "aborted"
         try:
@@ -242,12 +270,15 @@ class SocketTurn:
             self._calls.pop(event.index, None)  # cut off by max_tokens: no call
 
     async def _send_calls(self) -> None:
-        """``tool_start`` and ``tool_end`` for each complete call: shown, not run."""
+        """``tool_start`` for each complete call; ``tool_end`` too for a call
+        that is shown, not run (a call to run gets it from the runner)."""
         for call_id, name, fragments in self._calls.values():
             await self.send(
                 {"type": "tool_start", "callId": call_id, "tool": name, "args": _args(fragments)}
             )
-            await self.send({"type": "tool_end", "callId": call_id, "ok": False, "result": NOT_RUN})
+            if self._aborted or not self.runs(name):
+                end = {"type": "tool_end", "callId": call_id, "ok": False, "result": NOT_RUN}
+                await self.send(end)
 
     async def _finish(
         self, finished: Finished | None, reason: str, started: float, sampling: dict[str, Any]
@@ -275,8 +306,11 @@ class SocketTurn:
 
 
 def _args(fragments: list[str]) -> Any:
+    return call_args("".join(fragments))
+
+
+def call_args(text: str) -> Any:
     """A call's arguments as JSON when they parse, else the raw text."""
-    text = "".join(fragments)
     try:
         return json.loads(text)
     except ValueError:

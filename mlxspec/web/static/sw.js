@@ -4,7 +4,7 @@
 // background); every other request (/v1/*, /ws/chat, /stats, /fit, ...) goes
 // to the network untouched.
 
-const CACHE = "mlxspec-shell-v4";
+const CACHE = "mlxspec-shell-v5";
 const SHELL = [
   "/",
   "/manifest.webmanifest",
@@ -16,6 +16,8 @@ const SHELL = [
   "/assets/mic.js",
   "/assets/adapters.js",
   "/assets/url.js",
+  "/assets/search.js",
+  "/assets/assistant.js",
   "/assets/mic-worklet.js",
   "/assets/marked.esm.js",
   "/assets/app.css",

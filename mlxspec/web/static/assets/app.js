@@ -7,9 +7,11 @@
 // user acts (sends, edits, regenerates, dismisses it, switches chat).
 
 import { AdapterChip } from "./adapters.js";
+import { navigate, snapshot, spotlight } from "./assistant.js";
 import { MessageList } from "./messages.js";
 import { wireMic } from "./mic.js";
 import { SettingsDialog, askKey, modelInfo, showStatus } from "./panels.js";
+import { wireSearch } from "./search.js";
 import { ChatConnection } from "./socket.js";
 import { hashSession, onChatRoute, showBlankInUrl, syncUrl } from "./url.js";
 
@@ -34,11 +36,17 @@ const nav = { opening: null };
 const list = new MessageList($("#messages"), {
   onEdit: (text) => {
     notice("");
+    state.branching = true;
     send({ type: "edit_resend", text });
   },
   onRegenerate: () => {
     notice("");
+    state.branching = true;
     send({ type: "regenerate" });
+  },
+  onSwitch: (entryId) => {
+    notice("");
+    if (!state.running) send({ type: "switch_sibling", entryId });
   },
   modelName: () => state.model.id || state.ready?.model || "Model",
 });
@@ -53,7 +61,7 @@ const settingsDialog = new SettingsDialog($("#settings-dialog"), (chosen) => {
 });
 
 const adapterChip = new AdapterChip($("#adapter-picker"), (adapter) => {
-  send({ type: "set_adapter", adapter });
+  send({ type: "set_adapter", id: adapter });
   state.settings = { ...state.settings, adapter };
 });
 
@@ -88,7 +96,7 @@ function followUrl() {
   notice("");
   if (id) {
     nav.opening = id;
-    send({ type: "open_session", id });
+    send({ type: "open_session", path: id });
   } else {
     send({ type: "new_session" });
   }
@@ -102,12 +110,14 @@ const handlers = {
     showModel();
     $("#mic").hidden = !frame.transcription; // a Whisper checkpoint serves /v1/audio/sessions
     adapterChip.refresh(frame.defaultAdapter);
+    $("#coding-tools").hidden = !frame.codingTools; // the server has a --web-tools workspace
+    sendContext();
     $("#prompt").disabled = false;
     if (document.activeElement === document.body) $("#prompt").focus(); // autofocus skipped it while disabled
     const want = state.sessionId || nav.opening; // a reconnect, or the URL's session
     if (want) {
       nav.opening = want;
-      connection.send({ type: "open_session", id: want });
+      connection.send({ type: "open_session", path: want });
     }
   },
   sessions(frame) {
@@ -126,6 +136,7 @@ const handlers = {
     renderSessions();
     showSettingsSummary();
     adapterChip.show(frame.settings.adapter);
+    showCodingTools(frame.settings.codingTools, false);
     if (!frame.sessionId) resetStrip();
   },
   turn_start(frame) {
@@ -139,10 +150,39 @@ const handlers = {
   thinking_delta: (frame) => state.live?.thinking_delta(frame.delta),
   tool_start: (frame) => state.live?.tool_start(frame),
   tool_end: (frame) => state.live?.tool_end(frame),
+  tool_approval_request: (frame) => state.live?.tool_approval_request(frame, send),
+  tool_update: (frame) => state.live?.tool_update(frame),
+  tool_approvals(frame) {
+    notice(`Always allowed from now on: ${frame.alwaysAllow.join(", ")} (Settings → forget).`);
+  },
+  ui_navigate: (frame) => navigate(frame),
+  ui_spotlight: (frame) => spotlight(frame),
+  queue_update(frame) {
+    const box = $("#queue");
+    box.replaceChildren();
+    for (const [kind, label] of [["steering", "steering"], ["followUp", "next"]]) {
+      for (const text of frame[kind]) {
+        const row = document.createElement("div");
+        const tag = document.createElement("span");
+        tag.className = "kind";
+        tag.textContent = `${label}:`;
+        row.append(tag, text);
+        box.append(row);
+      }
+    }
+    box.hidden = !box.childElementCount;
+  },
+  coding_tools(frame) {
+    showCodingTools(frame.pending ?? frame.active, frame.pending != null);
+  },
   turn_end(frame) {
     if (state.live) {
+      const ran = state.live.ran; // tools ran: the stored turn has their results
       state.items.push(state.live.finish(frame));
       state.live = null;
+      // tools ran, or a regenerate/edit made a sibling: show the stored turn (its < n/m >)
+      if ((ran || state.branching) && state.sessionId) send({ type: "open_session", path: state.sessionId });
+      state.branching = false;
     }
     setRunning(false);
     list.render(state.items);
@@ -157,7 +197,7 @@ const handlers = {
     $("#stat-context").textContent = `${frame.tokens} / ${frame.contextWindow} tokens (${frame.percent}%)`;
   },
   error(frame) {
-    if (nav.opening && frame.param === "id") {
+    if (nav.opening && (frame.param === "path" || frame.param === "id")) {
       // the URL's session is not here (deleted, or another server's): a new chat
       const id = nav.opening;
       nav.opening = null;
@@ -169,6 +209,11 @@ const handlers = {
     notice(frame.message);
   },
 };
+
+/** Tell the server what the page shows (the app-aware assistant's context). */
+function sendContext() {
+  requestAnimationFrame(() => connection.send({ type: "context", context: snapshot() }));
+}
 
 function onFrame(frame) {
   handlers[frame.type]?.(frame); // an error stays until the user acts
@@ -203,12 +248,12 @@ function renderSessions() {
     open.append(title, when);
     open.addEventListener("click", () => {
       notice("");
-      send({ type: "open_session", id: s.id });
+      send({ type: "open_session", path: s.id });
       closeSidebarOnPhone();
     });
-    const fork = iconButton("fork", `Fork “${s.title}”`, () => send({ type: "fork_session", id: s.id }));
+    const fork = iconButton("fork", `Fork “${s.title}”`, () => send({ type: "fork_session", path: s.id }));
     const del = iconButton("delete", `Delete “${s.title}”`, () => {
-      if (confirm(`Delete “${s.title}”?`)) send({ type: "delete_session", id: s.id });
+      if (confirm(`Delete “${s.title}”?`)) send({ type: "delete_session", path: s.id });
     });
     li.append(open, fork, del);
     ul.append(li);
@@ -261,6 +306,12 @@ function showSettingsSummary() {
   $("#settings-summary").textContent = parts.length ? parts.join(", ") : "server defaults";
 }
 
+function showCodingTools(on, pending) {
+  const chip = $("#coding-tools");
+  chip.setAttribute("aria-pressed", String(Boolean(on)));
+  chip.textContent = `tools: ${on ? "on" : "off"}${pending ? " (next turn)" : ""}`;
+}
+
 function setRunning(running) {
   state.running = running;
   $("#send").hidden = running;
@@ -283,10 +334,18 @@ function showStrip(end) {
 
 // ----------------------------------------------------------------- composer
 
-function submitPrompt() {
+function submitPrompt(steer = false) {
   const box = $("#prompt");
   const text = box.value;
-  if (!text.trim() || state.running) return;
+  if (!text.trim()) return;
+  if (state.running) {
+    // queued by the server: steering joins this turn's next step, a follow-up runs after it
+    if (connection.send({ type: "prompt", text, queue: steer ? "steering" : "followUp" })) {
+      box.value = "";
+      autosize();
+    } else notice("Not connected: the message was not sent.");
+    return;
+  }
   if (!connection.send({ type: "prompt", text })) {
     notice("Not connected: the message was not sent.");
     return;
@@ -374,7 +433,7 @@ function wire() {
   box.addEventListener("keydown", (event) => {
     if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
       event.preventDefault();
-      submitPrompt();
+      submitPrompt(event.ctrlKey || event.metaKey);
     } else if (event.key === "Escape" && state.running) {
       event.preventDefault();
       stop();
@@ -383,8 +442,17 @@ function wire() {
   box.addEventListener("input", autosize);
   box.addEventListener("paste", onPaste);
   $("#stop").addEventListener("click", stop);
+  $("#coding-tools").addEventListener("click", () => {
+    const on = $("#coding-tools").getAttribute("aria-pressed") !== "true";
+    send({ type: "set_coding_tools", enabled: on });
+  });
   wireMic($("#mic"), { insert: insertTranscript, notice });
   $("#new-chat").addEventListener("click", newChat);
+  wireSearch($("#session-search"), $("#search-results"), document.querySelector(".sessions"), (path) => {
+    notice("");
+    send({ type: "open_session", path });
+    closeSidebarOnPhone();
+  });
   $("#toggle-sidebar").addEventListener("click", () => toggleSidebar());
   $("#open-settings").addEventListener("click", () =>
     settingsDialog.open(state.settings, state.ready?.genDefaults, state.ready?.thinking),
@@ -404,6 +472,7 @@ function wire() {
   window.addEventListener("hashchange", () => {
     route();
     followUrl();
+    sendContext();
   });
 }
 

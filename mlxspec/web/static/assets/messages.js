@@ -2,7 +2,8 @@
 // actions on the last turn (edit and resend the last question, regenerate the
 // last answer). The user's text is shown as typed; the model's is Markdown,
 // sanitised (markdown.js). Reasoning sits in a collapsible block, tool calls in
-// cards (shown, never run).
+// cards: a coding tool call (--web-tools) shows its approval card, its output as it
+// streams and its result; any other call is shown, never run.
 
 import { renderMarkdown } from "./markdown.js";
 
@@ -32,20 +33,86 @@ export function describeMeta(meta = {}) {
   return parts.join(" · ");
 }
 
-function toolCard(name, args) {
+const showArgs = (args) => (typeof args === "string" ? args : JSON.stringify(args, null, 2));
+
+function toolCard(name, args, result) {
   const card = el("div", "tool-call");
   const head = el("div", "tool-head");
-  head.append(el("span", "tool-name", `Tool call: ${name}`), el("span", "badge", "not run"));
+  const badge = el("span", "badge", "not run");
+  head.append(el("span", "tool-name", `Tool call: ${name}`), badge);
   const pre = el("pre");
-  pre.append(el("code", "language-json", typeof args === "string" ? args : JSON.stringify(args, null, 2)));
+  pre.append(el("code", "language-json", showArgs(args)));
   card.append(head, pre);
+  if (result) endCard(card, result);
   return card;
+}
+
+/** A call's outcome on its card: the badge and the result text. */
+function endCard(card, { ok, result }) {
+  const badge = card.querySelector(".badge");
+  badge.textContent = ok ? "ran" : result.startsWith("not run") ? "not run" : "failed";
+  badge.className = `badge ${ok ? "ok" : "failed"}`;
+  card.querySelector(".approval")?.remove();
+  let out = card.querySelector(".tool-output");
+  if (!out) {
+    out = el("pre", "tool-output");
+    card.append(out);
+  }
+  out.textContent = result;
+}
+
+/**
+ * The approval card of a gated call (tool_approval_request): allow, deny, edit
+ * the arguments, always allow the tool. ``answer(frame)`` sends the approval.
+ */
+export function approvalCard(card, frame, answer) {
+  const box = el("div", "approval");
+  box.setAttribute("role", "group");
+  box.setAttribute("aria-label", `Approve ${frame.tool}`);
+  box.append(el("span", "question", `Run ${frame.tool}? It runs in the server's workspace.`));
+  const always = el("input");
+  always.type = "checkbox";
+  const alwaysLabel = el("label", "", "");
+  alwaysLabel.append(always, `Always allow ${frame.tool}`);
+  const editor = el("textarea", "");
+  editor.value = showArgs(frame.args);
+  editor.hidden = true;
+  editor.setAttribute("aria-label", "Arguments to run the call with (JSON)");
+  const reply = (decision, extra = {}) => {
+    answer({ type: "approval", callId: frame.callId, decision, alwaysAllow: always.checked, ...extra });
+    box.querySelectorAll("button, input, textarea").forEach((n) => (n.disabled = true));
+    card.querySelector(".badge").textContent = decision === "deny" ? "denied" : "running…";
+  };
+  const edit = button("Edit", () => {
+    if (editor.hidden) {
+      editor.hidden = false;
+      edit.textContent = "Run edited";
+      editor.focus();
+      return;
+    }
+    try {
+      reply("edit", { editedArgs: JSON.parse(editor.value) });
+    } catch {
+      editor.setCustomValidity("Not a JSON object");
+      editor.reportValidity();
+    }
+  });
+  box.append(
+    button("Allow", () => reply("allow"), "primary approve"),
+    button("Deny", () => reply("deny"), "danger deny"),
+    edit,
+    alwaysLabel,
+    editor,
+  );
+  card.querySelector(".badge").textContent = "awaiting approval";
+  card.append(box);
+  return box;
 }
 
 export class MessageList {
   /**
    * @param {HTMLElement} root the log element.
-   * @param {object} actions onEdit(text), onRegenerate(), modelName().
+   * @param {object} actions onEdit(text), onRegenerate(), onSwitch(entryId), modelName().
    */
   constructor(root, actions) {
     this.root = root;
@@ -60,9 +127,13 @@ export class MessageList {
   render(items, running = false) {
     this.clear();
     const lastUser = items.map((m) => m.role).lastIndexOf("user");
+    const results = new Map(items.filter((m) => m.role === "tool").map((m) => [m.meta?.toolCallId, m]));
     items.forEach((item, i) => {
-      const node = item.role === "user" ? this.user(item.content) : this.assistant(item);
+      if (item.role === "tool") return; // shown on its call's card
+      const node = item.role === "user" ? this.user(item.content) : this.assistant(item, results);
       node.dataset.index = i;
+      if (item.entryId) node.dataset.entryId = item.entryId;
+      if (item.siblings) this.addSiblings(node, item.siblings);
       this.root.append(node);
       if (running) return;
       if (i === lastUser) this.addEdit(node, item.content);
@@ -78,7 +149,7 @@ export class MessageList {
     return node;
   }
 
-  assistant(item) {
+  assistant(item, results = new Map()) {
     const node = el("article", "msg assistant");
     node.append(el("div", "who", this.actions.modelName()));
     if (item.reasoning) node.append(this.reasoningBlock(item.reasoning, false));
@@ -93,7 +164,8 @@ export class MessageList {
       } catch {
         /* shown as written */
       }
-      tools.append(toolCard(call.function?.name ?? "?", args));
+      const done = results.get(call.id);
+      tools.append(toolCard(call.function?.name ?? "?", args, done && { ok: done.meta?.ok, result: done.content }));
     }
     node.append(tools, el("div", "meta", describeMeta(item.meta)), el("div", "actions"));
     return node;
@@ -107,6 +179,22 @@ export class MessageList {
     renderMarkdown(body, text, false);
     details.append(body);
     return details;
+  }
+
+  /** ``< 2/3 >``: this message's place among its siblings (regenerated or edited). */
+  addSiblings(node, { index, count, siblingIds }) {
+    const nav = el("span", "siblings");
+    nav.setAttribute("role", "group");
+    nav.setAttribute("aria-label", "Versions of this message");
+    const go = (to) => () => this.actions.onSwitch?.(siblingIds[to]);
+    const prev = button("<", go(index - 1), "ghost prev");
+    prev.disabled = index === 0;
+    prev.setAttribute("aria-label", "Previous version");
+    const next = button(">", go(index + 1), "ghost next");
+    next.disabled = index === count - 1;
+    next.setAttribute("aria-label", "Next version");
+    nav.append(prev, el("span", "where", `${index + 1}/${count}`), next);
+    node.querySelector(".who").append(nav);
   }
 
   addEdit(node, text) {
@@ -216,9 +304,33 @@ class LiveAnswer {
     this.node.querySelector(".tools").append(card);
   }
 
+  card(callId) {
+    return this.node.querySelector(`.tool-call[data-call-id="${CSS.escape(callId)}"]`);
+  }
+
+  tool_approval_request(frame, answer) {
+    const card = this.card(frame.callId);
+    if (card) approvalCard(card, frame, answer);
+    this.list.scroll(true);
+  }
+
+  tool_update(frame) {
+    const card = this.card(frame.callId);
+    if (!card) return;
+    let out = card.querySelector(".tool-output");
+    if (!out) {
+      out = el("pre", "tool-output");
+      card.append(out);
+    }
+    out.textContent += frame.chunk;
+    out.scrollTop = out.scrollHeight;
+    this.list.scroll();
+  }
+
   tool_end(frame) {
-    const card = this.node.querySelector(`.tool-call[data-call-id="${CSS.escape(frame.callId)}"]`);
-    if (card) card.title = frame.result;
+    const card = this.card(frame.callId);
+    if (card) endCard(card, frame);
+    this.ran = this.ran || frame.ok || !frame.result.startsWith("not run");
   }
 
   // Markdown is rendered at most once per animation frame, code highlighted at the end.
