@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -564,7 +565,8 @@ class Engine:
         if self.group is not None:  # the seam: every rank runs rank 0's step plans
             jobs = self.group.job_source(self._jobs, self.kv.submit)
         try:
-            Scheduler(jobs, self.lane_parts, self.kv, self.loop_stats, self.max_batch).run()
+            with self.group.stream() if self.group is not None else contextlib.nullcontext():
+                Scheduler(jobs, self.lane_parts, self.kv, self.loop_stats, self.max_batch).run()
         except Exception as exc:
             if self.group is None or self.group.failure is None:
                 raise

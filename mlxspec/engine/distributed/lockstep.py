@@ -16,7 +16,9 @@ so no rank drops a row the others still run.
 
 The broadcast is ``mlx_lm.server``'s ``_share_object``: an ``all_sum`` of the
 payload's length (rank 0 gives it, the others 0), then, when there is a payload,
-an ``all_sum`` of its bytes. A turn where nothing changed costs one ``all_sum``
+an ``all_sum`` of its bytes. Every collective of the loop (the plan's and those
+inside model calls) runs on mlx-lm's ``generation_stream``, so each rank runs
+them in the same order. A turn where nothing changed costs one ``all_sum``
 of one int32. When idle, rank 0 sends an empty plan every ``tick`` seconds, so a
 lost rank is noticed while nothing runs too (:mod:`.watchdog`).
 
@@ -118,11 +120,14 @@ class Broadcast:
         """
         import mlx.core as mx
         import numpy as np
+        from mlx_lm.generate import generation_stream
 
-        group, start = self.topology.group, time.perf_counter()
+        # On the model's stream: a backend runs each stream's collectives in the order
+        # queued, but two streams' in either order, which differs between ranks (a deadlock).
+        group, stream, start = self.topology.group, generation_stream, time.perf_counter()
         try:
             head = mx.array([len(payload) if payload else 0], dtype=mx.int32)
-            size = int(np.array(mx.distributed.all_sum(head, group=group, stream=mx.cpu))[0])
+            size = int(np.array(mx.distributed.all_sum(head, group=group, stream=stream))[0])
             self.collectives += 1
             out = b""
             if size:
@@ -131,7 +136,7 @@ class Broadcast:
                     if payload
                     else np.zeros(int(size), dtype=np.uint8)
                 )
-                summed = mx.distributed.all_sum(mx.array(mine), group=group, stream=mx.cpu)
+                summed = mx.distributed.all_sum(mx.array(mine), group=group, stream=stream)
                 out = bytes(np.array(summed, copy=False))
                 self.collectives += 1
         except RuntimeError as exc:

@@ -8,6 +8,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 from mlxspec.engine.distributed.group import GroupInfo, Topology
@@ -78,6 +79,16 @@ class ShardedServing:
         self.broadcast.last_done = time.monotonic()
         self.watchdog.start()
         return source
+
+    @staticmethod
+    def stream() -> AbstractContextManager[Any]:
+        """A block whose MLX work runs on mlx-lm's ``generation_stream`` (the
+        engine loop's, on a sharded server): one stream keeps every rank's
+        collectives in the same order (:class:`~.lockstep.Broadcast`)."""
+        import mlx.core as mx
+        from mlx_lm.generate import generation_stream
+
+        return mx.stream(generation_stream)
 
     def lose(self, reason: str) -> None:
         """Give the group up once (any thread): rank 0 answers every held

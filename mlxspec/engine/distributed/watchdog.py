@@ -24,6 +24,9 @@ from mlxspec.engine.distributed.lockstep import Broadcast
 #: Seconds without a completed plan broadcast before rank 0 gives the group up
 #: (``MLXSPEC_DIST_TIMEOUT``); it must exceed the longest step (a prefill chunk).
 DEFAULT_TIMEOUT_S = 60.0
+#: Seconds the first broadcast may take: until then the ranks finish their start-up
+#: (the engine, the grammar compiler, a warm-up) at their own pace.
+STARTUP_TIMEOUT_S = 300.0
 
 
 class Watchdog:
@@ -61,6 +64,7 @@ class Watchdog:
     def _watch(self) -> None:
         while not self._stop.wait(min(1.0, self.timeout / 4)):
             stalled = time.monotonic() - self.broadcast.last_done
-            if stalled > self.timeout:
+            bound = self.timeout if self.broadcast.turns else max(self.timeout, STARTUP_TIMEOUT_S)
+            if stalled > bound:
                 self._on_stall(f"a process of the group did not answer for {stalled:.0f} s")
                 return
