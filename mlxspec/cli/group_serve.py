@@ -65,9 +65,10 @@ def group_timeout() -> float:
 
 
 def exit_when_lost(engine) -> None:  # noqa: ANN001 - mlxspec.engine.Engine
-    """On rank 0: once the group is lost (the 503s are out), exit
+    """Once the group is lost (on rank 0, after the 503s), exit
     :data:`EXIT_GROUP_LOST` after :data:`EXIT_GRACE_S`, so a supervisor
-    (systemd, Kubernetes, ``mlx.launch``) restarts the group."""
+    (systemd, Kubernetes, ``mlx.launch``) restarts the group; the engine thread
+    may be stuck inside a collective, so only an exit ends the process."""
 
     def lost(reason: str) -> None:
         print(f"mlxspec: error: {reason}; exiting", file=sys.stderr, flush=True)
@@ -83,6 +84,7 @@ def serve_follower(engine) -> int:  # noqa: ANN001 - mlxspec.engine.Engine
     exit code (0, or :data:`EXIT_GROUP_LOST`). Prints one line with the
     outcomes it counted (the same as rank 0's ``/stats`` requests)."""
     group = engine.group
+    exit_when_lost(engine)  # a stalled rank 0 must not keep this rank forever
     engine.wait()
     counts = " ".join(f"{k}={v}" for k, v in engine.counters.items())
     print(f"mlxspec: rank {group.topology.rank}: stopped; requests {counts}", flush=True)

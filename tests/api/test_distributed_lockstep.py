@@ -310,3 +310,24 @@ def test_the_503_of_a_lost_group_in_each_surfaces_shape(sharded) -> None:
     assert exc.value.status_code == 503
     assert exc.value.body["type"] == "error"  # type: ignore[index]
     assert exc.value.body["error"]["type"] == "overloaded_error"  # type: ignore[index]
+
+
+def test_a_ranks_prompt_cache_counts_the_whole_models_bytes() -> None:
+    """Each rank holds a fixed share of every KV cache; counting the whole model's
+    bytes makes every rank keep and evict the same entries."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import KVCache
+
+    from mlxspec.engine.caches.prompt_cache import CacheNamespace, PromptCache
+
+    def stored(scale: tuple[int, int]) -> int:
+        kv = KVCache()
+        k = mx.zeros((1, 2, 8, 4))
+        kv.update_and_fetch(k, k)
+        cache = PromptCache(max_bytes=1 << 20)
+        cache.byte_scale = scale
+        cache.store(CacheNamespace("m"), tuple(range(8)), [kv])
+        return cache.stats()["bytes"]
+
+    assert stored((2, 1)) == 2 * stored((1, 1)) > 0
+    assert stored((3, 2)) == stored((1, 1)) * 3 // 2
