@@ -152,6 +152,9 @@ class ServeConfig:
             ``"ngram"`` (prompt lookup, no model); ``None``: no speculation.
             Default: ``None``.
         num_draft_tokens (int): most drafts per row and step. Default: ``3``.
+        pipeline (bool): under ``mlx.launch``, split the model's layers across
+            the processes instead of each layer's heads (``--pipeline``).
+            Default: ``False``.
         whisper_model (str | None): the Whisper checkpoint of ``/v1/audio/*``
             (:func:`mlxspec.engine.audio.resolve_whisper`); ``None`` picks the
             installed default. Default: ``None``.
@@ -217,6 +220,8 @@ class ServeConfig:
     draft_model: str | None = None
     draft_kind: str | None = None
     num_draft_tokens: int = 3
+    # Under mlx.launch: split layers, not heads, across the processes (engine/distributed/).
+    pipeline: bool = False
     # The web chat's sessions database (--chat-db); None: ~/.cache/mlxspec/.
     chat_db: str | None = None
     # The web chat's coding tools (--web-tools): their workspace, None: off;

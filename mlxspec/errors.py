@@ -285,7 +285,7 @@ def from_failure(event: Any) -> ApiError:
     from mlxspec.engine import Failed  # see from_exception
 
     if isinstance(event, Failed):
-        return ApiError("server_error", event.message)
+        return ApiError(event.error, event.message)
     return ApiError("cancelled", CANCELLED_MESSAGE)
 
 

@@ -110,6 +110,8 @@ class FakeEngine:
         self.chats: list[list] = []
         #: Sessions closed through ``close_cache_session``.
         self.closed_sessions: list[str] = []
+        #: What ``distributed_block`` answers (a test of a sharded server's routes sets it).
+        self.group_block: dict[str, Any] | None = None
         self._admission = Admission(limits or AdmissionLimits(), 1, self.info.context_window)
         self._replays: set[asyncio.Task[None]] = set()
 
@@ -248,6 +250,10 @@ class FakeEngine:
     def cache_stats(self) -> dict[str, dict[str, Any]]:
         """No prompt cache: no sections."""
         return {}
+
+    def distributed_block(self) -> dict[str, Any] | None:
+        """One process: :attr:`group_block` (``None`` unless a test sets one)."""
+        return self.group_block
 
     def close_cache_session(self, session: str) -> None:
         """Remember ``session`` in :attr:`closed_sessions`."""

@@ -451,6 +451,7 @@ def parse_config(argv: Sequence[str] | None = None) -> ServeConfig:
         draft_model=args.draft_model,
         draft_kind=drafts,
         num_draft_tokens=args.num_draft_tokens or 3,
+        pipeline=args.pipeline,
         chat_db=args.chat_db,
         web_tools=args.web_tools,
         mcp_config=args.mcp_config,

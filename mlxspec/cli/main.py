@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -14,10 +15,18 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from mlxspec.cli.flags import parse_config
+from mlxspec.cli.group_serve import (
+    EXIT_GROUP_LOST,
+    exit_when_lost,
+    group_timeout,
+    join,
+    serve_follower,
+)
 from mlxspec.config import ServeConfig, apply_serve_env_defaults
 
 if TYPE_CHECKING:
     from mlxspec.engine import AdapterFolder, SpeculationOptions
+    from mlxspec.engine.distributed import Topology
 
 EXIT_MODEL_ERROR = 2
 #: uvicorn could not start serving (uvicorn's own ``STARTUP_FAILURE``).
@@ -29,8 +38,9 @@ DRAIN_TIMEOUT_S = 120
 log = logging.getLogger("mlxspec.cli.main")
 
 
-def load_engine(config: ServeConfig):  # noqa: ANN201 - returns mlxspec.engine.Engine
-    """Resolve and load the configured model and start its engine thread.
+def load_engine(config: ServeConfig, topology: Topology | None = None):  # noqa: ANN201 - an Engine
+    """Resolve and load the configured model and start its engine thread
+    (with ``topology``, only this rank's shard: :mod:`mlxspec.cli.group_serve`).
 
     Raises:
         ModelLoadError: the model is missing, unreadable or unsupported, or the
@@ -86,6 +96,8 @@ def load_engine(config: ServeConfig):  # noqa: ANN201 - returns mlxspec.engine.E
             prefill_batch=config.prompt_concurrency,
             prompt_cache_entries=config.prompt_cache_size,
             speculation=_speculation(config),
+            topology=topology,
+            group_timeout=group_timeout(),
         )
     except (BudgetTooSmallError, ModelLoadError, SpeculationError) as exc:
         raise ModelLoadError(str(exc)) from exc
@@ -215,6 +227,25 @@ def serve(config: ServeConfig) -> int:
     logging.basicConfig(
         level=config.log_level.upper(), format="%(levelname)s %(name)s: %(message)s"
     )
+    from mlxspec.engine.distributed import detect_launch
+
+    topology = None
+    if (backend := detect_launch()) is not None or config.pipeline:
+        topology = join(config, backend)  # a model sharded over mlx.launch's processes
+        if isinstance(topology, int):
+            return topology
+        mode = "pipeline" if topology.pipeline else "tensor parallel"
+        print(
+            f"mlxspec: rank {topology.rank} of {topology.size} ({backend}, {mode}), "
+            f"pid {os.getpid()}",
+            flush=True,
+        )
+    if topology is not None and topology.rank != 0:  # a follower: no HTTP, rank 0's steps
+        try:
+            return serve_follower(load_engine(config, topology))
+        except ModelLoadError as exc:
+            print(f"mlxspec: error: {exc}", file=sys.stderr)
+            return EXIT_MODEL_ERROR
     if (problem := _bind_problem(config.host, config.port)) is not None:
         print(
             f"mlxspec: error: cannot listen on {config.host}:{config.port}: {problem}",
@@ -238,12 +269,15 @@ def serve(config: ServeConfig) -> int:
     from mlxspec.cli.audio_serve import load_transcription
 
     try:
-        engine, transcriber = load_transcription(config, load_engine)
+        load = functools.partial(load_engine, topology=topology)
+        engine, transcriber = load_transcription(config, load)
     except ModelLoadError as exc:
         print(f"mlxspec: error: {exc}", file=sys.stderr)
         return EXIT_MODEL_ERROR
     if engine is None:  # serve <whisper checkpoint>: transcription only
         return _serve_app(config, None, transcriber)
+    if engine.group is not None:
+        exit_when_lost(engine)
     if (weights := engine.cpu_weights) is not None and weights.reason != "not on the CPU":
         kind = "float32" if weights.float32 else "as stored"
         print(
@@ -307,7 +341,10 @@ def _serve_app(config: ServeConfig, engine, transcriber) -> int:  # noqa: ANN001
             _stop_engine(engine)
         if transcriber is not None:
             transcriber.close()
-    _exit_after_shutdown(0 if server.started else EXIT_STARTUP_FAILED)
+    status = 0 if server.started else EXIT_STARTUP_FAILED
+    if engine is not None and engine.group is not None and engine.group.failure is not None:
+        status = EXIT_GROUP_LOST  # a drained shutdown after the group was lost
+    _exit_after_shutdown(status)
     return 0  # not reached
 
 

@@ -18,7 +18,6 @@ NOT_YET = {
     "kv_bits": ("--kv-bits", "KV cache quantization"),
     "kv_group_size": ("--kv-group-size", "KV cache quantization"),
     "quantized_kv_start": ("--quantized-kv-start", "KV cache quantization"),
-    "pipeline": ("--pipeline", "distributed (pipeline-parallel) serving"),
 }
 
 
@@ -104,9 +103,14 @@ def mlx_lm_server_flags(serve: argparse.ArgumentParser) -> None:
         help="model: drafts from --draft-model (the default with it); ngram: prompt lookup "
         "over the prompt and the answer so far, no draft model",
     )
+    group.add_argument(
+        "--pipeline",
+        action="store_true",
+        help="under mlx.launch: split the model's layers across the processes (pipeline "
+        "parallel) instead of each layer's heads (tensor parallel, the default)",
+    )
     for dest, (flag, feature) in NOT_YET.items():
-        kind: dict = {"action": "store_true"} if dest == "pipeline" else {"default": None}
-        group.add_argument(flag, dest=dest, help=f"not supported yet ({feature})", **kind)
+        group.add_argument(flag, dest=dest, default=None, help=f"not supported yet ({feature})")
 
 
 def _json_object(text: str) -> dict:

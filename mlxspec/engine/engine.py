@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import dataclasses
 import functools
+import logging
 import queue
 import threading
 import weakref
@@ -39,10 +41,14 @@ from mlxspec.engine.caches.prompt_cache import (
     PromptCache,
 )
 from mlxspec.engine.caches.ssd_cache import DEFAULT_SSD_CACHE_BYTES
+from mlxspec.engine.distributed.group import Topology
+from mlxspec.engine.distributed.serving import ShardedServing, join_group
+from mlxspec.engine.distributed.shards import ShardError, apply_shard
+from mlxspec.engine.distributed.watchdog import DEFAULT_TIMEOUT_S
 from mlxspec.engine.embedding import Embeddings, embed_texts
 from mlxspec.engine.loop.admission import Admission, AdmissionLimits
 from mlxspec.engine.loop.handles import ExclusiveJob, RequestHandle
-from mlxspec.engine.loop.jobs import Exclusive, Generate, Job, Stop
+from mlxspec.engine.loop.jobs import Exclusive, Generate, Job, JobSource, Stop
 from mlxspec.engine.loop.lanes import PREFILL_BATCH, LaneParts, LoopStats, default_prefill_step
 from mlxspec.engine.loop.scheduler import Scheduler
 from mlxspec.engine.media.encoder_cache import EncoderCache
@@ -70,9 +76,17 @@ from mlxspec.engine.speculative import Speculator
 from mlxspec.engine.speculative.mount import SpeculationOptions, mount
 from mlxspec.engine.template_sandbox import TemplateBudget, request_template
 from mlxspec.engine.text_bound import TextBound
-from mlxspec.engine.types import Constraint, EngineRequestError, GenerationRequest, ModelInfo
+from mlxspec.engine.types import (
+    Constraint,
+    EngineRequestError,
+    GenerationRequest,
+    GroupUnavailableError,
+    ModelInfo,
+    NotShardableError,
+)
 
 T = TypeVar("T")
+log = logging.getLogger("mlxspec.engine")
 #: The encoder-output counters of a text-only model (``/stats`` ``prompt_cache``).
 EMPTY_OBJECTS = EncoderCache().stats()
 
@@ -117,6 +131,8 @@ class Engine:
         vision (VisionWing | None): mlx-vlm's model and processor for requests
             with media (:mod:`.model.vision`); ``None`` for a text-only model.
             Default: ``None``.
+        group (ShardedServing | None): this rank's part of a model sharded over
+            several processes (:mod:`.distributed`). Default: ``None``.
 
     Raises:
         BudgetTooSmallError: ``limits`` leave no room for any request.
@@ -137,12 +153,16 @@ class Engine:
         prefill_batch: int = PREFILL_BATCH,
         speculator: Speculator | None = None,
         vision: VisionWing | None = None,
+        group: ShardedServing | None = None,
     ) -> None:
         self.model = model
         #: The vision wing (requests with media), or ``None``.
         self.vision = vision
         #: How remote media URLs are fetched (``--allow-private-media``).
         self.media_policy = FetchPolicy()
+        #: This rank's part in a group sharing the model (``mlx.launch``);
+        #: ``None`` on one process (:mod:`.distributed`).
+        self.group = group
         #: The mounted draft source, or ``None`` (``/stats`` ``speculation``).
         self.speculator = speculator
         self.max_batch = max_batch
@@ -250,6 +270,8 @@ class Engine:
         prefill_batch: int = PREFILL_BATCH,
         prompt_cache_entries: int | None = None,
         speculation: SpeculationOptions | None = None,
+        topology: Topology | None = None,
+        group_timeout: float = DEFAULT_TIMEOUT_S,
     ) -> Engine:
         """Load an MLX model folder with ``mlx_lm.load``.
 
@@ -281,6 +303,11 @@ class Engine:
                 keeps; ``None`` bounds only the bytes. Default: ``None``.
             speculation (SpeculationOptions | None): the draft source to mount
                 (``--draft-model``, ``--draft-kind``). Default: ``None``.
+            topology (Topology | None): load only this rank's shard of a model
+                sharded over a process group (``mlx.launch``); every rank calls
+                this at once. Default: ``None`` (the whole model).
+            group_timeout (float): seconds the group may stall before it is given
+                up (:mod:`.distributed.watchdog`). Default: 60.
 
         Returns:
             Engine: not yet started; call :meth:`start` (``engine.cpu_weights``
@@ -289,9 +316,18 @@ class Engine:
         Raises:
             ValueError: ``cpu_weights`` is not a known mode.
             SpeculationError: ``speculation`` cannot be mounted (names the flag).
+            ShardError: the model cannot be split over ``topology``.
         """
         options = load_options or LoadOptions()
-        vision_family(Path(path))  # a VLM without the vision extra fails before any weight loads
+        family = vision_family(Path(path))  # a VLM without the vision extra fails before any weight loads
+        if topology is not None and family is not None:
+            raise ShardError(
+                f"{family} is a vision-language model: sharding one over processes is not supported"
+            )
+        if topology is not None:
+            options = dataclasses.replace(
+                options, shard=functools.partial(apply_shard, topology=topology)
+            )
         model, tokenizer = load_model(Path(path), options)
         converted = apply_cpu_weights(model, cpu_weights)
         vision = load_vision(Path(path), model)  # after the conversion: it shares the weights
@@ -308,6 +344,7 @@ class Engine:
         cache = PromptCache.tiered(
             prompt_cache_bytes, ssd_cache, ssd_cache_bytes, prompt_cache_entries
         )
+        group = None if topology is None else join_group(topology, model, cache, group_timeout)
         engine = cls(
             model,
             tokenizer,
@@ -322,6 +359,7 @@ class Engine:
             prefill_batch=prefill_batch,
             speculator=None if speculation is None else mount(speculation, model, tokenizer),
             vision=vision,
+            group=group,
         )
         engine.cpu_weights = converted
         return engine
@@ -334,12 +372,19 @@ class Engine:
             self._thread.start()
             _LIVE_ENGINES.add(self)
 
+    def wait(self) -> None:
+        """Block until the engine thread ends (a follower rank's main thread)."""
+        if self._thread is not None:
+            self._thread.join()
+
     def close(self, timeout: float = 5.0) -> None:
         """Stop the engine thread after the current request."""
         if self._thread is not None:
             self._jobs.put(Stop())
             self._thread.join(timeout)
             self._thread = None
+        if self.group is not None:
+            self.group.stop()
         _LIVE_ENGINES.discard(self)
 
     # Prompt building (runs on the caller's thread; no MLX work).
@@ -430,6 +475,8 @@ class Engine:
                 or a request with media names LoRA adapters.
             QueueFullError: the wait queue has no room for ``group`` more requests.
         """
+        if self.group is not None and self.group.failure is not None:
+            raise GroupUnavailableError(self.group.failure)
         self.check_fits(len(request.prompt), prompt_param)
         if request.media is not None and request.adapter:  # the vision wing has no LoRA hook
             raise EngineRequestError(
@@ -441,7 +488,8 @@ class Engine:
             self.admission.admit(
                 len(request.prompt), self.in_flight, prompt_param, projected, count=group
             )
-        job = Generate(RequestHandle(request, asyncio.get_running_loop()), budget)
+        handle = RequestHandle(request, asyncio.get_running_loop(), agreed=self.group is not None)
+        job = Generate(handle, budget)
         self.submitted += 1
         self.kv.submit(job)  # before the engine thread can take it off the queue
         self._jobs.put(job)
@@ -468,6 +516,9 @@ class Engine:
         Raises:
             Exception: whatever ``fn`` raised, re-raised in the caller.
         """
+        if self.group is not None:  # MLX work on rank 0 alone would desert the group
+            size = self.group.info.world_size
+            raise NotShardableError(f"not available with the model sharded over {size} processes")
         job = ExclusiveJob(fn)
         self._jobs.put(Exclusive(job))
         try:
@@ -523,6 +574,11 @@ class Engine:
         adm = self.admission
         return FitSnapshot(self.memory, adm.limits.memory_budget, adm.context_limit)
 
+    def distributed_block(self) -> dict[str, Any] | None:
+        """``/stats`` and ``/fit``'s ``distributed`` block (world size, backend,
+        each rank's weight bytes); ``None`` on one process."""
+        return None if self.group is None else self.group.block()
+
     def cache_stats(self) -> dict[str, dict[str, Any]]:
         """``prompt_cache`` (and ``ssd_cache`` with an SSD tier) counters, by section."""
         objects = self.vision.encoder_cache.stats() if self.vision is not None else {}
@@ -545,7 +601,16 @@ class Engine:
         if self.warmup:
             warm_up_engine(self.model, self.info.context_window, self._prefill_step, self.max_batch)
         # The loop gets only what it runs with, never the engine itself.
-        Scheduler(self._jobs, self.lane_parts, self.kv, self.loop_stats, self.max_batch).run()
+        jobs: queue.Queue[Job] | JobSource = self._jobs
+        if self.group is not None:  # the seam: every rank runs rank 0's step plans
+            jobs = self.group.job_source(self._jobs, self.kv.submit)
+        try:
+            with self.group.stream() if self.group is not None else contextlib.nullcontext():
+                Scheduler(jobs, self.lane_parts, self.kv, self.loop_stats, self.max_batch).run()
+        except Exception as exc:
+            if self.group is None or self.group.failure is None:
+                raise
+            log.error("engine loop ended: %s", exc)
 
     def budget(self, req: GenerationRequest) -> int:
         """Tokens ``req`` may generate: its ``max_tokens`` capped by the room left

@@ -143,6 +143,12 @@ class EngineProtocol(Protocol):
         """``prompt_cache`` (and ``ssd_cache`` with an SSD tier) counters, by section."""
         ...
 
+    def distributed_block(self) -> dict[str, Any] | None:
+        """A model sharded over processes: ``world_size``, ``backend``, ``mode``,
+        each rank's weight bytes, ``healthy`` (and ``failure`` once the group
+        is lost); ``None`` on one process."""
+        ...
+
     # Prompt cache operations.
     def close_cache_session(self, session: str) -> None:
         """Forget ``session``'s checkpoint association; its entries stay cached."""

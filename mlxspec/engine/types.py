@@ -273,9 +273,17 @@ class Finished:
 
 @dataclass(frozen=True)
 class Failed:
-    """The request failed inside the engine; ``message`` is safe to show."""
+    """The request failed inside the engine; ``message`` is safe to show.
+
+    Args:
+        message (str): what went wrong, for the client.
+        error (str): the row of the error table (``mlxspec.errors``) it is shown
+            as. Default: ``"server_error"`` (a 500); ``"unavailable"`` (503) when
+            a sharded server lost a rank (:mod:`.distributed`).
+    """
 
     message: str
+    error: str = "server_error"
 
 
 @dataclass(frozen=True)
@@ -306,6 +314,18 @@ class EngineRequestError(ValueError):
         super().__init__(message)
         self.message = message
         self.param = param
+
+
+class GroupUnavailableError(EngineRequestError):
+    """A sharded server lost a process of its group (:mod:`.distributed`): it
+    takes no more work and is exiting (a 503, so a balancer tries elsewhere)."""
+
+    error_kind = "unavailable"
+
+
+class NotShardableError(EngineRequestError):
+    """Work a server sharded over several processes does not run (embeddings,
+    decision scoring, adapter mounts): a 400 naming why."""
 
 
 class PromptError(EngineRequestError):

@@ -52,6 +52,8 @@ async def get_stats() -> dict[str, Any]:
     }
     if stats.speculation is not None:
         body["speculation"] = stats.speculation
+    if (group := engine.distributed_block()) is not None:
+        body["distributed"] = group
     store = scope["state"].get("response_store")
     if callable(getattr(store, "stats", None)):
         body["response_store"] = store.stats()
@@ -153,7 +155,8 @@ async def get_fit() -> dict[str, Any]:
     gpu = machine.gpu()
     # The bandwidth probes take ~0.1 s the first time: off the event loop. A GPU
     # decodes from its own memory, measured with MLX where MLX work runs.
-    if gpu is not None:
+    group = engine.distributed_block()
+    if gpu is not None and group is None:  # a sharded engine runs no work on rank 0 alone
         bandwidth = await engine.run_exclusive(machine.device_bandwidth_gbs)
         source = "device memory copy (MLX on the GPU)"
     else:
@@ -166,7 +169,7 @@ async def get_fit() -> dict[str, Any]:
     kv_bytes = memory.kv_bytes_per_token * context
     transient = memory.transient_bytes(usable)
     total, available = machine.memory()
-    return {
+    body = {
         "machine": {
             "cpu": machine.cpu_model(),
             "cpu_count": _cpu_count(),
@@ -194,6 +197,9 @@ async def get_fit() -> dict[str, Any]:
             "predicted_decode_tps": _decode_tps(bandwidth, memory, context),
         },
     }
+    if group is not None:  # the report is rank 0's shard; the block has every rank's
+        body["distributed"] = group
+    return body
 
 
 def _decode_tps(bandwidth_gbs: float, memory: ModelMemory, context: int) -> float:

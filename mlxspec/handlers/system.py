@@ -8,6 +8,7 @@ from connexion.context import scope
 from starlette.responses import Response
 
 from mlxspec import __version__
+from mlxspec.errors import ApiError
 from mlxspec.handlers.context import current_engine
 from mlxspec.openapi import load_spec
 
@@ -29,10 +30,14 @@ HEALTH_BODY = b'{"status": "ok"}'
 
 async def health() -> Any:
     """Exactly ``{"status": "ok"}``, byte for byte what mlx_lm.server sends; a
-    transcription-only server adds its ``transcription`` block (the reference)."""
+    transcription-only server adds its ``transcription`` block (the reference).
+    A sharded server that lost a process of its group answers 503 ``unavailable``."""
     state = scope["state"]
     if state.get("engine") is None and state.get("transcriber") is not None:
         return {"status": "ok", "transcription": state["transcriber"].block()}
+    group = current_engine().distributed_block()
+    if group is not None and not group["healthy"]:  # a rank is lost: the balancer moves on
+        raise ApiError("unavailable", group["failure"])
     return Response(HEALTH_BODY, media_type="application/json")
 
 

@@ -96,7 +96,7 @@ def test_flags_of_missing_features_are_one_line_errors(
     dest: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     flag, feature = NOT_YET[dest]
-    value = [] if dest == "pipeline" else ["4"]
+    value = ["4"]
     with pytest.raises(SystemExit) as exc:
         parse_config(["serve", "--model", "m", flag, *value])
     assert exc.value.code == 2

@@ -116,6 +116,11 @@ class PromptCache:
 
             bucket_tails = mx.default_device().type == mx.gpu
         self.bucket_tails = bucket_tails
+        #: An entry's bytes as counted against the budget: what this process
+        #: holds times ``num / den``. A rank of a sharded server holds a fixed
+        #: share of every KV cache; counting the whole model's bytes makes every
+        #: rank keep and evict the same entries (:mod:`..distributed`).
+        self.byte_scale: tuple[int, int] = (1, 1)
         self._trie = PromptTrie()
         self._entries: OrderedDict[Key, _Entry] = OrderedDict()
         self._sessions: dict[str, Key] = {}
@@ -323,7 +328,8 @@ class PromptCache:
     ) -> _Entry:
         from mlx_lm.models.cache import can_trim_prompt_cache
 
-        entry = _Entry(cache, sum(c.nbytes for c in cache))
+        num, den = self.byte_scale
+        entry = _Entry(cache, sum(c.nbytes for c in cache) * num // den)
         key = (namespace, tokens)
         with self._lock:
             if session is not None:

@@ -28,7 +28,9 @@ class RequestHandle:
     Iteration ends after ``Finished``, ``Failed`` or ``Cancelled``.
     """
 
-    def __init__(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self, request: GenerationRequest, loop: asyncio.AbstractEventLoop, agreed: bool = False
+    ) -> None:
         self.request = request
         self._loop = loop
         self._buffer: deque[Event] = deque()
@@ -37,6 +39,10 @@ class RequestHandle:
         self._lock = threading.Lock()
         self._waiter: asyncio.Future[None] | None = None
         self._cancelled = threading.Event()
+        # The client's wish; with ``agreed`` the engine acts on it (``cancelled``)
+        # only once every rank of a sharded server agreed (:meth:`agree_cancel`).
+        self._wanted = threading.Event()
+        self._agreed = agreed
         #: ``time.monotonic()`` at submission, for time-to-first-token.
         self.submitted_at = time.monotonic()
         #: ``time.monotonic()`` when the engine started the request (its
@@ -45,15 +51,33 @@ class RequestHandle:
 
     @property
     def cancelled(self) -> bool:
-        """True once :meth:`cancel` was called."""
+        """True once the engine is to drop the request: :meth:`cancel` was called
+        (on a sharded server, and every rank agreed: :meth:`agree_cancel`)."""
         return self._cancelled.is_set()
+
+    @property
+    def cancel_wanted(self) -> bool:
+        """True once :meth:`cancel` was called, agreed or not."""
+        return self._wanted.is_set()
 
     def cancel(self) -> None:
         """Stop this request: the engine drops it at its next decode step and
         iteration ends with ``Cancelled``. Safe from any thread, idempotent."""
-        if not self._cancelled.is_set():
-            self._cancelled.set()
+        if not self._wanted.is_set():
+            self._lost()
             self.emit(Cancelled())
+
+    def agree_cancel(self) -> None:
+        """Let the engine see the cancellation (the step plan of a sharded server
+        carried it to every rank: :mod:`mlxspec.engine.distributed.lockstep`)."""
+        self._wanted.set()
+        self._cancelled.set()
+
+    def _lost(self) -> None:
+        """The client is gone: cancel at once, or at the next agreed step plan."""
+        self._wanted.set()
+        if not self._agreed:
+            self._cancelled.set()
 
     def emit(self, event: Event) -> None:
         """Deliver ``event`` to the request's consumer (any thread; the engine
@@ -71,7 +95,7 @@ class RequestHandle:
         try:
             self._loop.call_soon_threadsafe(_wake, waiter)
         except RuntimeError:  # the loop is closed: the client is gone
-            self._cancelled.set()
+            self._lost()
 
     async def __aiter__(self) -> AsyncIterator[Event]:
         buffer = self._buffer
@@ -159,7 +183,7 @@ def _flush(deferred: list[tuple[RequestHandle, asyncio.Future[None]]]) -> None:
             loop.call_soon_threadsafe(_wake_all, [waiter for _, waiter in pairs])
         except RuntimeError:  # the loop is closed: its clients are gone
             for handle, _ in pairs:
-                handle._cancelled.set()
+                handle._lost()
 
 
 class ExclusiveJob:

@@ -13,9 +13,14 @@ loop turn on ``generate_step`` while nothing else runs (:mod:`.solo`), or in
 the continuous batch (:class:`~.batching.BatchLane`), which the lone request
 joins when a second one arrives. Under a draft source a request that may
 speculate always runs in the batch (even at ``--batch 1``), where drafts are
-verified. Every request ends in :meth:`Scheduler.end`, which counts its outcome and releases its KV projection. The loop never lets
-an exception in one request end the thread: the request fails alone (a broken
-batch fails its rows and a fresh batch takes over).
+verified. Every request ends in :meth:`Scheduler.end`, which counts its
+outcome and releases its KV projection. The loop never lets an exception in one
+request end the thread: the request fails alone (a broken batch fails its rows
+and a fresh batch takes over), unless the job source says the process group of
+a sharded server broke (:meth:`~.jobs.JobSource.lost`). The loop takes its jobs
+from a :class:`~.jobs.JobSource`, whose ``turn`` starts every loop turn: the
+queue on one process, rank 0's broadcast step plan on a sharded server
+(``mlxspec.engine.distributed``), so every rank runs the same turns.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from typing import Any, TypeVar
 
 from mlxspec.engine.loop.batching import BatchLane
 from mlxspec.engine.loop.handles import ExclusiveJob, RequestHandle, coalesced_wakeups
-from mlxspec.engine.loop.jobs import Exclusive, Generate, Job, Stop
+from mlxspec.engine.loop.jobs import Exclusive, Generate, Job, JobSource, LocalJobs, Stop
 from mlxspec.engine.loop.kv_ledger import KvLedger
 from mlxspec.engine.loop.lanes import LaneParts, LoopStats
 from mlxspec.engine.loop.media_run import run_media_alone
@@ -46,7 +51,8 @@ class Scheduler:
     """The engine thread's state and loop (nothing here runs on another thread).
 
     Args:
-        jobs (queue.Queue[Job]): the engine's job queue; :class:`~.jobs.Stop`
+        jobs (queue.Queue[Job] | JobSource): the engine's job queue, or a source
+            of jobs (a sharded server's broadcast step plan); :class:`~.jobs.Stop`
             ends the loop.
         parts (LaneParts): what the lanes run requests with.
         kv (KvLedger): the requests' KV projections: the line they wait in and
@@ -58,13 +64,14 @@ class Scheduler:
 
     def __init__(
         self,
-        jobs: queue.Queue[Job],
+        jobs: queue.Queue[Job] | JobSource,
         parts: LaneParts,
         kv: KvLedger,
         stats: LoopStats,
         max_batch: int,
     ) -> None:
-        self.jobs, self.parts, self.kv, self.stats = jobs, parts, kv, stats
+        self.jobs: JobSource = LocalJobs(jobs) if isinstance(jobs, queue.Queue) else jobs
+        self.parts, self.kv, self.stats = parts, kv, stats
         self.max_batch = max_batch
         # a draft source speculates in the batched step, so it needs the lane even at --batch 1
         self.lane = self._new_lane() if max_batch > 1 or parts.speculator is not None else None
@@ -88,7 +95,9 @@ class Scheduler:
                     try:
                         with coalesced_wakeups():  # one loop wake-up per step, not per row
                             self.lane.step()
-                    except Exception:  # a broken batch fails its rows, not the engine
+                    except Exception as exc:  # a broken batch fails its rows, not the engine
+                        if self.jobs.lost(exc):  # ...unless the process group broke
+                            raise
                         log.exception("batch step failed")
                         self.lane.fail_all("generation failed")
                         self.lane.close()
@@ -119,6 +128,7 @@ class Scheduler:
         lane = self.lane
         idle = self.solo is None and (lane is None or not len(lane)) and not self.kv.line
         idle = idle and not self.exclusive and not self.backlog
+        self.jobs.turn(idle)
         job = self.next_job(block=idle)
         while job is not None:
             match job:
@@ -140,10 +150,7 @@ class Scheduler:
         one when ``block``); ``None`` when there is none."""
         if self.backlog:
             return self.backlog.popleft()
-        try:
-            return self.jobs.get(block=block)
-        except queue.Empty:
-            return None
+        return self.jobs.get(block=block)
 
     def start_exclusive(self) -> None:
         """Start exclusive jobs from the head of the line; plain ones run whole,
@@ -228,21 +235,27 @@ class Scheduler:
         (an exception here used to end the engine thread, hanging every request)."""
         try:
             return fn()
-        except EngineRequestError as exc:  # the request, not the engine (an adapter gone)
+        except Exception as exc:
+            if self.jobs.lost(exc):  # the process group broke: the loop ends
+                raise
+            return self._failed(handle, exc, fallback)
+
+    def _failed(self, handle: RequestHandle, exc: Exception, fallback: Any) -> Any:
+        """Fail ``handle`` alone for ``exc``; returns ``fallback``."""
+        if isinstance(exc, EngineRequestError):  # the request, not the engine (an adapter gone)
             handle.emit(Failed(exc.message))
-            self.end(handle, "failed")
-            return fallback
-        except Exception:
-            log.exception("generation failed")
+        else:
+            log.error("generation failed", exc_info=exc)
             handle.emit(Failed("generation failed"))
-            self.end(handle, "failed")
-            return fallback
+        self.end(handle, "failed")
+        return fallback
 
     def end(self, handle: RequestHandle, outcome: str) -> None:
         """A request ended: count its outcome (``completed``, ``cancelled`` or
         ``failed``) and release its KV projection and adapter lease."""
         self.kv.release(handle)
         self.parts.release(handle)
+        self.jobs.ended(handle)
         self.stats.outcomes[outcome] += 1
 
     def serial(self, job: Generate) -> None:
@@ -269,11 +282,8 @@ class Scheduler:
         to :attr:`backlog` in order, for :meth:`admit` to handle as it would
         have; cancelled requests there are counted out too.
         """
-        while True:
-            try:
-                job = self.jobs.get_nowait()
-            except queue.Empty:
-                break
+        self.jobs.turn(False)
+        while (job := self.jobs.get(block=False)) is not None:
             match job:
                 case Generate() if not self.backlog:
                     self.kv.line_up(job)

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,12 +29,17 @@ class LoadOptions:
             Default: ``None``.
         use_default_chat_template (bool): when the model has no chat template,
             use the tokenizer class's default one. Default: ``False``.
+        shard (Callable[[nn.Module], None] | None): splits the lazily loaded
+            model in place for this rank of a sharded server, before any weight
+            is read (:func:`~mlxspec.engine.distributed.shards.apply_shard`).
+            Default: ``None`` (the whole model, loaded at once).
     """
 
     adapter_path: str | None = None
     trust_remote_code: bool = False
     chat_template: str | None = None
     use_default_chat_template: bool = False
+    shard: Callable[[Any], None] | None = None
 
 
 def load_model(path: Path, options: LoadOptions = LoadOptions()) -> tuple[Any, Any]:
@@ -69,7 +75,13 @@ def load_model(path: Path, options: LoadOptions = LoadOptions()) -> tuple[Any, A
         adapter_path=adapter,
         tokenizer_config=tokenizer_config,
         trust_remote_code=options.trust_remote_code,
+        lazy=options.shard is not None,
     )[:2]
+    if options.shard is not None:  # this rank's shard only is read
+        import mlx.core as mx
+
+        options.shard(model)
+        mx.eval(model.parameters())
     if adapter is not None:
         import mlx.core as mx
 

@@ -1,0 +1,333 @@
+"""The parts of a sharded server that need no second process (issue 33): the
+step plan rank 0 broadcasts and what a follower makes of it, agreed
+cancellations, the 503s of a lost group in each surface's shape, ``/health``,
+the ``distributed`` block, the watchdog, and what is refused up front.
+
+The broadcast here is a wire in one process (rank 0's turn, then a follower's);
+``test_distributed.py`` runs the real one over ``mlx.launch``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import anthropic
+import httpx
+import pytest
+
+from mlxspec.cli.group_serve import group_problem
+from mlxspec.cli.main import main
+from mlxspec.config import ServeConfig
+from mlxspec.engine import Engine, Failed, GenerationRequest
+from mlxspec.engine.distributed import GroupLost, detect_launch
+from mlxspec.engine.distributed.group import GroupInfo
+from mlxspec.engine.distributed.lockstep import FollowerJobs, LeaderJobs, StepPlan
+from mlxspec.engine.distributed.shards import shard_problem
+from mlxspec.engine.distributed.watchdog import Watchdog
+from mlxspec.engine.loop.handles import RequestHandle
+from mlxspec.engine.loop.jobs import Generate, Stop
+from mlxspec.engine.types import GroupUnavailableError, NotShardableError
+from mlxspec.errors import from_exception
+from mlxspec.http.app import create_app
+from tests.conftest import LiveServer
+from tests.fakes import FakeEngine
+from tests.helpers import anthropic_sdk
+
+REQUEST = GenerationRequest(prompt=(5, 6, 7), max_tokens=4)
+
+
+class Wire:
+    """Rank 0's payload, handed to the follower's next turn (one process)."""
+
+    def __init__(self) -> None:
+        self.payload = b""
+        self.turns = 0
+        self.last_done = time.monotonic()
+
+    def share(self, payload: bytes | None) -> bytes:
+        if payload is not None:  # rank 0 goes first in these tests
+            self.payload = payload
+        self.turns += 1
+        return self.payload
+
+
+@pytest.fixture()
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+@pytest.fixture()
+def pair() -> tuple[queue.Queue, LeaderJobs, FollowerJobs, list, list]:
+    """Rank 0's queue and job source, a follower's, what the follower's KV ledger
+    was handed, and the reasons ``on_lost`` got."""
+    wire, jobs, ledger, lost = Wire(), queue.Queue(), [], []
+    leader = LeaderJobs(jobs, wire, lost.append, tick=0.01)  # type: ignore[arg-type]
+    follower = FollowerJobs(wire, lost.append, ledger.append)  # type: ignore[arg-type]
+    return jobs, leader, follower, ledger, lost
+
+
+def both_turn(leader: LeaderJobs, follower: FollowerJobs) -> None:
+    leader.turn(False)
+    follower.turn(False)
+
+
+def events(loop: asyncio.AbstractEventLoop, handle: RequestHandle) -> list:
+    async def read() -> list:
+        return [event async for event in handle]
+
+    return loop.run_until_complete(read())
+
+
+def test_launchers_are_read_from_their_variables() -> None:
+    assert detect_launch({}) is None
+    assert detect_launch({"MLX_RANK": "1", "MLX_HOSTFILE": "/tmp/h.json"}) == "ring"
+    assert detect_launch({"OMPI_COMM_WORLD_SIZE": "2"}) == "mpi"
+    assert detect_launch({"NCCL_HOST_IP": "10.0.0.1", "MLX_WORLD_SIZE": "2"}) == "nccl"
+    assert detect_launch({"MLX_JACCL_COORDINATOR": "10.0.0.1:5000", "MLX_RANK": "0"}) == "jaccl"
+
+
+def test_an_empty_plan_is_no_bytes_and_a_plan_round_trips() -> None:
+    assert StepPlan().encode() == b""
+    assert StepPlan.decode(b"") == StepPlan()
+    plan = StepPlan(jobs=[(3, REQUEST, 4)], cancels=[1, 2], stop=True)
+    assert StepPlan.decode(plan.encode()) == plan
+
+
+def test_the_follower_gets_rank_0s_requests_in_order(pair, loop) -> None:
+    jobs, leader, follower, ledger, _ = pair
+    other = GenerationRequest(prompt=(9,), max_tokens=2)
+    for req, budget in ((REQUEST, 4), (other, 2)):
+        jobs.put(Generate(RequestHandle(req, loop, agreed=True), budget))
+    both_turn(leader, follower)
+    mine = [leader.get(False), leader.get(False)]
+    theirs = [follower.get(False), follower.get(False)]
+    assert [(j.handle.request, j.budget) for j in theirs] == [(REQUEST, 4), (other, 2)]
+    assert [(j.handle.request, j.budget) for j in mine] == [(REQUEST, 4), (other, 2)]
+    assert ledger == theirs  # the follower's KV ledger saw them before its loop
+    assert leader.empty() and follower.empty() and leader.get(False) is None
+
+
+def test_a_cancel_reaches_every_loop_only_through_a_plan(pair, loop) -> None:
+    jobs, leader, follower, _, _ = pair
+    handle = RequestHandle(REQUEST, loop, agreed=True)
+    jobs.put(Generate(handle, 4))
+    both_turn(leader, follower)
+    shadow = follower.get(False).handle
+    handle.cancel()
+    assert handle.cancel_wanted and not handle.cancelled  # rank 0's loop still runs it
+    both_turn(leader, follower)
+    assert handle.cancelled and shadow.cancelled  # both drop it at the same turn
+    assert StepPlan.decode(leader.broadcast.payload).cancels == [0]
+    both_turn(leader, follower)
+    assert StepPlan.decode(leader.broadcast.payload) == StepPlan()  # said once
+
+
+def test_an_ended_request_is_forgotten_and_stop_reaches_the_follower(pair, loop) -> None:
+    jobs, leader, follower, _, _ = pair
+    handle = RequestHandle(REQUEST, loop, agreed=True)
+    jobs.put(Generate(handle, 4))
+    both_turn(leader, follower)
+    leader.ended(leader.get(False).handle)
+    follower.ended(follower.get(False).handle)
+    handle.cancel()
+    jobs.put(Stop())
+    both_turn(leader, follower)
+    assert StepPlan.decode(leader.broadcast.payload) == StepPlan(stop=True)
+    assert isinstance(leader.get(False), Stop) and isinstance(follower.get(False), Stop)
+
+
+def test_a_handle_of_one_process_cancels_at_once(loop) -> None:
+    handle = RequestHandle(REQUEST, loop)
+    handle.cancel()
+    assert handle.cancelled and handle.cancel_wanted
+
+
+def test_a_lost_group_answers_held_and_queued_requests_503(pair, loop) -> None:
+    jobs, leader, follower, _, lost = pair
+    held = RequestHandle(REQUEST, loop, agreed=True)
+    jobs.put(Generate(held, 4))
+    both_turn(leader, follower)
+    queued = RequestHandle(REQUEST, loop, agreed=True)
+    jobs.put(Generate(queued, 4))
+    assert not leader.lost(ValueError("a bad request"))
+    assert leader.lost(RuntimeError("[ring] connection to a peer was lost"))
+    assert lost == ["[ring] connection to a peer was lost"]
+    assert leader.fail_all("gone") == 2
+    for handle in (held, queued):
+        assert events(loop, handle) == [Failed("gone", error="unavailable")]
+    assert from_exception(GroupUnavailableError("gone")).spec.status == 503
+
+
+def test_a_failed_broadcast_reports_the_group_lost(loop) -> None:
+    class Broken(Wire):
+        def share(self, payload: bytes | None) -> bytes:
+            raise GroupLost("[ring] connection to a peer was lost")
+
+    lost: list[str] = []
+    leader = LeaderJobs(queue.Queue(), Broken(), lost.append, tick=0.01)  # type: ignore[arg-type]
+    with pytest.raises(GroupLost):
+        leader.turn(True)
+    assert lost == ["[ring] connection to a peer was lost"]
+
+
+def test_the_watchdog_gives_up_a_stalled_group_but_spares_the_start_up() -> None:
+    stalled = Wire()
+    stalled.turns, stalled.last_done = 5, time.monotonic() - 10
+    fired = threading.Event()
+    reasons: list[str] = []
+    dog = Watchdog(stalled, lambda r: (reasons.append(r), fired.set()), timeout=0.2)  # type: ignore[arg-type]
+    dog.start()
+    assert fired.wait(5)
+    assert reasons[0].startswith("a process of the group did not answer for")
+    starting = Wire()  # no broadcast completed yet: the ranks are still starting
+    starting.last_done = time.monotonic() - 10
+    quiet = threading.Event()
+    early = Watchdog(starting, lambda r: quiet.set(), timeout=0.2)  # type: ignore[arg-type]
+    early.start()
+    assert not quiet.wait(1.0)
+    early.stop()
+
+
+def test_what_one_rank_cannot_do_is_refused_before_loading() -> None:
+    assert group_problem(ServeConfig(), "ring") is None
+    assert "mlx.launch" in str(group_problem(ServeConfig(pipeline=True), None))
+    for config, flag in (
+        (ServeConfig(draft_kind="ngram"), "--draft-kind"),
+        (ServeConfig(adapter_path="/a"), "--adapter-path"),
+        (ServeConfig(ssd_cache="/s"), "--ssd-cache"),
+        (ServeConfig(kv_budget=1 << 20), "--kv-budget"),
+    ):
+        assert str(group_problem(config, "ring")).startswith(f"{flag} is not supported")
+
+
+def test_pipeline_without_a_launcher_is_one_line_exit_2(capsys, monkeypatch) -> None:
+    for name in ("MLX_RANK", "MLX_HOSTFILE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    assert main(["serve", "--pipeline", "/nowhere"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err
+        == "mlxspec: error: --pipeline: needs a process group (start with mlx.launch -n N ...)\n"
+    )
+
+
+def test_head_counts_that_do_not_split_are_named() -> None:
+    class Smol:  # SmolLM2-135M: 9 heads, 3 KV heads
+        args = SimpleNamespace(num_attention_heads=9, num_key_value_heads=3)
+
+        def shard(self, group: Any) -> None: ...
+
+    two = SimpleNamespace(size=2, pipeline=False)
+    assert shard_problem(Smol(), two) == (  # type: ignore[arg-type]
+        "num_attention_heads 9 does not split over 2 processes (try --pipeline)"
+    )
+    assert shard_problem(Smol(), SimpleNamespace(size=3, pipeline=False)) is None  # type: ignore[arg-type]
+    pipe = SimpleNamespace(size=2, pipeline=True)
+    assert "cannot be pipelined" in str(shard_problem(Smol(), pipe))  # type: ignore[arg-type]
+
+
+def test_work_outside_the_step_plan_is_400_and_a_lost_group_503(tiny_engine: Any) -> None:
+    group = SimpleNamespace(info=SimpleNamespace(world_size=2), failure=None)
+    engine = Engine(
+        tiny_engine.model, tiny_engine.tokenizer, tiny_engine.info, tiny_engine.defaults,
+        group=group,  # type: ignore[arg-type]
+    )  # fmt: skip
+    with pytest.raises(NotShardableError) as refused:
+        asyncio.run(engine.run_exclusive(lambda: 1))  # embeddings, scoring, adapter mounts
+    assert from_exception(refused.value).spec.status == 400
+    assert "sharded over 2 processes" in refused.value.message
+    group.failure = "the sharded model is unavailable: gone"
+
+    async def submit() -> None:
+        engine.submit(REQUEST)
+
+    with pytest.raises(GroupUnavailableError):
+        asyncio.run(submit())
+
+
+BLOCK = {
+    **GroupInfo(2, "ring", "tensor", (100, 100)).block(),
+    "plan_turns": 3,
+    "plan_collectives": 4,
+    "plan_ms_mean": 0.5,
+    "healthy": True,
+}
+
+
+@pytest.fixture(scope="module")
+def sharded(tiny_engine: Any) -> Iterator[tuple[FakeEngine, str]]:
+    engine = FakeEngine(tiny_engine.tokenizer, tiny_engine.info, tiny_engine.defaults)
+    with LiveServer(create_app(engine, validate_responses=True)) as server:
+        yield engine, server.base
+
+
+def test_stats_shows_the_group_and_health_turns_503(sharded) -> None:
+    engine, base = sharded
+    engine.group_block = dict(BLOCK)
+    try:
+        block = httpx.get(f"{base}/stats", timeout=30).json()["distributed"]
+        assert block["ranks"] == [
+            {"rank": 0, "weights_bytes": 100, "share": 0.5},
+            {"rank": 1, "weights_bytes": 100, "share": 0.5},
+        ]
+        assert httpx.get(f"{base}/health", timeout=30).status_code == 200
+        engine.group_block = {**BLOCK, "healthy": False, "failure": "a rank is gone"}
+        health = httpx.get(f"{base}/health", timeout=30)
+        assert health.status_code == 503
+        assert health.json()["error"] == {
+            "message": "a rank is gone",
+            "type": "server_error",
+            "param": None,
+            "code": "unavailable",
+        }
+    finally:
+        engine.group_block = None
+
+
+def test_the_503_of_a_lost_group_in_each_surfaces_shape(sharded) -> None:
+    engine, base = sharded
+    engine.script = ["Hi", Failed("the sharded model is unavailable", error="unavailable")]
+    chat = httpx.post(
+        f"{base}/v1/chat/completions",
+        json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+        timeout=30,
+    )
+    assert chat.status_code == 503
+    assert chat.json()["error"]["code"] == "unavailable"
+    with anthropic_sdk(base, timeout=30) as sdk:
+        with pytest.raises(anthropic.APIStatusError) as exc:
+            sdk.messages.create(
+                model="m", max_tokens=4, messages=[{"role": "user", "content": "hi"}]
+            )
+    assert exc.value.status_code == 503
+    assert exc.value.body["type"] == "error"  # type: ignore[index]
+    assert exc.value.body["error"]["type"] == "overloaded_error"  # type: ignore[index]
+
+
+def test_a_ranks_prompt_cache_counts_the_whole_models_bytes() -> None:
+    """Each rank holds a fixed share of every KV cache; counting the whole model's
+    bytes makes every rank keep and evict the same entries."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import KVCache
+
+    from mlxspec.engine.caches.prompt_cache import CacheNamespace, PromptCache
+
+    def stored(scale: tuple[int, int]) -> int:
+        kv = KVCache()
+        k = mx.zeros((1, 2, 8, 4))
+        kv.update_and_fetch(k, k)
+        cache = PromptCache(max_bytes=1 << 20)
+        cache.byte_scale = scale
+        cache.store(CacheNamespace("m"), tuple(range(8)), [kv])
+        return cache.stats()["bytes"]
+
+    assert stored((2, 1)) == 2 * stored((1, 1)) > 0
+    assert stored((3, 2)) == stored((1, 1)) * 3 // 2
