@@ -42,6 +42,8 @@ def load_engine(config: ServeConfig):  # noqa: ANN201 - returns mlxspec.engine.E
         BudgetTooSmallError,
         Engine,
         GenerationDefaults,
+        KvOptions,
+        KvQuantError,
         SpeculationError,
     )
     from mlxspec.engine.model.load import LoadOptions
@@ -85,8 +87,14 @@ def load_engine(config: ServeConfig):  # noqa: ANN201 - returns mlxspec.engine.E
             prefill_batch=config.prompt_concurrency,
             prompt_cache_entries=config.prompt_cache_size,
             speculation=_speculation(config),
+            kv=KvOptions(
+                config.kv_quant,
+                config.kv_group_size,
+                config.quantized_kv_start,
+                config.kv_config,
+            ),
         )
-    except (BudgetTooSmallError, ModelLoadError, SpeculationError) as exc:
+    except (BudgetTooSmallError, KvQuantError, ModelLoadError, SpeculationError) as exc:
         raise ModelLoadError(str(exc)) from exc
     except Exception as exc:  # mlx-lm raises many types for unreadable folders
         raise ModelLoadError(f"cannot load model from {resolved.path}: {exc}") from exc

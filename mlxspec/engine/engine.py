@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from mlxspec.engine.adapters.registry import AdapterRegistry
+from mlxspec.engine.caches.kv_scheme import KvOptions, KvScheme, resolve_scheme
 from mlxspec.engine.caches.prompt_cache import (
     DEFAULT_PROMPT_CACHE_BYTES,
     CacheNamespace,
@@ -107,6 +108,8 @@ class Engine:
             (mlx_lm.server's ``--prompt-concurrency``). Default: :data:`PREFILL_BATCH`.
         speculator (Speculator | None): the mounted draft source
             (:mod:`.speculative`); ``None`` decodes a token per step. Default: ``None``.
+        kv (KvScheme | None): which layers keep K/V quantised
+            (:mod:`.caches.kv_scheme`). Default: ``None`` (none).
 
     Raises:
         BudgetTooSmallError: ``limits`` leave no room for any request.
@@ -126,8 +129,11 @@ class Engine:
         warmup: bool | None = None,
         prefill_batch: int = PREFILL_BATCH,
         speculator: Speculator | None = None,
+        kv: KvScheme | None = None,
     ) -> None:
         self.model = model
+        #: Which layers keep K/V quantised (``--kv-quant``; ``/stats`` ``kv_quant``).
+        self.kv_scheme = kv if kv is not None else resolve_scheme(KvOptions(), model, None)
         #: The mounted draft source, or ``None`` (``/stats`` ``speculation``).
         self.speculator = speculator
         self.max_batch = max_batch
@@ -174,7 +180,9 @@ class Engine:
         self.prompt_cache = prompt_cache if prompt_cache is not None else PromptCache()
         #: Everything that changes KV numbers: the model and its weights (a request's
         #: adapters add their digests at its start: ``LaneParts.namespace_of``).
-        self.cache_namespace = CacheNamespace(info.id, weights=info.weights)
+        self.cache_namespace = CacheNamespace(
+            info.id, kv_quant=self.kv_scheme.tag, weights=info.weights
+        )
         #: The LoRA adapters mounted on the model (:mod:`.adapters`); mount and
         #: unmount through :meth:`run_exclusive`, so no forward pass runs meanwhile.
         self.adapters = AdapterRegistry(model, info.id)
@@ -201,6 +209,7 @@ class Engine:
             prefill_batch=self._prefill_batch,
             adapters=self.adapters,
             speculator=self.speculator,
+            kv=self.kv_scheme,
         )
 
     @property
@@ -211,7 +220,7 @@ class Engine:
     @functools.cached_property
     def memory(self) -> ModelMemory:
         """The model's weight bytes and per-token KV cache bytes (:mod:`.fit`)."""
-        return model_memory(self.model)
+        return self.kv_scheme.applied(model_memory(self.model))
 
     @classmethod
     def load(
@@ -234,6 +243,7 @@ class Engine:
         prefill_batch: int = PREFILL_BATCH,
         prompt_cache_entries: int | None = None,
         speculation: SpeculationOptions | None = None,
+        kv: KvOptions | None = None,
     ) -> Engine:
         """Load an MLX model folder with ``mlx_lm.load``.
 
@@ -265,6 +275,8 @@ class Engine:
                 keeps; ``None`` bounds only the bytes. Default: ``None``.
             speculation (SpeculationOptions | None): the draft source to mount
                 (``--draft-model``, ``--draft-kind``). Default: ``None``.
+            kv (KvOptions | None): KV quantisation (``--kv-quant``, ``--kv-bits``).
+                Default: ``None`` (full precision).
 
         Returns:
             Engine: not yet started; call :meth:`start` (``engine.cpu_weights``
@@ -273,11 +285,13 @@ class Engine:
         Raises:
             ValueError: ``cpu_weights`` is not a known mode.
             SpeculationError: ``speculation`` cannot be mounted (names the flag).
+            KvQuantError: ``kv`` does not fit the model (names the flag).
         """
         options = load_options or LoadOptions()
         model, tokenizer = load_model(Path(path), options)
         converted = apply_cpu_weights(model, cpu_weights)
         info = read_model_info(Path(path), model_id, model, tokenizer, source)
+        scheme = resolve_scheme(kv or KvOptions(), model, Path(path))
         if converted.float32:  # float32 activations give other KV numbers
             info = dataclasses.replace(info, weights=f"{info.weights}+float32")
         if (adapter := adapter_fingerprint(options.adapter_path)) is not None:
@@ -301,6 +315,7 @@ class Engine:
             warmup=warmup,
             prefill_batch=prefill_batch,
             speculator=None if speculation is None else mount(speculation, model, tokenizer),
+            kv=scheme,
         )
         engine.cpu_weights = converted
         return engine
@@ -487,7 +502,9 @@ class Engine:
     def fit_snapshot(self) -> FitSnapshot:
         """The model's memory facts and the operator's limits."""
         adm = self.admission
-        return FitSnapshot(self.memory, adm.limits.memory_budget, adm.context_limit)
+        memory = self.memory
+        kv_quant = self.kv_scheme.describe(memory.kv_dtype, memory.kv_bytes_per_token)
+        return FitSnapshot(memory, adm.limits.memory_budget, adm.context_limit, kv_quant)
 
     def cache_stats(self) -> dict[str, dict[str, Any]]:
         """``prompt_cache`` (and ``ssd_cache`` with an SSD tier) counters, by section."""

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from mlxspec.engine.adapters.registry import NO_ADAPTER, AdapterPick, AdapterRegistry
 from mlxspec.engine.caches.kv import cache_length
+from mlxspec.engine.caches.kv_scheme import KvScheme
 from mlxspec.engine.caches.prompt_cache import CacheNamespace, PromptCache
 from mlxspec.engine.loop.rows import Row
 from mlxspec.engine.sampling.grammar import GrammarCache, GrammarProcessor
@@ -150,6 +151,8 @@ class LaneParts:
         speculator (Speculator | None): the draft source's hook into the batched
             decode step; ``None`` without ``--draft-model`` / ``--draft-kind``.
             Default: ``None``.
+        kv (KvScheme): which layers keep K/V quantised (``--kv-quant``); every
+            lane makes its caches with it. Default: none quantised.
     """
 
     model: Any
@@ -163,6 +166,7 @@ class LaneParts:
     prefill_batch: int = PREFILL_BATCH
     adapters: AdapterRegistry | None = None
     speculator: Speculator | None = None
+    kv: KvScheme = KvScheme()
 
     def speculates(self, handle: RequestHandle) -> bool:
         """Whether ``handle`` 's request speculates (a draft source is mounted
