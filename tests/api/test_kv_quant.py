@@ -255,3 +255,26 @@ def test_snapshots_restore_with_the_same_scheme_only(model64, tmp_path) -> None:
             assert _complete(other, text).cached_tokens == 0  # never another scheme's KV
         finally:
             other.close()
+
+
+def test_quantized_kv_start_converts_caches_once_they_pass_it(model64) -> None:
+    from mlx_lm.models.cache import KVCache, QuantizedKVCache
+
+    engine = Engine.load(model64, "tiny-llama", max_batch=8, kv=KvOptions("kv4", start=24))
+    engine.start()
+    short = GenerationRequest(tuple(engine.text_prompt("zq!")), max_tokens=2)
+    try:
+        together = _together(engine, _requests(engine))
+        alone = _alone(engine, _requests(engine))
+        _together(engine, [short])
+    finally:
+        engine.close()
+    assert [_ids(d) for d in together] == [_ids(d) for d in alone]
+    assert engine.memory.kv_bytes_per_token == 2048  # the first tokens stay float32
+    long_prompt = together[0][0].token_ids  # any token: a prompt the entry covers
+    fetch = engine.prompt_cache.fetch
+    longest, held = fetch(engine.cache_namespace, (*_requests(engine)[0].prompt, *long_prompt))
+    assert held >= 24 and all(type(c) is QuantizedKVCache and c.bits == 4 for c in longest)
+    assert sum(c.nbytes for c in longest) >= held * 320
+    shortest, few = fetch(engine.cache_namespace, (*short.prompt, 5, 5, 5))
+    assert 0 < few < 24 and all(type(c) is KVCache for c in shortest)
