@@ -63,7 +63,9 @@ def _decode_rate(engine, rows: int, prompt_tokens: int, max_tokens: int, seed: i
     vocab = len(engine.tokenizer.vocab) if hasattr(engine.tokenizer, "vocab") else 32000
     requests = []
     for r in range(rows):  # distinct prompts: no prompt-cache hits between rows
-        ids = [(seed * 7919 + r * 104729 + i * 31) % (vocab - 100) + 50 for i in range(prompt_tokens)]
+        ids = [
+            (seed * 7919 + r * 104729 + i * 31) % (vocab - 100) + 50 for i in range(prompt_tokens)
+        ]
         requests.append(
             GenerationRequest(
                 tuple(ids), max_tokens=max_tokens, logits=LogitsParams(logit_bias=eos)
@@ -142,7 +144,12 @@ def main(argv: list[str] | None = None) -> int:
     path = RESULTS / f"{args.name}.json"
     path.write_text(json.dumps(out, indent=2))
     _plot(out, path.with_suffix(".png"))
-    print(json.dumps({m: {k: v for k, v in r.items() if k != "kv_quant"} for m, r in out["modes"].items()}, indent=1))
+    print(
+        json.dumps(
+            {m: {k: v for k, v in r.items() if k != "kv_quant"} for m, r in out["modes"].items()},
+            indent=1,
+        )
+    )
     return 0
 
 
@@ -151,10 +158,15 @@ def _plot(out: dict, path: Path) -> None:
     from PIL import Image, ImageDraw
 
     modes = list(out["modes"])
-    panels = [("context in budget (tokens)", "context_in_budget"), ("decode tok/s", "decode_tps_median")]
+    panels = [
+        ("context in budget (tokens)", "context_in_budget"),
+        ("decode tok/s", "decode_tps_median"),
+    ]
     img = Image.new("RGB", (720, 360), "white")
     draw = ImageDraw.Draw(img)
-    draw.text((10, 5), f"{out['name']}: {out['rows']} rows, prompt {out['prompt_tokens']}", fill="black")
+    draw.text(
+        (10, 5), f"{out['name']}: {out['rows']} rows, prompt {out['prompt_tokens']}", fill="black"
+    )
     colours = ["#4c72b0", "#dd8452", "#55a868", "#c44e52"]
     for p, (title, key) in enumerate(panels):
         x0 = 20 + p * 350

@@ -69,11 +69,13 @@ async def _events(engine: Engine, request: GenerationRequest) -> tuple[list[Delt
     return deltas, finished
 
 
-def _together(engine: Engine, requests: list[GenerationRequest]) -> list[list[Delta]]:
+def _together(
+    engine: Engine, requests: list[GenerationRequest], timeout: float = 300
+) -> list[list[Delta]]:
     async def go():
         return await asyncio.gather(*(_events(engine, r) for r in requests))
 
-    return [d for d, _ in asyncio.run(asyncio.wait_for(go(), 300))]
+    return [d for d, _ in asyncio.run(asyncio.wait_for(go(), timeout))]
 
 
 def _alone(engine: Engine, requests: list[GenerationRequest]) -> list[list[Delta]]:
@@ -278,3 +280,17 @@ def test_quantized_kv_start_converts_caches_once_they_pass_it(model64) -> None:
     assert sum(c.nbytes for c in longest) >= held * 320
     shortest, few = fetch(engine.cache_namespace, (*short.prompt, 5, 5, 5))
     assert 0 < few < 24 and all(type(c) is KVCache for c in shortest)
+
+
+def test_stats_and_fit_report_the_scheme_over_http(kv4) -> None:
+    from mlxspec.conformance.httpx_checks import checking_client
+    from mlxspec.http.app import create_app
+    from tests.conftest import LiveServer
+
+    with LiveServer(create_app(kv4, validate_responses=True)) as server:
+        with checking_client(server.base, timeout=60) as client:  # checked against the document
+            stats = client.get("/stats").json()
+            fit = client.get("/fit").json()
+    assert stats["kv_quant"]["mode"] == "uniform-kv4"
+    assert stats["kv_quant"]["layers"] == {"kv4": 2}
+    assert stats["kv_quant"]["bytes_per_token"] == fit["report"]["kv_bytes_per_token"] == 320

@@ -21,7 +21,7 @@ from mlxspec.engine import Engine, GenerationRequest, KvOptions
 from tests.api.test_kv_quant import _agreement, _ids, _together
 from tests.real.test_speculation import _prompts
 
-MAX_TOKENS = 12
+MAX_TOKENS = 10
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +36,8 @@ def _answers(folder: Path, mode: str) -> tuple[list[list[int]], int]:
     engine.start()
     try:
         requests = [GenerationRequest(p, max_tokens=MAX_TOKENS) for p in _prompts(engine)]
-        return [_ids(d) for d in _together(engine, requests)], engine.memory.kv_bytes_per_token
+        answers = [_ids(d) for d in _together(engine, requests, timeout=900)]
+        return answers, engine.memory.kv_bytes_per_token
     finally:
         engine.close()
 
