@@ -294,3 +294,52 @@ def test_stats_and_fit_report_the_scheme_over_http(kv4) -> None:
     assert stats["kv_quant"]["mode"] == "uniform-kv4"
     assert stats["kv_quant"]["layers"] == {"kv4": 2}
     assert stats["kv_quant"]["bytes_per_token"] == fit["report"]["kv_bytes_per_token"] == 320
+
+
+def test_quantised_kv_after_verify_steps_is_that_of_the_tokens(model64, kv4) -> None:
+    """Rows that rejected different numbers of drafts were rewound each to its
+    own tokens in the quantised batch cache: each row's kept KV, dequantised,
+    equals a fresh kv4 prefill of exactly the tokens it claims to hold."""
+    import json
+
+    import mlx.core as mx
+    from mlx_lm.models.llama import Model, ModelArgs
+
+    from mlxspec.engine.loop.decode import DecodeBatch
+    from mlxspec.engine.speculative import Speculator
+    from mlxspec.engine.speculative.draft_model import DraftModel
+    from tests.api.test_speculative_batch import NO_EOS, _handoff
+
+    mx.random.seed(7)  # unscaled random weights: its drafts pass sometimes
+    draft = Model(ModelArgs.from_dict(json.loads((model64 / "config.json").read_text())))
+    mx.eval(draft.parameters())
+
+    def work():
+        spec = Speculator(DraftModel(draft), 4)
+        batch = DecodeBatch(
+            kv4.model, prefill_step=8, max_rows=8, speculator=spec, kv=kv4.kv_scheme
+        )
+        slots = []
+        for text in PROMPTS[:4]:
+            prompt = tuple(kv4.text_prompt(text))
+            slots.append(batch.add(_handoff(kv4, prompt, 40, True, logits=NO_EOS)))
+        for _ in range(12):
+            batch.step(lambda tokens: None)
+        assert spec.stats.verify_steps > 0 and spec.stats.accepted < spec.stats.drafted
+        out = []
+        for slot in slots:
+            cache, tokens = batch.extract(slot)
+            fresh = kv4.kv_scheme.make_cache(kv4.model)
+            kv4.model(mx.array(tokens, dtype=mx.uint32)[None], cache=fresh)
+            for got, want in zip(cache, fresh, strict=True):
+                assert got.bits == want.bits == 4 and got.offset == len(tokens) == want.offset
+                for a, b in ((got.keys, want.keys), (got.values, want.values)):
+                    x = mx.dequantize(*a, group_size=64, bits=4)
+                    y = mx.dequantize(*(p[..., : len(tokens), :] for p in b), group_size=64, bits=4)
+                    out.append((mx.abs(x - y).max().item(), mx.abs(y).max().item()))
+        return out
+
+    diffs = asyncio.run(kv4.run_exclusive(work))
+    # a row shifted by one position differs by about its values' range; one
+    # quantisation step (range / 15) is the most a rounding flip moves a value
+    assert all(diff <= scale / 15 + 1e-4 for diff, scale in diffs), diffs
