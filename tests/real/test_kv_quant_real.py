@@ -5,12 +5,13 @@ this model), and the KV bytes per token fall by the layout's factor.
 
 Measured (CPU, float32 and bf16 activations alike): teacher-forced over 4 chat
 prompts x 12 answer tokens, kv8 picked the full-precision token at 0.979 of the
-positions and kv4 at 0.875 (``MEASURED``). Free-running (``benchmarks/README.md``,
-8 prompts decoded at once, 16 and 24 tokens): the share of tokens before each answer's first divergence
-was 0.84 and 0.80 for kv8 (7 of 8 first tokens equal) and 0.20 and 0.16 for
-kv4 (4 of 8); mlx-lm's own ``generate_step`` with ``kv_bits=4`` (which prefills
-the prompt unquantised) kept 0.30. A 135M model is sensitive to 4-bit keys; the
-bounds sit under the measured figures and far above what a broken cache gives.
+positions and kv4 at 0.875 (``MEASURED``). Free-running (8 prompts decoded at
+once, 16 and 24 tokens): the share of tokens before each answer's first
+divergence was 0.84 and 0.80 for kv8 (7 of 8 first tokens equal) and 0.20 and
+0.16 for kv4 (4 of 8); mlx-lm's own ``generate_step`` with ``kv_bits=4`` (which
+prefills the prompt unquantised) kept 0.30. A 135M model is sensitive to 4-bit
+keys; the bounds sit under the measured figures and far above what a broken
+cache gives.
 """
 
 from __future__ import annotations
