@@ -18,6 +18,8 @@
 #       back with --resume in a later call to carry on an interrupted run)
 #     bash benchmarks/h200.sh spec NAME MODEL DRAFT [spec_bench args]     issue 28's speculation:
 #       mlxspec (none, ngram, draft model) vs mlx_lm.server (none, --draft-model), c=1/8/32
+#     bash benchmarks/h200.sh kv NAME SIZE [kv_bench args]     issue 28's KV quantisation:
+#       bf16/kv8/kv4 bytes per token, context in one --kv-budget, decode tok/s at 8 rows
 #     bash benchmarks/h200.sh adapters NAME SIZE [adapters_bench args]     issue 19's LoRA run:
 #       8 streams on 8 random rank-16 adapters vs 8 on one vs 8 on none, mlxspec and
 #       mlx_lm.server's per-request adapters (--preset h200: under 8 minutes with both
@@ -117,6 +119,14 @@ case "$1" in
     trap 'cp benchmarks/results/"$name".* /tmp/spec_bench/*.log "$OUT"/ 2>/dev/null || true' EXIT
     timeout -k 20 -s INT 560 python3 benchmarks/spec_bench.py --model "$model" --draft "$draft" \
       --name "$name" --concurrency 1 8 32 "$@" ;;
+  kv)
+    # issue 28's KV quantisation run: bf16, kv8, kv4 on a random model of SIZE: bytes per
+    # token (scheme and real arrays), context in one --kv-budget, decode tok/s at 8 rows
+    # with 2048-token prompts (targets: kv4 >= 3x the context, <= 10% slower than bf16)
+    name=$2 size=$3; shift 3; mkdir -p "$OUT"
+    trap 'cp benchmarks/results/"$name".* "$OUT"/ 2>/dev/null || true' EXIT
+    timeout -k 20 -s INT 560 python3 benchmarks/kv_bench.py --model /tmp/rand$size --name "$name" \
+      --rows 8 --prompt-tokens 2048 --max-tokens 128 --kv-budget $((8 << 30)) --repeats 3 "$@" ;;
   adapters)
     name=$2 size=$3; shift 3; mkdir -p "$OUT"
     # the script stops starting cells at 360 s (--budget-s); timeout is the backstop

@@ -155,6 +155,15 @@ class ServeConfig:
         pipeline (bool): under ``mlx.launch``, split the model's layers across
             the processes instead of each layer's heads (``--pipeline``).
             Default: ``False``.
+        kv_quant (str): ``"bf16"`` (none), ``"kv8"``, ``"kv4"`` or ``"config"``
+            (per layer from ``kv_config.json``): ``--kv-quant`` or ``--kv-bits``.
+            Default: ``"bf16"``.
+        kv_group_size (int): elements per scale of quantised K/V
+            (``--kv-group-size``). Default: ``64``.
+        quantized_kv_start (int): tokens a layer holds before it is quantised
+            (``--quantized-kv-start``). Default: ``0``.
+        kv_config (str | None): the ``kv_config.json`` of ``kv_quant="config"``
+            (``--kv-config``); ``None``: the model folder's. Default: ``None``.
         whisper_model (str | None): the Whisper checkpoint of ``/v1/audio/*``
             (:func:`mlxspec.engine.audio.resolve_whisper`); ``None`` picks the
             installed default. Default: ``None``.
@@ -222,6 +231,11 @@ class ServeConfig:
     num_draft_tokens: int = 3
     # Under mlx.launch: split layers, not heads, across the processes (engine/distributed/).
     pipeline: bool = False
+    # KV cache quantisation (engine/caches/kv_scheme.py): --kv-quant, --kv-bits.
+    kv_quant: str = "bf16"
+    kv_group_size: int = 64
+    quantized_kv_start: int = 0
+    kv_config: str | None = None
     # The web chat's sessions database (--chat-db); None: ~/.cache/mlxspec/.
     chat_db: str | None = None
     # The web chat's coding tools (--web-tools): their workspace, None: off;

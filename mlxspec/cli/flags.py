@@ -15,7 +15,7 @@ from mlxspec.cli.argtypes import non_negative_int as _non_negative_int
 from mlxspec.cli.argtypes import positive_float as _positive_float
 from mlxspec.cli.argtypes import positive_int as _positive_int
 from mlxspec.cli.audio_flags import add_audio_flags, audio_config
-from mlxspec.cli.mlx_lm_flags import draft_kind, mlx_lm_server_flags, refuse_not_yet
+from mlxspec.cli.mlx_lm_flags import draft_kind, kv_quant, mlx_lm_server_flags, refuse_not_yet
 from mlxspec.config import ServeConfig
 
 LOGPROBS_FORMATS = ("mlx", "openai")
@@ -452,6 +452,7 @@ def parse_config(argv: Sequence[str] | None = None) -> ServeConfig:
         draft_kind=drafts,
         num_draft_tokens=args.num_draft_tokens or 3,
         pipeline=args.pipeline,
+        **kv_quant(args),
         chat_db=args.chat_db,
         web_tools=args.web_tools,
         mcp_config=args.mcp_config,

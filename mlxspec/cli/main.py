@@ -53,6 +53,8 @@ def load_engine(config: ServeConfig, topology: Topology | None = None):  # noqa:
         Engine,
         FetchPolicy,
         GenerationDefaults,
+        KvOptions,
+        KvQuantError,
         SpeculationError,
     )
     from mlxspec.engine.model.load import LoadOptions
@@ -98,8 +100,14 @@ def load_engine(config: ServeConfig, topology: Topology | None = None):  # noqa:
             speculation=_speculation(config),
             topology=topology,
             group_timeout=group_timeout(),
+            kv=KvOptions(
+                config.kv_quant,
+                config.kv_group_size,
+                config.quantized_kv_start,
+                config.kv_config,
+            ),
         )
-    except (BudgetTooSmallError, ModelLoadError, SpeculationError) as exc:
+    except (BudgetTooSmallError, KvQuantError, ModelLoadError, SpeculationError) as exc:
         raise ModelLoadError(str(exc)) from exc
     except Exception as exc:  # mlx-lm raises many types for unreadable folders
         raise ModelLoadError(f"cannot load model from {resolved.path}: {exc}") from exc

@@ -14,11 +14,7 @@ from mlxspec.cli.argtypes import positive_int as _positive_int
 
 #: mlx_lm.server flags whose feature mlxspec does not have yet: any use is a
 #: one-line error (exit 2), never silently ignored.
-NOT_YET = {
-    "kv_bits": ("--kv-bits", "KV cache quantization"),
-    "kv_group_size": ("--kv-group-size", "KV cache quantization"),
-    "quantized_kv_start": ("--quantized-kv-start", "KV cache quantization"),
-}
+NOT_YET: dict[str, tuple[str, str]] = {}
 
 
 def mlx_lm_server_flags(serve: argparse.ArgumentParser) -> None:
@@ -109,8 +105,82 @@ def mlx_lm_server_flags(serve: argparse.ArgumentParser) -> None:
         help="under mlx.launch: split the model's layers across the processes (pipeline "
         "parallel) instead of each layer's heads (tensor parallel, the default)",
     )
+    _kv_flags(group)
     for dest, (flag, feature) in NOT_YET.items():
         group.add_argument(flag, dest=dest, default=None, help=f"not supported yet ({feature})")
+
+
+#: ``--kv-quant`` values (``mlxspec.engine.caches.kv_scheme.KV_QUANT_MODES``).
+KV_QUANT = ("bf16", "kv8", "kv4", "config")
+
+
+def _kv_flags(group: argparse._ArgumentGroup) -> None:
+    """KV cache quantisation: mlx_lm.server's three flags and the reference's
+    ``--kv-quant`` (checked together by :func:`kv_quant`)."""
+    group.add_argument(
+        "--kv-bits",
+        type=int,
+        default=None,
+        help="quantise the KV cache to 4 or 8 bits (same as --kv-quant kv4|kv8; batching stays on)",
+    )
+    group.add_argument(
+        "--kv-group-size",
+        type=int,
+        default=None,
+        help="elements per scale of the quantised KV cache: 32, 64 or 128 (default 64)",
+    )
+    group.add_argument(
+        "--quantized-kv-start",
+        type=_non_negative_int,
+        default=None,
+        help="tokens a sequence's KV cache holds before it is quantised (default 0: from the "
+        "first; mlx_lm.server's default is 5000)",
+    )
+    group.add_argument(
+        "--kv-quant",
+        choices=KV_QUANT,
+        default=None,
+        help="KV cache precision: bf16 (none, the default), kv8, kv4, or config (per layer "
+        "from the model folder's kv_config.json, or --kv-config)",
+    )
+    group.add_argument(
+        "--kv-config",
+        default=None,
+        metavar="PATH",
+        help="the kv_config.json of --kv-quant config (default: the model folder's)",
+    )
+
+
+def kv_quant(args: argparse.Namespace) -> dict:
+    """The KV quantisation fields of ``ServeConfig`` from the flags; a value or
+    combination that cannot work exits 2 with one line naming the flag."""
+    bits, mode, group = args.kv_bits, args.kv_quant, args.kv_group_size
+    problem = None
+    if bits is not None and bits not in (4, 8):
+        problem = f"--kv-bits: {bits} is not served; use 4 or 8"
+    elif bits is not None and mode == "config":
+        problem = "--kv-bits: --kv-quant config takes each layer's bits from kv_config.json"
+    elif bits is not None and mode not in (None, f"kv{bits}"):
+        problem = f"--kv-bits: {bits} contradicts --kv-quant {mode}"
+    elif group is not None and group not in (32, 64, 128):
+        problem = f"--kv-group-size: {group} is not one of 32, 64, 128"
+    elif args.kv_config is not None and mode != "config":
+        problem = "--kv-config: needs --kv-quant config"
+    mode = mode or (f"kv{bits}" if bits is not None else "bf16")
+    if problem is None and mode == "bf16":
+        if group is not None:
+            problem = "--kv-group-size: needs --kv-bits or --kv-quant kv8|kv4|config"
+        elif args.quantized_kv_start is not None:
+            problem = "--quantized-kv-start: needs --kv-bits or --kv-quant kv8|kv4|config"
+    if problem is not None:
+        print(f"mlxspec: error: {problem}", file=sys.stderr)
+        sys.exit(2)
+    return {
+        "kv_quant": mode,
+        "kv_group_size": group or 64,
+        "quantized_kv_start": args.quantized_kv_start or 0,
+        "kv_config": args.kv_config,
+    }
 
 
 def _json_object(text: str) -> dict:

@@ -44,6 +44,7 @@ from mlxspec.engine.audio import (
     decode_audio,
     pcm_float32,
 )
+from mlxspec.engine.caches.kv_scheme import KV_QUANT_MODES, KvOptions, KvQuantError
 from mlxspec.engine.caches.prompt_cache import DEFAULT_PROMPT_CACHE_BYTES
 from mlxspec.engine.caches.ssd_cache import DEFAULT_SSD_CACHE_BYTES, FLUSH_TIMEOUT_S
 from mlxspec.engine.embedding import Embeddings, embed_texts
@@ -158,6 +159,9 @@ __all__ = [
     "SamplingParams",
     "Speculation",
     "SpeculationError",
+    "KV_QUANT_MODES",
+    "KvOptions",
+    "KvQuantError",
     "SpeculationOptions",
     "ScoredAnswers",
     "StatsSnapshot",

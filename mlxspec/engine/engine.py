@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from mlxspec.engine.adapters.registry import AdapterRegistry
+from mlxspec.engine.caches.kv_scheme import KvOptions, KvScheme, resolve_scheme
 from mlxspec.engine.caches.prompt_cache import (
     DEFAULT_PROMPT_CACHE_BYTES,
     CacheNamespace,
@@ -133,6 +134,8 @@ class Engine:
             Default: ``None``.
         group (ShardedServing | None): this rank's part of a model sharded over
             several processes (:mod:`.distributed`). Default: ``None``.
+        kv (KvScheme | None): which layers keep K/V quantised
+            (:mod:`.caches.kv_scheme`). Default: ``None`` (none).
 
     Raises:
         BudgetTooSmallError: ``limits`` leave no room for any request.
@@ -154,6 +157,7 @@ class Engine:
         speculator: Speculator | None = None,
         vision: VisionWing | None = None,
         group: ShardedServing | None = None,
+        kv: KvScheme | None = None,
     ) -> None:
         self.model = model
         #: The vision wing (requests with media), or ``None``.
@@ -163,6 +167,8 @@ class Engine:
         #: This rank's part in a group sharing the model (``mlx.launch``);
         #: ``None`` on one process (:mod:`.distributed`).
         self.group = group
+        #: Which layers keep K/V quantised (``--kv-quant``; ``/stats`` ``kv_quant``).
+        self.kv_scheme = kv if kv is not None else resolve_scheme(KvOptions(), model, None)
         #: The mounted draft source, or ``None`` (``/stats`` ``speculation``).
         self.speculator = speculator
         self.max_batch = max_batch
@@ -209,7 +215,9 @@ class Engine:
         self.prompt_cache = prompt_cache if prompt_cache is not None else PromptCache()
         #: Everything that changes KV numbers: the model and its weights (a request's
         #: adapters add their digests at its start: ``LaneParts.namespace_of``).
-        self.cache_namespace = CacheNamespace(info.id, weights=info.weights)
+        self.cache_namespace = CacheNamespace(
+            info.id, kv_quant=self.kv_scheme.tag, weights=info.weights
+        )
         #: The LoRA adapters mounted on the model (:mod:`.adapters`); mount and
         #: unmount through :meth:`run_exclusive`, so no forward pass runs meanwhile.
         self.adapters = AdapterRegistry(model, info.id)
@@ -237,6 +245,7 @@ class Engine:
             adapters=self.adapters,
             speculator=self.speculator,
             vision=self.vision,
+            kv=self.kv_scheme,
         )
 
     @property
@@ -247,7 +256,7 @@ class Engine:
     @functools.cached_property
     def memory(self) -> ModelMemory:
         """The model's weight bytes and per-token KV cache bytes (:mod:`.fit`)."""
-        return model_memory(self.model)
+        return self.kv_scheme.applied(model_memory(self.model))
 
     @classmethod
     def load(
@@ -272,6 +281,7 @@ class Engine:
         speculation: SpeculationOptions | None = None,
         topology: Topology | None = None,
         group_timeout: float = DEFAULT_TIMEOUT_S,
+        kv: KvOptions | None = None,
     ) -> Engine:
         """Load an MLX model folder with ``mlx_lm.load``.
 
@@ -308,6 +318,8 @@ class Engine:
                 this at once. Default: ``None`` (the whole model).
             group_timeout (float): seconds the group may stall before it is given
                 up (:mod:`.distributed.watchdog`). Default: 60.
+            kv (KvOptions | None): KV quantisation (``--kv-quant``, ``--kv-bits``).
+                Default: ``None`` (full precision).
 
         Returns:
             Engine: not yet started; call :meth:`start` (``engine.cpu_weights``
@@ -317,6 +329,7 @@ class Engine:
             ValueError: ``cpu_weights`` is not a known mode.
             SpeculationError: ``speculation`` cannot be mounted (names the flag).
             ShardError: the model cannot be split over ``topology``.
+            KvQuantError: ``kv`` does not fit the model (names the flag).
         """
         options = load_options or LoadOptions()
         family = vision_family(Path(path))  # a VLM without the vision extra fails before any weight loads
@@ -332,6 +345,7 @@ class Engine:
         converted = apply_cpu_weights(model, cpu_weights)
         vision = load_vision(Path(path), model)  # after the conversion: it shares the weights
         info = read_model_info(Path(path), model_id, model, tokenizer, source)
+        scheme = resolve_scheme(kv or KvOptions(), model, Path(path))
         if vision is not None:
             info = dataclasses.replace(info, media=vision.media)
         if converted.float32:  # float32 activations give other KV numbers
@@ -360,6 +374,7 @@ class Engine:
             speculator=None if speculation is None else mount(speculation, model, tokenizer),
             vision=vision,
             group=group,
+            kv=scheme,
         )
         engine.cpu_weights = converted
         return engine
@@ -572,7 +587,9 @@ class Engine:
     def fit_snapshot(self) -> FitSnapshot:
         """The model's memory facts and the operator's limits."""
         adm = self.admission
-        return FitSnapshot(self.memory, adm.limits.memory_budget, adm.context_limit)
+        memory = self.memory
+        kv_quant = self.kv_scheme.describe(memory.kv_dtype, memory.kv_bytes_per_token)
+        return FitSnapshot(memory, adm.limits.memory_budget, adm.context_limit, kv_quant)
 
     def distributed_block(self) -> dict[str, Any] | None:
         """``/stats`` and ``/fit``'s ``distributed`` block (world size, backend,

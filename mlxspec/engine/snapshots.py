@@ -11,7 +11,7 @@ outside the engine reaches into those objects
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from mlxspec.engine.model.fit import ModelMemory
@@ -75,11 +75,14 @@ class FitSnapshot:
             machine's free memory bounds the model.
         context_limit (int): most prompt + completion tokens a request may use
             (the model's window or the operator's cap, the smaller).
+        kv_quant (dict): ``/stats`` ``kv_quant``
+            (:meth:`~.caches.kv_scheme.KvScheme.describe`). Default: empty.
     """
 
     memory: ModelMemory
     memory_budget: int | None
     context_limit: int
+    kv_quant: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,7 @@ async def get_stats() -> dict[str, Any]:
         "admission": _admission(stats, fit),
         "batch": _batch(stats),
         "requests": {"submitted": stats.submitted, **stats.outcomes},
-        "kv_quant": _kv_quant(fit.memory),
+        "kv_quant": dict(fit.kv_quant),
         **engine.cache_stats(),
     }
     if stats.speculation is not None:
@@ -122,11 +122,6 @@ def _batch(stats: StatsSnapshot) -> dict[str, Any]:
         "steps": stats.steps,
         "solo_steps": stats.solo_steps,
     }
-
-
-def _kv_quant(memory: ModelMemory) -> dict[str, Any]:
-    """No KV quantisation: every layer keeps K and V in the activation dtype."""
-    return {"mode": "off", "dtype": memory.kv_dtype, "layers": {memory.kv_dtype: memory.layers}}
 
 
 def _usable_bytes(fit: FitSnapshot) -> int:

@@ -389,7 +389,16 @@ def test_stats_counters_move(tiny_engine: Any, tiny_app: Any) -> None:
         "steps": None,
         "solo_steps": None,
     }
-    assert after["kv_quant"] == {"mode": "off", "dtype": "float32", "layers": {"float32": 2}}
+    assert after["kv_quant"] == {
+        "mode": "bf16",  # the reference's name for no KV quantisation
+        "layers": {"bf16": 2},
+        "attention": {"global": 2, "sliding_window": 0},
+        "recurrent_layers": 0,
+        "dtype": "float32",
+        "group_size": None,
+        "quantized_kv_start": None,
+        "bytes_per_token": 2 * 2 * 2 * 16 * 4,  # layers x KV heads x (K, V) x head dim x 4
+    }
     assert after["admission"]["enforced_context_tokens"] is None
     assert after["admission"]["weights_bytes"] == tiny_weight_bytes(tiny_engine)
 

@@ -146,11 +146,25 @@ class RowsKVCache(BatchKVCache):
         return super().make_mask(N, return_array=return_array, **kwargs)
 
 
-def merge_rows(caches: Sequence[list[Any]]) -> list[Any]:
-    """One batch cache per layer from per-row caches (``make_prompt_cache`` lists).
+def merge_layer(layer: Sequence[Any]) -> Any:
+    """One layer's batch cache from its per-row caches: plain ``KVCache`` s
+    become a :class:`RowsKVCache`; other kinds use their own mlx-lm ``merge``
+    (rotating, recurrent and other batchable caches).
 
-    Plain ``KVCache`` layers become a :class:`RowsKVCache`; other kinds use
-    their own mlx-lm ``merge`` (rotating, recurrent and other batchable caches).
+    Raises:
+        ValueError: the layer's cache kind cannot be batched (mlx-lm's rule).
+    """
+    if all(type(c) is KVCache for c in layer):
+        return RowsKVCache.merge(layer)
+    if hasattr(layer[0], "merge"):
+        return layer[0].merge(list(layer))
+    raise ValueError(f"{type(layer[0]).__name__} does not support batching")
+
+
+def merge_rows(caches: Sequence[list[Any]]) -> list[Any]:
+    """One batch cache per layer from per-row caches (``make_prompt_cache``
+    lists), each layer by :func:`merge_layer`; quantised layers go through
+    :meth:`~.kv_scheme.KvScheme.merge` instead.
 
     Args:
         caches (Sequence[list]): per row, its per-layer caches (all rows alike).
@@ -161,12 +175,4 @@ def merge_rows(caches: Sequence[list[Any]]) -> list[Any]:
     Raises:
         ValueError: a layer's cache kind cannot be batched (mlx-lm's rule).
     """
-    merged = []
-    for layer in zip(*caches, strict=True):
-        if all(type(c) is KVCache for c in layer):
-            merged.append(RowsKVCache.merge(layer))
-        elif hasattr(layer[0], "merge"):
-            merged.append(layer[0].merge(list(layer)))
-        else:
-            raise ValueError(f"{type(layer[0]).__name__} does not support batching")
-    return merged
+    return [merge_layer(layer) for layer in zip(*caches, strict=True)]

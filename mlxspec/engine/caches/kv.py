@@ -87,12 +87,16 @@ def compact(cache: list[Any], wait: bool) -> None:
     only serializes finished arrays (it runs no MLX computation).
     """
     import mlx.core as mx
-    from mlx_lm.models.cache import KVCache
+    from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
     for c in cache:
         if type(c) is KVCache and c.keys is not None and c.offset < c.keys.shape[2]:
             c.keys = mx.contiguous(c.keys[..., : c.offset, :])
             c.values = mx.contiguous(c.values[..., : c.offset, :])
+        elif type(c) is QuantizedKVCache and c.keys is not None and c.offset < c.keys[0].shape[2]:
+            end = c.offset  # each of (packed, scales, biases) to the tokens held
+            c.keys = tuple(mx.contiguous(p[..., :end, :]) for p in c.keys)
+            c.values = tuple(mx.contiguous(p[..., :end, :]) for p in c.values)
     state = [c.state for c in cache]
     if wait:
         mx.eval(state)

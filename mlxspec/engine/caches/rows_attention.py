@@ -218,6 +218,7 @@ def install(model: Any) -> bool:
     def attention(queries, keys, values, cache, scale, mask, sinks=None):  # mlx-lm's signature
         if (
             isinstance(cache, RowsKVCache)
+            and not hasattr(cache, "bits")  # quantised K/V: mlx-lm's quantized matmuls
             and queries.shape[2] == 1
             and sinks is None
             and mask is not None

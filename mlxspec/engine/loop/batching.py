@@ -67,6 +67,7 @@ class BatchLane:
             # every model call of the batch selects its rows' adapters
             select=lambda slots: parts.rows([s.row.pick for s in slots]),
             speculator=parts.speculator,
+            kv=parts.kv,
         )
         self._cache = parts.prompt_cache
         self._route_s, self._routed = 0.0, 0  # this step's routing time and tokens
@@ -104,18 +105,18 @@ class BatchLane:
         not kept, and each sibling then prefills as usual.
         """
         import mlx.core as mx
-        from mlx_lm.models.cache import make_prompt_cache
 
         head = prompt[:-1]
         namespace = self._parts.namespace_of(pick)  # the KV of these adapters' weights
         if len(head) < 2 or self._cache.covered(namespace, prompt) >= len(head):
             return
-        cache = make_prompt_cache(self._parts.model)
+        cache = self._parts.kv.make_cache(self._parts.model)
         tokens = mx.array(head, dtype=mx.uint32)[None]
         step = self._parts.prefill_step
         with self._parts.rows([pick]):
             for start in range(0, len(head), step):
                 self._parts.model(tokens[:, start : start + step], cache=cache)
+                self._parts.kv.settle(cache)
                 mx.eval([c.state for c in cache])
         self._cache.store(namespace, head, cache, session)
 

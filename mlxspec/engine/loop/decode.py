@@ -55,6 +55,7 @@ from mlxspec.engine.sampling.batch_sampler import (
 )
 
 if TYPE_CHECKING:
+    from mlxspec.engine.caches.kv_scheme import KvScheme
     from mlxspec.engine.loop.lanes import Handoff
     from mlxspec.engine.speculative import Speculator
 
@@ -143,6 +144,9 @@ class DecodeBatch:
         speculator (Speculator | None): drafts for the rows that speculate and
             the verdict of their verify steps (:mod:`~mlxspec.engine.speculative`).
             Default: ``None`` (a token per row and step).
+        kv (KvScheme | None): which layers keep K/V quantised: the batch makes,
+            merges, joins and converts its caches through it
+            (:mod:`~mlxspec.engine.caches.kv_scheme`). Default: ``None`` (none).
     """
 
     def __init__(
@@ -153,12 +157,15 @@ class DecodeBatch:
         prefill_rows: int = 8,
         select: Callable[[Sequence[Slot]], AbstractContextManager[None]] | None = None,
         speculator: Speculator | None = None,
+        kv: KvScheme | None = None,
     ):
         from mlxspec.engine.caches import rows_attention
+        from mlxspec.engine.caches.kv_scheme import KvScheme
 
         self._model = model
         self._select = select
         self._spec = speculator
+        self._kv = kv if kv is not None else KvScheme()
         #: Whether padded rows' decode attention skips the mask (CUDA, :mod:`.rows_attention`).
         self.rows_attention = rows_attention.install(model)
         self.prefill_step = prefill_step
@@ -234,6 +241,8 @@ class DecodeBatch:
         from mlx_lm.generate import generation_stream
 
         with mx.stream(generation_stream):
+            if self._cache is not None:
+                self._kv.settle(self._cache)  # --quantized-kv-start passed
             if self._spec is not None and self._rows and self._spec.wants(self._rows):
                 self._read(route, keep=0)  # drafts come from the tokens read so far
                 if self._rows and verify_step(self, self._spec, route):
@@ -364,7 +373,7 @@ class DecodeBatch:
             if not self._waiting or room <= 0:
                 return []
             rows = take_group(self._waiting, room, self.prefill_step, self.prefill_tokens)
-            self._group = PrefillGroup(rows, self._model, self.prefill_step)
+            self._group = PrefillGroup(rows, self._model, self.prefill_step, self._kv)
             began = rows
             for slot in rows:
                 slot.started = True
@@ -385,8 +394,7 @@ class DecodeBatch:
         if self._cache is None:
             self._cache, self._inputs = group.cache, firsts
         else:
-            for mine, theirs in zip(self._cache, group.cache, strict=True):
-                mine.extend(theirs)
+            self._kv.extend(self._cache, group.cache)
             self._inputs = mx.concatenate([self._inputs, firsts])
         for slot in rows:
             slot.kv = slot.prefilled

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from mlxspec.engine.adapters.registry import NO_ADAPTER, AdapterPick, AdapterRegistry
 from mlxspec.engine.caches.kv import cache_length
+from mlxspec.engine.caches.kv_scheme import KvScheme
 from mlxspec.engine.caches.prompt_cache import CacheNamespace, PromptCache
 from mlxspec.engine.loop.rows import Row
 from mlxspec.engine.sampling.grammar import GrammarCache, GrammarProcessor
@@ -152,6 +153,8 @@ class LaneParts:
             Default: ``None``.
         vision (Any): the vision wing (:class:`~mlxspec.engine.model.vision.VisionWing`)
             that runs requests with media; ``None`` for a text-only model. Default: ``None``.
+        kv (KvScheme): which layers keep K/V quantised (``--kv-quant``); every
+            lane makes its caches with it. Default: none quantised.
     """
 
     model: Any
@@ -166,6 +169,7 @@ class LaneParts:
     adapters: AdapterRegistry | None = None
     speculator: Speculator | None = None
     vision: Any = None
+    kv: KvScheme = KvScheme()
 
     def speculates(self, handle: RequestHandle) -> bool:
         """Whether ``handle`` 's request speculates (a draft source is mounted

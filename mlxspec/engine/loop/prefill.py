@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from mlxspec.engine.caches.kv_scheme import KvScheme
     from mlxspec.engine.loop.rows import Row
     from mlxspec.engine.sampling.batch_sampler import RowSampling
 
@@ -79,17 +80,20 @@ class PrefillGroup:
             ones) are merged and handed over.
         model: the mlx-lm model (for fresh caches).
         step (int): most prompt tokens per row and chunk.
+        kv (KvScheme | None): which layers are quantised (fresh caches and the
+            merge follow it). Default: ``None`` (none).
     """
 
-    def __init__(self, slots: list[Slot], model: Any, step: int) -> None:
-        from mlx_lm.models.cache import make_prompt_cache
+    def __init__(
+        self, slots: list[Slot], model: Any, step: int, kv: KvScheme | None = None
+    ) -> None:
+        from mlxspec.engine.caches.kv_scheme import KvScheme  # subclasses mlx-lm's cache
 
-        from mlxspec.engine.caches.batch_kv import merge_rows  # subclasses mlx-lm's cache
-
+        kv = kv if kv is not None else KvScheme()
         self.slots = slots
         self.step = step
-        self.cache = merge_rows(
-            [s.cache if s.cache is not None else make_prompt_cache(model) for s in slots]
+        self.cache = kv.merge(
+            [s.cache if s.cache is not None else kv.make_cache(model) for s in slots]
         )
         for slot in slots:
             slot.cache = None

@@ -70,8 +70,6 @@ class SoloRun:
         lane: str,
         times: StepTimes | None = None,
     ) -> None:
-        from mlx_lm.models.cache import make_prompt_cache
-
         self.handle, self._parts, self._budget = handle, parts, budget
         #: Where this run's decode steps are timed (the engine's, for ``GET /stats``).
         self.times = StepTimes() if times is None else times
@@ -79,7 +77,7 @@ class SoloRun:
         self.outcome = "completed"
         start = start_request(handle, parts, budget, lane)
         self.row, self._grammar, self._processors = start.row, start.grammar, start.processors
-        self._cache = start.cache if start.cache is not None else make_prompt_cache(parts.model)
+        self._cache = start.cache if start.cache is not None else parts.kv.make_cache(parts.model)
         self._fed = len(start.held)  # prompt tokens the KV cache holds before generation starts
         #: The prompt plus every token handed to the row.
         self._tokens = list(handle.request.prompt)
@@ -111,6 +109,7 @@ class SoloRun:
             self._steps = self._start()
         start = time.perf_counter()
         token, logprobs = next(self._steps)
+        self._parts.kv.settle(self._cache)  # generate_step reads the same list
         stepped = time.perf_counter()
         ended = self._push(token, logprobs)
         self.times.add(1, stepped - start, time.perf_counter() - stepped)
@@ -190,6 +189,7 @@ class SoloRun:
         chunk = mx.array(self.handle.request.prompt[self._fed : end], dtype=mx.uint32)
         with mx.stream(generation_stream):
             self._parts.model(chunk[None], cache=self._cache)
+            self._parts.kv.settle(self._cache)  # --quantized-kv-start passed
             mx.eval([c.state for c in self._cache])
         self._fed += chunk.size
         mx.clear_cache()
