@@ -42,6 +42,7 @@ from mlxspec.engine.caches.quantized_kv import (
     QuantizedRowsKVCache,
     full_precision,
     is_quantized,
+    prefill_on_any_device,
     single_row,
     to_quantized,
 )
@@ -303,6 +304,7 @@ def resolve_scheme(options: KvOptions, model: Any, folder: Path | None) -> KvSch
         raise KvQuantError(
             f"--kv-group-size: {group} does not divide the model's head dimension {head_dim}"
         )
+    prefill_on_any_device()  # MLX's CUDA quantized_matmul has no prefill kernel
     return KvScheme(options.mode, bits, kinds, group, options.start)
 
 

@@ -295,3 +295,63 @@ def full_precision(cache: Any) -> bool:
     """Whether a layer's cache is one this room quantises (a plain ``KVCache``
     or :class:`~.batch_kv.RowsKVCache`)."""
     return type(cache) in (KVCache, RowsKVCache)
+
+
+def _on_gpu() -> bool:
+    import mlx.core as mx
+
+    return bool(mx.default_device() == mx.gpu)
+
+
+def many_queries_dense(
+    quantized_sdpa: Callable[..., Any], on_gpu: Callable[[], bool] = _on_gpu
+) -> Callable[..., Any]:
+    """Wrap mlx-lm's ``quantized_scaled_dot_product_attention`` so that, on a
+    GPU, a call with more than one query (a prefill chunk, a verify step)
+    dequantizes K and V and runs ``mx.fast.scaled_dot_product_attention``.
+
+    Why: MLX's CUDA ``quantized_matmul`` (0.32.4) has no kernel for prefill
+    shapes ("No implementation for problem shape: 511x2047x128x256", measured on
+    an H100 with 2048-token prompts), so a quantised cache could not prefill
+    there. One query per row (the decode step, where reading fewer KV bytes is
+    the point) keeps the quantised kernel; the CPU keeps it for every shape.
+    The dequantized K/V are the cache's own values, so the answer is the
+    quantised cache's, computed in full precision.
+
+    Args:
+        quantized_sdpa: mlx-lm's function (same signature as the result).
+        on_gpu: whether the default device is a GPU (tests force it).
+    """
+    import mlx.core as mx
+
+    def attention(
+        queries: Any,
+        q_keys: Parts,
+        q_values: Parts,
+        scale: float,
+        mask: Any,
+        group_size: int = 64,
+        bits: int = 8,
+    ) -> Any:
+        if queries.shape[2] == 1 or not on_gpu():
+            return quantized_sdpa(
+                queries, q_keys, q_values, scale=scale, mask=mask, group_size=group_size, bits=bits
+            )
+        keys = mx.dequantize(*q_keys, group_size=group_size, bits=bits).astype(queries.dtype)
+        values = mx.dequantize(*q_values, group_size=group_size, bits=bits).astype(queries.dtype)
+        return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)
+
+    attention.__wrapped__ = quantized_sdpa  # type: ignore[attr-defined]
+    return attention
+
+
+def prefill_on_any_device() -> None:
+    """Install :func:`many_queries_dense` in ``mlx_lm.models.base`` (once),
+    where its ``scaled_dot_product_attention`` looks the quantised path up by
+    name; every model's attention goes through it. Idempotent."""
+    from mlx_lm.models import base
+
+    current = base.quantized_scaled_dot_product_attention
+    if not hasattr(current, "__wrapped__"):
+        base.quantized_scaled_dot_product_attention = many_queries_dense(current)
+
