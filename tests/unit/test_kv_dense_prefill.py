@@ -1,8 +1,7 @@
-"""The GPU fallback of quantised attention for many queries (``caches/quantized_kv.py``).
+"""The GPU path of attention over a quantised cache (``caches/quantized_kv.py``).
 
-MLX's CUDA ``quantized_matmul`` has no kernel for prefill shapes, so on a GPU a
-prefill chunk or verify step over a quantised cache dequantizes K/V and runs the
-fused attention. These tests force the GPU branch on the CPU and compare it with
+MLX's CUDA ``quantized_matmul`` has no kernel for attention shapes, so on a GPU
+attention over a quantised cache dequantizes K/V and runs the fused attention. These tests force the GPU branch on the CPU and compare it with
 mlx-lm's quantised path on the same quantised arrays.
 """
 
@@ -13,8 +12,8 @@ import pytest
 from mlx_lm.models import base
 
 from mlxspec.engine.caches.quantized_kv import (
-    many_queries_dense,
-    prefill_on_any_device,
+    attention_on_any_device,
+    dense_on_gpu,
     quantize,
 )
 
@@ -35,7 +34,7 @@ def _inputs(queries: int, keys: int, bits: int) -> tuple:
 
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("mask", ["causal", "array"])
-def test_many_queries_on_a_gpu_give_the_quantised_paths_answer(bits: int, mask: str) -> None:
+def test_attention_on_a_gpu_gives_the_quantised_paths_answer(bits: int, mask: str) -> None:
     q, qk, qv = _inputs(7, 20, bits)
     m = "causal" if mask == "causal" else mx.tril(mx.ones((7, 20), mx.bool_), k=13)
     calls: list[int] = []
@@ -44,7 +43,7 @@ def test_many_queries_on_a_gpu_give_the_quantised_paths_answer(bits: int, mask: 
         calls.append(1)
         return ORIGINAL(*args, **kwargs)
 
-    dense = many_queries_dense(counted, on_gpu=lambda: True)
+    dense = dense_on_gpu(counted, on_gpu=lambda: True)
     # copies: mlx-lm's function scales its queries in place (``queries *= scale``)
     want = ORIGINAL(mx.array(q), qk, qv, scale=0.125, mask=m, group_size=64, bits=bits)
     got = dense(mx.array(q), qk, qv, scale=0.125, mask=m, group_size=64, bits=bits)
@@ -53,23 +52,26 @@ def test_many_queries_on_a_gpu_give_the_quantised_paths_answer(bits: int, mask: 
     assert mx.allclose(got, want, atol=1e-4, rtol=1e-4).item(), mx.abs(got - want).max()
 
 
-def test_one_query_and_the_cpu_keep_the_quantised_kernel() -> None:
+def test_one_query_on_a_gpu_too_and_the_cpu_keeps_the_quantised_kernel() -> None:
     calls: list[int] = []
 
     def counted(*args, **kwargs):
         calls.append(1)
         return ORIGINAL(*args, **kwargs)
 
-    q, qk, qv = _inputs(1, 20, 8)
-    many_queries_dense(counted, on_gpu=lambda: True)(q, qk, qv, scale=0.125, mask=None)
+    q, qk, qv = _inputs(1, 2049, 8)  # a decode step over 2049 cached tokens (the H100's failure)
+    want = ORIGINAL(mx.array(q), qk, qv, scale=0.125, mask=None)
+    got = dense_on_gpu(counted, on_gpu=lambda: True)(q, qk, qv, scale=0.125, mask=None)
+    assert calls == []
+    assert mx.allclose(got, want, atol=1e-4, rtol=1e-4).item()
     q7, qk7, qv7 = _inputs(7, 20, 8)
-    many_queries_dense(counted, on_gpu=lambda: False)(q7, qk7, qv7, scale=0.125, mask="causal")
-    assert calls == [1, 1]
+    dense_on_gpu(counted, on_gpu=lambda: False)(q7, qk7, qv7, scale=0.125, mask="causal")
+    assert calls == [1]
 
 
 def test_installed_once_in_mlx_lms_attention() -> None:
-    prefill_on_any_device()
+    attention_on_any_device()
     first = base.quantized_scaled_dot_product_attention
-    prefill_on_any_device()
+    attention_on_any_device()
     assert base.quantized_scaled_dot_product_attention is first
     assert first.__wrapped__ is ORIGINAL

@@ -40,9 +40,9 @@ from typing import TYPE_CHECKING, Any
 from mlxspec.engine.caches.batch_kv import RowsKVCache, merge_layer
 from mlxspec.engine.caches.quantized_kv import (
     QuantizedRowsKVCache,
+    attention_on_any_device,
     full_precision,
     is_quantized,
-    prefill_on_any_device,
     single_row,
     to_quantized,
 )
@@ -304,7 +304,7 @@ def resolve_scheme(options: KvOptions, model: Any, folder: Path | None) -> KvSch
         raise KvQuantError(
             f"--kv-group-size: {group} does not divide the model's head dimension {head_dim}"
         )
-    prefill_on_any_device()  # MLX's CUDA quantized_matmul has no prefill kernel
+    attention_on_any_device()  # MLX's CUDA quantized_matmul has no attention kernels
     return KvScheme(options.mode, bits, kinds, group, options.start)
 
 

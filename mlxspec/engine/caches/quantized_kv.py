@@ -303,20 +303,23 @@ def _on_gpu() -> bool:
     return bool(mx.default_device() == mx.gpu)
 
 
-def many_queries_dense(
+def dense_on_gpu(
     quantized_sdpa: Callable[..., Any], on_gpu: Callable[[], bool] = _on_gpu
 ) -> Callable[..., Any]:
     """Wrap mlx-lm's ``quantized_scaled_dot_product_attention`` so that, on a
-    GPU, a call with more than one query (a prefill chunk, a verify step)
-    dequantizes K and V and runs ``mx.fast.scaled_dot_product_attention``.
+    GPU, attention over a quantised cache dequantizes K and V and runs
+    ``mx.fast.scaled_dot_product_attention``; the CPU keeps mlx-lm's path.
 
-    Why: MLX's CUDA ``quantized_matmul`` (0.32.4) has no kernel for prefill
-    shapes ("No implementation for problem shape: 511x2047x128x256", measured on
-    an H100 with 2048-token prompts), so a quantised cache could not prefill
-    there. One query per row (the decode step, where reading fewer KV bytes is
-    the point) keeps the quantised kernel; the CPU keeps it for every shape.
-    The dequantized K/V are the cache's own values, so the answer is the
-    quantised cache's, computed in full precision.
+    Why: MLX's CUDA ``quantized_matmul`` (0.32.4) is built for linear layers'
+    weights and has no kernel for attention shapes, whose "weight" is the cache
+    (measured on an H100, bf16, 8-bit, group 64: "No implementation for problem
+    shape" for a 511-token prefill chunk over 2047 cached tokens,
+    511x2047x128x256, and for a decode step over 2049, 1x2049x128x256), so a
+    quantised cache could neither prefill nor decode there. The dequantized K/V
+    are the cache's own values, so the answer is the quantised cache's,
+    computed in full precision; the cache still holds only the quantised bytes
+    (the memory, and so the context, is what quantisation buys on a GPU; the
+    per-step dequantize costs decode speed: ``benchmarks/README.md``).
 
     Args:
         quantized_sdpa: mlx-lm's function (same signature as the result).
@@ -333,7 +336,7 @@ def many_queries_dense(
         group_size: int = 64,
         bits: int = 8,
     ) -> Any:
-        if queries.shape[2] == 1 or not on_gpu():
+        if not on_gpu():
             return quantized_sdpa(
                 queries, q_keys, q_values, scale=scale, mask=mask, group_size=group_size, bits=bits
             )
@@ -345,13 +348,13 @@ def many_queries_dense(
     return attention
 
 
-def prefill_on_any_device() -> None:
-    """Install :func:`many_queries_dense` in ``mlx_lm.models.base`` (once),
+def attention_on_any_device() -> None:
+    """Install :func:`dense_on_gpu` in ``mlx_lm.models.base`` (once),
     where its ``scaled_dot_product_attention`` looks the quantised path up by
     name; every model's attention goes through it. Idempotent."""
     from mlx_lm.models import base
 
     current = base.quantized_scaled_dot_product_attention
     if not hasattr(current, "__wrapped__"):
-        base.quantized_scaled_dot_product_attention = many_queries_dense(current)
+        base.quantized_scaled_dot_product_attention = dense_on_gpu(current)
 
