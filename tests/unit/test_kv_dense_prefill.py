@@ -1,8 +1,9 @@
 """The GPU path of attention over a quantised cache (``caches/quantized_kv.py``).
 
 MLX's CUDA ``quantized_matmul`` has no kernel for attention shapes, so on a GPU
-attention over a quantised cache dequantizes K/V and runs the fused attention. These tests force the GPU branch on the CPU and compare it with
-mlx-lm's quantised path on the same quantised arrays.
+attention over a quantised cache dequantizes K/V and runs the fused attention.
+These tests force the GPU branch on the CPU and compare it with mlx-lm's
+quantised path on the same quantised arrays.
 """
 
 from __future__ import annotations
