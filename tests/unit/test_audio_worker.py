@@ -109,9 +109,7 @@ def test_a_cancelled_take_stops_in_the_worker(tiny: WhisperProcess) -> None:
     async def scenario() -> tuple[float, float, dict]:
         first = asyncio.Event()
         started = time.perf_counter()
-        take = asyncio.ensure_future(
-            tiny.transcribe(speech, options, emit=lambda _: first.set())
-        )
+        take = asyncio.ensure_future(tiny.transcribe(speech, options, emit=lambda _: first.set()))
         await first.wait()
         window = time.perf_counter() - started
         take.cancel()
