@@ -170,6 +170,8 @@ class ServeConfig:
         whisper_idle_unload (float): seconds after the last take before the
             Whisper weights are released. Default: ``300``.
         whisper_resident (bool): never release them. Default: ``False``.
+        whisper_nice (int): the CPU niceness of the Whisper worker process
+            beside a chat model, 0 to 19. Default: ``19`` (the lowest).
         max_audio_seconds (float | None): longest take; longer is a 413. Default: ``3600``.
         audio_session_idle (float): seconds a dictation session may go without a
             request before it is discarded; ``0`` never. Default: ``300``.
@@ -250,6 +252,7 @@ class ServeConfig:
     whisper_model: str | None = None
     whisper_idle_unload: float = 300.0
     whisper_resident: bool = False
+    whisper_nice: int = 19
     max_audio_seconds: float | None = 3600.0
     audio_session_idle: float = 300.0
     # Where POST /v1/adapters may read LoRA adapters from.

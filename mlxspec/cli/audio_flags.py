@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from mlxspec.cli.argtypes import seconds
+from mlxspec.cli.argtypes import niceness, seconds
 from mlxspec.config import ServeConfig
 
 #: Longest take accepted by default, seconds (an hour; longer is a 413).
@@ -34,6 +34,14 @@ def add_audio_flags(serve: argparse.ArgumentParser) -> None:
         help="keep the Whisper weights loaded once paged in",
     )
     serve.add_argument(
+        "--whisper-nice",
+        type=niceness,
+        default=ServeConfig().whisper_nice,
+        help="CPU niceness of the Whisper worker process beside a chat model, 0 (the "
+        "server's priority) to 19 (the lowest, so a take never slows chat streams; "
+        "default 19)",
+    )
+    serve.add_argument(
         "--audio-session-idle",
         type=seconds,
         default=ServeConfig().audio_session_idle,
@@ -55,6 +63,7 @@ def audio_config(args: argparse.Namespace) -> dict[str, Any]:
         "whisper_model": args.whisper_model,
         "whisper_idle_unload": args.whisper_idle_unload,
         "whisper_resident": args.whisper_resident,
+        "whisper_nice": args.whisper_nice,
         "max_audio_seconds": args.max_audio_seconds,
         "audio_session_idle": args.audio_session_idle,
     }

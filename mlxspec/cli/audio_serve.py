@@ -70,10 +70,10 @@ def load_transcription(config: ServeConfig, load_engine: Callable[[ServeConfig],
             idle_unload_s=config.whisper_idle_unload, resident=config.whisper_resident,
         )  # fmt: skip
         return engine, service
-    # beside a chat model: a child process at the lowest CPU priority, so a take
-    # never holds the engine thread (one encoder pass costs seconds on a CPU)
+    # beside a chat model: a child process (by default at the lowest CPU priority), so
+    # a take never holds the engine thread (one encoder pass costs seconds on a CPU)
     service = WhisperProcess(
-        checkpoint, cache_dir(),
-        idle_unload_s=config.whisper_idle_unload, resident=config.whisper_resident,
+        checkpoint, cache_dir(), idle_unload_s=config.whisper_idle_unload,
+        resident=config.whisper_resident, nice=config.whisper_nice,
     )  # fmt: skip
     return engine, service

