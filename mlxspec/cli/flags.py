@@ -15,6 +15,7 @@ from mlxspec.cli.argtypes import positive_float as _positive_float
 from mlxspec.cli.argtypes import positive_int as _positive_int
 from mlxspec.cli.audio_flags import add_audio_flags, audio_config
 from mlxspec.cli.mlx_lm_flags import draft_kind, mlx_lm_server_flags, refuse_not_yet
+from mlxspec.cli.supervisor_flags import add_supervisor_flags, supervisor_config
 from mlxspec.config import ServeConfig
 
 LOGPROBS_FORMATS = ("mlx", "openai")
@@ -84,6 +85,7 @@ def _parser() -> argparse.ArgumentParser:
     _adapter_flags(serve)
     mlx_lm_server_flags(serve)
     add_audio_flags(serve)
+    add_supervisor_flags(serve)
     return parser
 
 
@@ -413,4 +415,5 @@ def parse_config(argv: Sequence[str] | None = None) -> ServeConfig:
         num_draft_tokens=args.num_draft_tokens or 3,
         chat_db=args.chat_db,
         **audio_config(args),
+        **supervisor_config(args, parser),
     )
