@@ -38,7 +38,7 @@ async def hold_lease() -> Any:
     step, no other exclusive job runs) until the client closes the connection.
 
     Returns:
-        a streamed ``application/x-ndjson`` answer: :data:`LEASE_LINE` once the
+        a streamed ``application/jsonl`` answer: :data:`LEASE_LINE` once the
         lease is held, then nothing until the client leaves, which releases it.
     """
     engine = current_engine()
@@ -66,4 +66,4 @@ async def hold_lease() -> Any:
         finally:
             released.set()
 
-    return StreamingResponse(body(), media_type="application/x-ndjson")
+    return StreamingResponse(body(), media_type="application/jsonl")

@@ -64,7 +64,25 @@ def main(argv: list[str]) -> int:
 
     config = read_config(Path(argv[0]))
     apply_serve_env_defaults()
+    _exit_with_parent()
     return serve(config)
+
+
+def _exit_with_parent(interval: float = 1.0) -> None:
+    """End this child when its parent is gone (killed with SIGKILL, it cannot
+    stop its children): a daemon thread notices the new parent id."""
+    import os
+    import threading
+    import time
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="mlxspec-parent-watch", daemon=True).start()
 
 
 if __name__ == "__main__":
