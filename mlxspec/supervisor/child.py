@@ -34,6 +34,9 @@ STABLE_S = 60.0
 #: Seconds a stopping child gets to drain, then to exit after SIGTERM.
 DRAIN_TIMEOUT_S = 30.0
 EXIT_TIMEOUT_S = 15.0
+#: Seconds a child that failed to start answers 502 at once before the next
+#: request tries to start it again (no start storm for a broken model folder).
+RETRY_FAILED_S = 30.0
 
 
 class ChildState(enum.Enum):
@@ -81,6 +84,7 @@ class Child:
         self._ready = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
         self._started_at = 0.0
+        self._failed_at = 0.0
 
     @property
     def pid(self) -> int | None:
@@ -102,6 +106,8 @@ class Child:
         Raises:
             ChildUnavailable: it is dead (restart pending), draining, or did not start.
         """
+        if self.state is ChildState.FAILED and time.monotonic() - self._failed_at < RETRY_FAILED_S:
+            raise ChildUnavailable(self.error or f"the engine for {self.model_id} failed")
         if self.state in (ChildState.STOPPED, ChildState.FAILED):
             await self._spawn()
         if self.state is ChildState.STARTING:
@@ -155,6 +161,7 @@ class Child:
                 self.restarts += 1
                 await self._spawn()
         elif self.state is ChildState.FAILED:
+            self._failed_at = time.monotonic()
             log.error("%s", self.error)
 
     async def _until_healthy(self, exited: asyncio.Future) -> None:
