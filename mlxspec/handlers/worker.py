@@ -47,8 +47,12 @@ async def hold_lease() -> Any:
     held: asyncio.Future[None] = loop.create_future()
     released = threading.Event()
 
+    def granted() -> None:
+        if not held.done():
+            held.set_result(None)
+
     def lease() -> None:  # on the engine thread: it is ours until released
-        loop.call_soon_threadsafe(lambda: held.done() or held.set_result(None))
+        loop.call_soon_threadsafe(granted)
         released.wait()
 
     job = asyncio.ensure_future(engine.run_exclusive(lease))

@@ -18,7 +18,9 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -129,8 +131,8 @@ class Child:
         log.info("engine child for %s started (pid %d)", self.model_id, self.proc.pid)
         self._track(self._watch(self.proc))
 
-    def _track(self, coro: object) -> None:
-        task = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+    def _track(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

@@ -216,7 +216,7 @@ async def forward_websocket(scope: Scope, receive: Receive, send: Send, socket_p
             compression=None,
         )
     except InvalidStatus as exc:
-        await _deny(scope, send, exc.response.status_code, exc.response.body or b"")
+        await _deny(scope, send, exc.response.status_code, bytes(exc.response.body or b""))
         return
     except (OSError, TimeoutError):
         await _deny(

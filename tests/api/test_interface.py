@@ -80,6 +80,7 @@ def test_the_protocol_declares_what_handlers_ask() -> None:
         "count_text_tokens",
         "decode_tokens",
         "defaults",
+        "drain",
         "embed",
         "fit_snapshot",
         "flush_cache",
