@@ -78,7 +78,12 @@ def supervisor_config(args: argparse.Namespace, parser: argparse.ArgumentParser)
         SystemExit: (``parser.error``) ``--model-pool`` or ``--pool-*`` without
             ``--isolate``, or ``--unix`` with ``--isolate``.
     """
-    pool_flags = args.model_pool or args.pool_pin or args.pool_max_resident is not None
+    pool_flags = (
+        args.model_pool
+        or args.pool_pin
+        or args.pool_max_resident is not None
+        or args.pool_idle_unload is not None
+    )
     if pool_flags and not args.isolate:
         parser.error("--model-pool and --pool-* need --isolate")
     if args.unix and args.isolate:

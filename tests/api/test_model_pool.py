@@ -19,6 +19,9 @@ import pytest
 from fixtures.tiny_model import build_tiny_llama
 from mlxspec.conformance.live import serve
 
+#: The default child serves the embedded model (read from a subprocess, so marked by hand).
+pytestmark = pytest.mark.real_model
+
 EMBEDDED = "SmolLM2-135M-Instruct"
 GREEDY = {"max_tokens": 8, "temperature": 0, "logprobs": True}
 

@@ -90,6 +90,7 @@ def test_pool_flags_parse_into_the_config() -> None:
     [
         ["serve", "--model-pool", "a"],
         ["serve", "--pool-max-resident", "2"],
+        ["serve", "--pool-idle-unload", "60"],
         ["serve", "--unix", "/tmp/x.sock", "--isolate"],
     ],
 )
