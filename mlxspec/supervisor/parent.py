@@ -84,8 +84,8 @@ class ParentApp:
         if path == "/engine" and method == "GET":
             await self._own(scope, send, self.engine_status())
             return
-        if path == "/v1/models" and method == "GET" and len(self.pool.children) > 1:
-            await self._own(scope, send, self.models())
+        if path.startswith("/v1/models") and method == "GET" and len(self.pool.children) > 1:
+            await self._models(scope, send, path)
             return
         body, requested, keep_alive = None, None, None
         if method == "POST" and path in ROUTED_PATHS:
@@ -110,6 +110,19 @@ class ParentApp:
             await forward_http(scope, receive, send, client, body)
         finally:
             self.pool.release(child, keep_alive)
+
+    async def _models(self, scope: Scope, send: Send, path: str) -> None:
+        """``GET /v1/models`` (the pool) or ``GET /v1/models/<id>`` (its row, as a
+        list, or a 404), answered without starting any child."""
+        listing = self.models()
+        if path != "/v1/models":
+            wanted = path.removeprefix("/v1/models/")
+            listing["data"] = [r for r in listing["data"] if r["id"] == wanted]
+            if not listing["data"] and self._key_ok(scope):
+                err = ApiError("not_found", f"model '{wanted}' not found", param="model_id")
+                await send_error(scope, send, err)
+                return
+        await self._own(scope, send, listing)
 
     async def _own(self, scope: Scope, send: Send, payload: dict[str, Any]) -> None:
         """Answer ``payload`` (JSON) from the parent, behind the API key."""

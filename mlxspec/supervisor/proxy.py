@@ -98,7 +98,10 @@ async def forward_http(
     done, _ = await asyncio.wait({exchange, watcher}, return_when=asyncio.FIRST_COMPLETED)
     if exchange in done:
         watcher.cancel()
-        exchange.result()
+        try:
+            exchange.result()
+        except ClientLeft:  # it left while its body was being sent up
+            return 499
         return status[-1] if status else 502
     exchange.cancel()  # the client left: closing upstream cancels the child's request
     with contextlib.suppress(asyncio.CancelledError, ClientLeft):

@@ -82,6 +82,9 @@ def test_models_lists_the_pool_with_the_default_resident(pool: str) -> None:
     rows = httpx.get(f"{pool}/v1/models", timeout=10).json()["data"]
     assert [r["id"] for r in rows] == [EMBEDDED, "tiny-llama", "tiny-other", "broken-model"]
     assert {r["id"]: r["resident"] for r in rows}[EMBEDDED] is True
+    one = httpx.get(f"{pool}/v1/models/tiny-other", timeout=10).json()["data"]
+    assert [(r["id"], r["resident"]) for r in one] == [("tiny-other", False)]
+    assert httpx.get(f"{pool}/v1/models/nope", timeout=10).status_code == 404
     status = _engine(pool)
     assert status["pool"]["default"] == EMBEDDED
     assert status["pool"]["models"] == [r["id"] for r in rows]
