@@ -54,10 +54,10 @@ LOGPROBS_OPENAI_KEY = "x-mlxspec-logprobs-openai"
 REQUEST_TEMPLATES_OFF_KEY = "x-mlxspec-request-templates-off"
 
 
-#: Path-item key: the route exists only on a worker bound to a unix socket
+#: Operation key: the route exists only on a worker bound to a unix socket
 #: (``--unix``: ``/admin/drain``, ``/admin/lease``), never on TCP.
 UNIX_ONLY_KEY = "x-mlxspec-unix-only"
-#: Path-item key: the route is answered by the ``--isolate`` parent itself
+#: Operation key: the route is answered by the ``--isolate`` parent itself
 #: (``GET /engine``), so no Connexion app serves it.
 PARENT_ONLY_KEY = "x-mlxspec-isolate-parent"
 
@@ -80,8 +80,8 @@ def served_spec(
         logprobs_format (str): ``"mlx"`` or ``"openai"``. Default: ``"mlx"``.
         request_templates (bool): ``--allow-request-templates``. Default: ``False``.
         unix (bool): the server listens on a unix socket (``--unix``): the
-            paths marked ``x-mlxspec-unix-only`` are kept, else dropped. Paths
-            marked ``x-mlxspec-isolate-parent`` are always dropped. Default: ``False``.
+            operations marked ``x-mlxspec-unix-only`` are kept, else dropped.
+            Operations marked ``x-mlxspec-isolate-parent`` are always dropped. Default: ``False``.
 
     Returns:
         dict[str, Any]: a fresh copy of the document, ``$ref`` unresolved.
@@ -91,7 +91,12 @@ def served_spec(
     active[REQUEST_TEMPLATES_OFF_KEY] = not request_templates
     _overlay(spec, active)
     for path, item in list(spec.get("paths", {}).items()):
-        if item.pop(PARENT_ONLY_KEY, False) or (item.pop(UNIX_ONLY_KEY, False) and not unix):
+        for method, op in list(item.items()):
+            if not isinstance(op, dict):
+                continue
+            if op.pop(PARENT_ONLY_KEY, False) or (op.pop(UNIX_ONLY_KEY, False) and not unix):
+                del item[method]
+        if not item:
             del spec["paths"][path]
     return spec
 

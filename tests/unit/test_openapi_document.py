@@ -154,7 +154,7 @@ OPERATIONS = [
         "admin",
         {"200", "400", "401", "415", "500"},
     ),
-    ("get", "/engine", "getEngine", "mlxspec.supervisor.parent", "system", {"200", "401"}),
+    ("get", "/engine", "getEngine", "mlxspec.supervisor.parent", "system", READ_CODES),
     (
         "get",
         "/v1/adapters",
