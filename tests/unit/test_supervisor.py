@@ -4,6 +4,7 @@ document served with and without a unix socket."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -123,3 +124,65 @@ def test_the_worker_routes_are_served_only_on_a_unix_socket() -> None:
         assert path not in tcp and path in unix
         assert "x-mlxspec-unix-only" not in unix[path]["post"]
     assert "/engine" not in tcp and "/engine" not in unix  # the parent answers it itself
+
+
+def _pool(tmp_path: Path, **flags: object) -> object:
+    """A pool over three folders whose children never start: ``ready``, ``stop``
+    only change their state (what the eviction rules read)."""
+    import asyncio
+
+    from mlxspec.supervisor.child import ChildState
+    from mlxspec.supervisor.pool import Pool
+
+    folders = []
+    for name in ("a", "b", "c"):
+        (tmp_path / name).mkdir()
+        folders.append(str(tmp_path / name))
+    config = ServeConfig(model=folders[0], isolate=True, model_pool=tuple(folders[1:]), **flags)
+    pool = Pool(config, tmp_path)
+    for child in pool.children.values():
+
+        async def ready(child: object = child) -> object:
+            child.state = ChildState.READY  # type: ignore[attr-defined]
+            return None
+
+        async def stop(drain: bool = True, child: object = child) -> None:
+            child.state = ChildState.STOPPED  # type: ignore[attr-defined]
+
+        child.ready, child.stop = ready, stop  # type: ignore[method-assign]
+    return pool
+
+
+def _use(pool: object, mid: str, keep_alive: float | None = None) -> None:
+    import asyncio
+
+    async def go() -> None:
+        child = pool.children[mid]  # type: ignore[attr-defined]
+        await pool.acquire(child)  # type: ignore[attr-defined]
+        pool.release(child, keep_alive)  # type: ignore[attr-defined]
+        await asyncio.sleep(0)  # a keep_alive 0 stop runs
+
+    asyncio.run(go())
+
+
+def test_lru_eviction_spares_the_pinned_model(tmp_path: Path) -> None:
+    pool = _pool(tmp_path, pool_max_resident=2, pool_pin=("a",))
+    for mid in ("a", "b", "c", "b"):
+        _use(pool, mid)
+        time.sleep(0.01)  # distinct last-use times
+    # b then c then b: c was least recently used when b came back; a is pinned
+    assert pool.resident() == ["a", "b"]  # type: ignore[attr-defined]
+
+
+def test_lru_eviction_under_one_resident(tmp_path: Path) -> None:
+    pool = _pool(tmp_path, pool_max_resident=1)
+    for mid, resident in (("a", ["a"]), ("b", ["b"]), ("a", ["a"]), ("c", ["c"])):
+        _use(pool, mid)
+        assert pool.resident() == resident  # type: ignore[attr-defined]
+
+
+def test_keep_alive_zero_stops_after_the_request_unless_pinned(tmp_path: Path) -> None:
+    pool = _pool(tmp_path, pool_pin=("a",))
+    _use(pool, "b", keep_alive=0)
+    _use(pool, "a", keep_alive=0)
+    assert pool.resident() == ["a"]  # type: ignore[attr-defined]
