@@ -129,7 +129,6 @@ def test_the_worker_routes_are_served_only_on_a_unix_socket() -> None:
 def _pool(tmp_path: Path, **flags: object) -> object:
     """A pool over three folders whose children never start: ``ready``, ``stop``
     only change their state (what the eviction rules read)."""
-    import asyncio
 
     from mlxspec.supervisor.child import ChildState
     from mlxspec.supervisor.pool import Pool
