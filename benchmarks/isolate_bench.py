@@ -3,7 +3,8 @@
 Both servers run at once on the same model; the same streamed greedy chat
 workload (``serve_bench.run_level``: fixed output length, EOS forbidden) is sent
 at each concurrency level to one, then the other, alternating for ``--repeats``
-rounds so that a change in the machine's load falls on both alike. Reports per
+rounds (after one warm-up run each) so that a change in the machine's load
+falls on both alike. Reports per
 server and level: output tokens/s and TTFT p50, and the isolated/direct ratios;
 plus the isolated child's cold start (parent start to the first answer). Writes
 ``benchmarks/results/<name>.json``. Run by hand, never in CI:
@@ -66,8 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=32)
     args = parser.parse_args(argv)
     model = [args.model] if args.model else []
-    logs = HERE / "results"
-    logs.mkdir(exist_ok=True)
+    logs = Path(os.environ.get("TMPDIR", "/tmp"))
+    results = HERE / "results"
     load_before = os.getloadavg()
     direct, direct_base, direct_start = start(model, False, logs / f"{args.name}-direct.log")
     isolated, isolated_base, isolated_start = start(model, True, logs / f"{args.name}-isolated.log")
@@ -75,6 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     bias: dict = {}
     runs: dict[str, dict[int, list[dict]]] = {"direct": {}, "isolated": {}}
     try:
+        for level in (int(x) for x in args.levels.split(",")):  # warm-up, not counted
+            for base in (direct_base, isolated_base):
+                asyncio.run(run_level(base, prompts, level, 1, args.max_tokens, bias, None))
         for _ in range(args.repeats):
             for level in (int(x) for x in args.levels.split(",")):
                 for kind, base in (("direct", direct_base), ("isolated", isolated_base)):
@@ -112,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         "summary": summary,
         "runs": runs,
     }
-    (logs / f"{args.name}.json").write_text(json.dumps(report, indent=1))
+    (results / f"{args.name}.json").write_text(json.dumps(report, indent=1))
     print(
         json.dumps(
             {
