@@ -175,6 +175,22 @@ class ServeConfig:
         max_audio_seconds (float | None): longest take; longer is a 413. Default: ``3600``.
         audio_session_idle (float): seconds a dictation session may go without a
             request before it is discarded; ``0`` never. Default: ``300``.
+        unix (str | None): serve on this unix socket (mode 0600) instead of TCP,
+            with the worker routes ``/admin/drain`` and ``/admin/lease`` (an
+            ``--isolate`` child). Default: ``None``.
+        isolate (bool): run the engine in a child process behind a proxy
+            (:mod:`mlxspec.supervisor`). Default: ``False``.
+        model_pool (tuple[str, ...]): more models served under ``isolate``, one
+            child each, picked by the body's ``model``. Default: ``()``.
+        pool_max_resident (int | None): most children resident at once; the
+            least recently used idle one is stopped first. Default: ``None``.
+        pool_idle_unload (float | None): seconds a child may sit idle before it
+            is stopped; ``None`` never. Default: ``None``.
+        pool_pin (tuple[str, ...]): model ids never evicted nor unloaded. Default: ``()``.
+        pool_start_timeout (float): seconds a child may take to answer
+            ``/health`` before it is killed. Default: ``600``.
+        strict_model (bool): a ``model`` that names nothing served is a 404
+            ``model_not_found``. Default: ``False`` (ignored, the served model answers).
     """
 
     model: str | None = None
@@ -260,6 +276,15 @@ class ServeConfig:
     # LoRA adapters mounted at once, and stacked in one request.
     max_adapters: int = 32
     max_adapter_stack: int = 8
+    # The supervisor (mlxspec/supervisor/): worker mode and the isolated parent.
+    unix: str | None = None
+    isolate: bool = False
+    model_pool: tuple[str, ...] = ()
+    pool_max_resident: int | None = None
+    pool_idle_unload: float | None = None
+    pool_pin: tuple[str, ...] = ()
+    pool_start_timeout: float = 600.0
+    strict_model: bool = False
 
     @property
     def template_defaults(self) -> dict[str, Any]:

@@ -93,6 +93,11 @@ ERROR_TABLE: dict[str, ErrorSpec] = {
     "session_finished": ErrorSpec(409, "invalid_request_error", "session_finished"),
     "too_many_sessions": ErrorSpec(429, "resource_admission", "too_many_sessions"),
     "model_unavailable": ErrorSpec(503, "server_error", "model_unavailable"),
+    # The supervisor (issue 29; reference, "Internal routes"): an --isolate child that
+    # cannot be reached is a 502 whose type is engine_unavailable; a model naming
+    # nothing served under --strict-model a 404 (OpenAI's model_not_found).
+    "engine_unavailable": ErrorSpec(502, "engine_unavailable", "engine_unavailable"),
+    "model_not_found": ErrorSpec(404, "invalid_request_error", "model_not_found"),
     # LoRA adapters (issue 25): --max-adapters mounted at once is a full resource
     # (as too_many_sessions), a stack past --max-adapter-stack a request to fix, the
     # same numbers under a second id a conflict with the mount that holds them.

@@ -263,6 +263,10 @@ class FakeEngine:
         """Nothing pending: the report of a cache without an SSD tier."""
         return SsdCache.empty_flush_report()
 
+    def drain(self, timeout: float) -> int:
+        """No prompt cache: nothing to demote."""
+        return 0
+
     def _render(
         self,
         messages: list,

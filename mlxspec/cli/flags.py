@@ -16,6 +16,7 @@ from mlxspec.cli.argtypes import positive_float as _positive_float
 from mlxspec.cli.argtypes import positive_int as _positive_int
 from mlxspec.cli.audio_flags import add_audio_flags, audio_config
 from mlxspec.cli.mlx_lm_flags import draft_kind, kv_quant, mlx_lm_server_flags, refuse_not_yet
+from mlxspec.cli.supervisor_flags import add_supervisor_flags, supervisor_config
 from mlxspec.config import ServeConfig
 
 LOGPROBS_FORMATS = ("mlx", "openai")
@@ -85,6 +86,7 @@ def _parser() -> argparse.ArgumentParser:
     _adapter_flags(serve)
     mlx_lm_server_flags(serve)
     add_audio_flags(serve)
+    add_supervisor_flags(serve)
     return parser
 
 
@@ -459,4 +461,5 @@ def parse_config(argv: Sequence[str] | None = None) -> ServeConfig:
         web_tool_steps=args.web_tool_steps,
         web_tool_timeout=args.web_tool_timeout,
         **audio_config(args),
+        **supervisor_config(args, parser),
     )

@@ -235,6 +235,10 @@ def serve(config: ServeConfig) -> int:
     logging.basicConfig(
         level=config.log_level.upper(), format="%(levelname)s %(name)s: %(message)s"
     )
+    if config.isolate:  # this process only proxies: the children load the models
+        from mlxspec.supervisor.serve import serve_isolated
+
+        return serve_isolated(config)
     from mlxspec.engine.distributed import detect_launch
 
     topology = None
@@ -254,7 +258,7 @@ def serve(config: ServeConfig) -> int:
         except ModelLoadError as exc:
             print(f"mlxspec: error: {exc}", file=sys.stderr)
             return EXIT_MODEL_ERROR
-    if (problem := _bind_problem(config.host, config.port)) is not None:
+    if config.unix is None and (problem := _bind_problem(config.host, config.port)) is not None:
         print(
             f"mlxspec: error: cannot listen on {config.host}:{config.port}: {problem}",
             file=sys.stderr,
@@ -306,7 +310,7 @@ def serving_lines(config: ServeConfig, engine, transcriber) -> list[str]:  # noq
     Returns:
         list[str]: the chat model and web chat lines, then the transcription line.
     """
-    url = f"http://{config.host}:{config.port}"
+    url = f"http://{config.host}:{config.port}" if config.unix is None else f"unix:{config.unix}"
     lines = []
     if engine is not None:
         auth = ", API key required" if config.api_key else ""
@@ -328,7 +332,15 @@ def serving_lines(config: ServeConfig, engine, transcriber) -> list[str]:  # noq
 def _serve_app(config: ServeConfig, engine, transcriber) -> int:  # noqa: ANN001
     """Run uvicorn on the app until interrupted, then stop the engine(s)."""
     from mlxspec.http.app import create_app
-    from mlxspec.http.connections import uvicorn_config
+    from mlxspec.http.connections import bind_unix, uvicorn_config
+
+    sockets = None
+    if config.unix is not None:  # a worker: the unix socket, never TCP
+        try:
+            sockets = [bind_unix(config.unix)]
+        except OSError as exc:
+            print(f"mlxspec: error: cannot listen on {config.unix}: {exc}", file=sys.stderr)
+            return EXIT_MODEL_ERROR
 
     # Building the app (the document's validators) and uvicorn's start take
     # seconds, tens of them on a busy CPU: the URLs are printed once the socket
@@ -343,7 +355,7 @@ def _serve_app(config: ServeConfig, engine, transcriber) -> int:  # noqa: ANN001
     )
     _signals_force_exit()  # uvicorn's handlers replace these while it serves
     try:
-        server.run()
+        server.run(sockets=sockets)
     finally:
         if engine is not None:
             _stop_engine(engine)

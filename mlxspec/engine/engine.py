@@ -28,6 +28,7 @@ import functools
 import logging
 import queue
 import threading
+import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -612,6 +613,25 @@ class Engine:
         """Write every pending SSD snapshot, blocking up to ``timeout`` seconds
         (:meth:`PromptCache.flush`); the report says whether all are ``durable``."""
         return self.prompt_cache.flush(timeout)
+
+    def drain(self, timeout: float) -> int:
+        """Quiesce, then demote the prompt cache to the SSD tier (a worker's
+        ``POST /admin/drain``, before its supervisor stops it). Blocks.
+
+        Waits until no request is in flight (new ones are still admitted: the
+        supervisor stops routing to a draining worker first), then
+        :meth:`PromptCache.demote`, both within ``timeout`` seconds.
+
+        Args:
+            timeout (float): most seconds for both steps together.
+
+        Returns:
+            int: prompt-cache entries demoted from RAM to the SSD tier.
+        """
+        deadline = time.monotonic() + timeout
+        while self.in_flight and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return self.prompt_cache.demote(max(0.0, deadline - time.monotonic()))
 
     # Engine thread.
     def _run(self) -> None:

@@ -159,6 +159,11 @@ class EngineProtocol(Protocol):
         the report says whether all are ``durable``."""
         ...
 
+    def drain(self, timeout: float) -> int:
+        """Wait for the requests in flight, then demote the prompt cache to the
+        SSD tier within ``timeout`` seconds (blocks); returns the entries demoted."""
+        ...
+
 
 if TYPE_CHECKING:  # mypy checks that the engine implements the protocol
     from mlxspec.engine.engine import Engine

@@ -65,6 +65,16 @@ def stream_usage_always() -> bool:
     return getattr(config, "stream_usage", None) == "always"
 
 
+def served_spec_names() -> tuple[bool, str | None]:
+    """``(--strict-model, the model spec as the operator gave it)``; ``(False,
+    None)`` outside a request or in an app without config."""
+    try:
+        config: Any = scope["state"].get("config")
+    except RuntimeError:  # connexion's context is unbound outside a request
+        return False, None
+    return bool(getattr(config, "strict_model", False)), getattr(config, "model", None)
+
+
 def request_headers() -> dict[str, str]:
     """The current request's headers, lower-case names (last value wins)."""
     return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers", [])}

@@ -10,14 +10,17 @@ from starlette.responses import Response
 from mlxspec import __version__
 from mlxspec.errors import ApiError
 from mlxspec.handlers.context import current_engine
-from mlxspec.openapi import load_spec
+from mlxspec.openapi import served_spec
 
 
 def _endpoints() -> list[str]:
     """``"METHOD /path"`` of every operation in the document, plus the document
-    itself: read from the document, so the index cannot drift from it."""
+    itself: read from the document, so the index cannot drift from it. The
+    internal routes (a worker's ``/admin/drain`` and ``/admin/lease``, the
+    ``--isolate`` parent's ``/engine``) are not part of the client contract and
+    are not listed (reference, route index, "Internal routes")."""
     methods = ("get", "post", "put", "patch", "delete")
-    paths = load_spec()["paths"]
+    paths = served_spec()["paths"]
     routes = [f"{m.upper()} {path}" for path, item in paths.items() for m in methods if m in item]
     return [*routes, "GET /openapi.json"]
 

@@ -426,7 +426,11 @@ def create_app(
     config = config or ServeConfig()
     enable_openapi_31()
     remember_body_definitions()
-    spec = served_spec(config.logprobs_format, config.allow_request_templates)
+    spec = served_spec(
+        config.logprobs_format,
+        config.allow_request_templates,
+        getattr(config, "unix", None) is not None,
+    )
     security_map = security_options(spec, config.api_key)
     app = connexion.AsyncApp("mlxspec", security_map=security_map, middlewares=MIDDLEWARES)
     prepare_app(app)  # handlers decorated once, not per request; no slash redirects

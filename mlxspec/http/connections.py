@@ -41,7 +41,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from mlxspec.errors import ApiError, error_json, error_status, surface_for_path
 from mlxspec.http.access_log import access_log_config
 
-__all__ = ["ConnectionLimits", "EdgeProtocol", "edge_protocol", "uvicorn_config"]
+__all__ = ["ConnectionLimits", "EdgeProtocol", "bind_unix", "edge_protocol", "uvicorn_config"]
 
 log = logging.getLogger("mlxspec.http.connections")
 
@@ -275,3 +275,39 @@ def uvicorn_config(app: Any, config: Any, **overrides: Any) -> Any:
         **overrides,
     }
     return uvicorn.Config(app, **options)
+
+
+def bind_unix(path: str) -> Any:
+    """A listening unix socket at ``path`` that only this user may connect to.
+
+    uvicorn's own ``uds`` binding leaves the socket file mode 0666; a worker
+    socket (``--unix``) carries the engine's admin routes, so it is created
+    under a umask that keeps it 0600 from the first moment.
+
+    Args:
+        path (str): the socket file; a stale one left by a dead server is replaced.
+
+    Returns:
+        socket.socket: bound and listening; pass it to ``uvicorn.Server.run(sockets=...)``.
+
+    Raises:
+        OSError: the path cannot be bound (a directory, no permission, too long).
+    """
+    import os
+    import socket
+    import stat
+
+    if os.path.exists(path) and stat.S_ISSOCK(os.stat(path).st_mode):
+        os.unlink(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)
+    try:
+        sock.bind(path)
+    except OSError:
+        sock.close()
+        raise
+    finally:
+        os.umask(old)
+    os.chmod(path, 0o600)
+    sock.listen(2048)
+    return sock

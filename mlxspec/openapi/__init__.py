@@ -54,7 +54,17 @@ LOGPROBS_OPENAI_KEY = "x-mlxspec-logprobs-openai"
 REQUEST_TEMPLATES_OFF_KEY = "x-mlxspec-request-templates-off"
 
 
-def served_spec(logprobs_format: str = "mlx", request_templates: bool = False) -> dict[str, Any]:
+#: Operation key: the route exists only on a worker bound to a unix socket
+#: (``--unix``: ``/admin/drain``, ``/admin/lease``), never on TCP.
+UNIX_ONLY_KEY = "x-mlxspec-unix-only"
+#: Operation key: the route is answered by the ``--isolate`` parent itself
+#: (``GET /engine``), so no Connexion app serves it.
+PARENT_ONLY_KEY = "x-mlxspec-isolate-parent"
+
+
+def served_spec(
+    logprobs_format: str = "mlx", request_templates: bool = False, unix: bool = False
+) -> dict[str, Any]:
     """The document a server with these settings serves and validates with.
 
     One document describes every setting: a schema may carry overlays, each a
@@ -69,6 +79,9 @@ def served_spec(logprobs_format: str = "mlx", request_templates: bool = False) -
     Args:
         logprobs_format (str): ``"mlx"`` or ``"openai"``. Default: ``"mlx"``.
         request_templates (bool): ``--allow-request-templates``. Default: ``False``.
+        unix (bool): the server listens on a unix socket (``--unix``): the
+            operations marked ``x-mlxspec-unix-only`` are kept, else dropped.
+            Operations marked ``x-mlxspec-isolate-parent`` are always dropped. Default: ``False``.
 
     Returns:
         dict[str, Any]: a fresh copy of the document, ``$ref`` unresolved.
@@ -77,6 +90,14 @@ def served_spec(logprobs_format: str = "mlx", request_templates: bool = False) -
     active = {LOGPROBS_OPENAI_KEY: logprobs_format == "openai"}
     active[REQUEST_TEMPLATES_OFF_KEY] = not request_templates
     _overlay(spec, active)
+    for path, item in list(spec.get("paths", {}).items()):
+        for method, op in list(item.items()):
+            if not isinstance(op, dict):
+                continue
+            if op.pop(PARENT_ONLY_KEY, False) or (op.pop(UNIX_ONLY_KEY, False) and not unix):
+                del item[method]
+        if not item:
+            del spec["paths"][path]
     return spec
 
 

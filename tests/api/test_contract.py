@@ -397,13 +397,15 @@ def test_every_stream_documents_each_frame_kind() -> None:
 def test_generation_routes_declare_every_status_the_app_can_give() -> None:
     # 400 (schema, JSON, context window, context cap, framing), 401 (API key), 403
     # (Host), 408 (headers or body stalled), 413 (body size), 415 (Content-Type), 429
-    # (queue), 431 (headers too large), 499 (client left), 500, 503 (connection cap).
+    # (queue), 431 (headers too large), 499 (client left), 500, 503 (connection cap),
+    # 404 (model_not_found under --strict-model).
     for path in (CHAT, COMP):
         assert set(SPEC["paths"][path]["post"]["responses"]) == {
             "200",
             "400",
             "401",
             "403",
+            "404",
             "408",
             "413",
             "415",

@@ -81,6 +81,7 @@ def test_the_protocol_declares_what_handlers_ask() -> None:
         "decode_tokens",
         "defaults",
         "distributed_block",
+        "drain",
         "embed",
         "fit_snapshot",
         "flush_cache",

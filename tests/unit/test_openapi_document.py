@@ -26,6 +26,8 @@ HTTP_METHODS = {"get", "put", "post", "delete", "options", "head", "patch", "tra
 #: large, a connection over --max-connections (mlxspec.http.guard, mlxspec.http.connections).
 EDGE_CODES = {"403", "408", "431", "503"}
 GENERATION_CODES = {"200", "400", "401", "413", "415", "429", "499", "500"}
+#: The generating routes whose model --strict-model checks (a 404 model_not_found).
+STRICT_CODES = GENERATION_CODES | {"404"}
 #: GET routes behind the API key (all but /health).
 READ_CODES = {"200", "400", "401", "500"}
 #: The web chat's page routes.
@@ -41,7 +43,7 @@ OPERATIONS = [
         "createChatCompletion",
         "mlxspec.handlers.chat.chat",
         "chat",
-        GENERATION_CODES,
+        STRICT_CODES,
     ),
     (
         "post",
@@ -49,7 +51,7 @@ OPERATIONS = [
         "createCompletion",
         "mlxspec.handlers.chat.completions",
         "completions",
-        GENERATION_CODES,
+        STRICT_CODES,
     ),
     (
         "post",
@@ -57,7 +59,7 @@ OPERATIONS = [
         "createMessage",
         "mlxspec.handlers.messages.messages",
         "messages",
-        GENERATION_CODES,
+        STRICT_CODES,
     ),
     (
         "post",
@@ -137,6 +139,24 @@ OPERATIONS = [
         "admin",
         {"200", "400", "401", "415", "500"},
     ),
+    # The worker routes (--unix only) and the --isolate parent's own route.
+    (
+        "post",
+        "/admin/drain",
+        "drainWorker",
+        "mlxspec.handlers.worker",
+        "admin",
+        {"200", "400", "401", "415", "500"},
+    ),
+    (
+        "post",
+        "/admin/lease",
+        "holdLease",
+        "mlxspec.handlers.worker",
+        "admin",
+        {"200", "400", "401", "415", "500"},
+    ),
+    ("get", "/engine", "getEngine", "mlxspec.supervisor.parent", "system", READ_CODES),
     (
         "get",
         "/v1/adapters",
@@ -191,7 +211,7 @@ OPERATIONS = [
         "createEmbedding",
         "mlxspec.handlers.embeddings.embeddings",
         "embeddings",
-        GENERATION_CODES,
+        STRICT_CODES,
     ),
     # The web chat: public shell routes (the socket asks for the key itself).
     ("get", "/", "getWebApp", WEB, "web", {"200", "400", "404", "500"}),

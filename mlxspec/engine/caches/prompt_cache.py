@@ -376,6 +376,27 @@ class PromptCache:
             return SsdCache.empty_flush_report()
         return self.ssd.flush(timeout, in_ram=self._kept)
 
+    def demote(self, timeout: float) -> int:
+        """Move the RAM tier to the SSD tier: write every pending snapshot
+        (:meth:`flush`), then drop each RAM entry whose snapshot is on disk
+        (reference, "POST /admin/drain"). Without an SSD tier nothing moves.
+
+        Args:
+            timeout (float): seconds to wait for the snapshot writer.
+
+        Returns:
+            int: entries dropped from RAM (their KV now lives only on disk).
+        """
+        if self.ssd is None:
+            return 0
+        self.flush(timeout)
+        with self._lock:
+            demoted = [key for key in self._entries if self.ssd.holds(key)]
+            for key in demoted:
+                self._trie.pop(key[0], list(key[1]))
+                self._bytes -= self._entries.pop(key).nbytes
+        return len(demoted)
+
     def _kept(self, key: tuple) -> list[Any] | None:
         """The kept RAM cache for ``(namespace, tokens)``, or ``None``."""
         with self._lock:

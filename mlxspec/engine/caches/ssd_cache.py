@@ -281,6 +281,11 @@ class SsdCache:
             total -= size
 
     # Any thread.
+    def holds(self, key: tuple) -> bool:
+        """Whether a written snapshot of ``(namespace, tokens)`` is in the index."""
+        with self._cond:
+            return key in self._index
+
     def flush(
         self, timeout: float, in_ram: Callable[[tuple], list[Any] | None] | None = None
     ) -> dict[str, Any]:

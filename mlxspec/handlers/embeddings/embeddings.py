@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mlxspec.errors import ApiError
+from mlxspec.handlers.adapters.select import check_model
 from mlxspec.handlers.context import JSON, current_engine, current_metrics
 from mlxspec.handlers.events import until_disconnect
 
@@ -31,6 +32,7 @@ async def create_embedding(body: dict[str, Any]) -> Any:
         QueueFullError: ``--max-queue`` requests already wait (429 ``queue_full``).
     """
     engine = current_engine()
+    check_model(engine, body.get("model"))
     if not engine.info.embedding:
         raise ApiError(
             "invalid_request",

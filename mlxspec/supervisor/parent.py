@@ -1,0 +1,236 @@
+"""The ``--isolate`` parent's ASGI app: what it answers itself, and the proxy.
+
+Answered here: ``GET /engine`` (reference, "Internal routes": ``isolated``,
+``pid``, ``restarts``, ``socket``, ``response_store``, ``pool``), a ``404`` for the
+worker routes ``/admin/drain`` and ``/admin/lease`` (never exposed on TCP), and,
+under ``--model-pool``, ``GET /v1/models`` (the pool's models, ``resident``
+marked). Everything else is proxied (:mod:`.proxy`): the generating routes to
+the child their body's ``model`` names (:mod:`.routing`), the rest to the default
+child, ``/ws/chat`` too. A child that cannot serve is a ``502 engine_unavailable``
+in the path's surface's envelope.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import time
+from typing import Any
+
+from starlette.types import Receive, Scope, Send
+
+from mlxspec.config import ServeConfig
+from mlxspec.errors import ApiError, send_error
+from mlxspec.supervisor.child import ChildState, ChildUnavailable
+from mlxspec.supervisor.pool import Pool, keep_alive_seconds
+from mlxspec.supervisor.proxy import forward_http, forward_websocket, unavailable
+from mlxspec.supervisor.routing import ROUTED_PATHS
+
+log = logging.getLogger("mlxspec.supervisor")
+
+#: The worker-only routes (reference: "Never exposed on TCP").
+WORKER_ROUTES = frozenset({"/admin/drain", "/admin/lease"})
+
+
+class ParentApp:
+    """The parent's ASGI app (lifespan starts and stops the children).
+
+    Args:
+        config (ServeConfig): the parent's settings (``api_key``, ``max_body_bytes``).
+        pool (Pool): the children.
+    """
+
+    def __init__(self, config: ServeConfig, pool: Pool) -> None:
+        self.config, self.pool = config, pool
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+        elif scope["type"] == "websocket":
+            await self._websocket(scope, receive, send)
+        elif scope["type"] == "http":
+            await self._http(scope, receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await self.pool.start()
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.pool.close()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        child = self.pool.children[self.pool.default]
+        try:
+            await self.pool.acquire(child)
+        except ChildUnavailable:
+            await receive()
+            await send({"type": "websocket.close", "code": 1011})
+            return
+        try:
+            await forward_websocket(scope, receive, send, child.socket)
+        finally:
+            self.pool.release(child)
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path, method = scope["path"], scope["method"]
+        if path in WORKER_ROUTES:
+            await send_error(scope, send, ApiError("not_found", "not found"))
+            return
+        if path == "/engine" and method == "GET":
+            await self._own(scope, send, self.engine_status())
+            return
+        if path.startswith("/v1/models") and method == "GET" and len(self.pool.children) > 1:
+            await self._models(scope, send, path)
+            return
+        body, requested, keep_alive = None, None, None
+        if method == "POST" and path in ROUTED_PATHS:
+            body = await _read_body(receive, self.config.max_body_bytes)
+            if body is None:
+                limit = self.config.max_body_bytes
+                err = ApiError("payload_too_large", f"request body exceeds {limit} bytes")
+                await send_error(scope, send, err, close=True)
+                return
+            requested, keep_alive = _model_fields(body)
+            child = self.pool.pick(requested)
+        elif method == "GET":
+            child = self.pool.any_ready()
+        else:
+            child = self.pool.children[self.pool.default]
+        try:
+            client = await self.pool.acquire(child)
+        except ChildUnavailable as exc:
+            await send_error(scope, send, unavailable(str(exc)))
+            return
+        try:
+            await forward_http(scope, receive, send, client, body)
+        finally:
+            self.pool.release(child, keep_alive)
+
+    async def _models(self, scope: Scope, send: Send, path: str) -> None:
+        """``GET /v1/models`` (the pool) or ``GET /v1/models/<id>`` (its row, as a
+        list, or a 404), answered without starting any child."""
+        listing = self.models()
+        if path != "/v1/models":
+            wanted = path.removeprefix("/v1/models/")
+            listing["data"] = [r for r in listing["data"] if r["id"] == wanted]
+            if not listing["data"] and self._key_ok(scope):
+                err = ApiError("not_found", f"model '{wanted}' not found", param="model_id")
+                await send_error(scope, send, err)
+                return
+        await self._own(scope, send, listing)
+
+    async def _own(self, scope: Scope, send: Send, payload: dict[str, Any]) -> None:
+        """Answer ``payload`` (JSON) from the parent, behind the API key."""
+        if not self._key_ok(scope):
+            err = ApiError(
+                "unauthorized",
+                "a valid API key is required: send "
+                "'Authorization: Bearer <key>' or 'x-api-key: <key>'",
+            )
+            await send_error(scope, send, err)
+            return
+        data = json.dumps(payload).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(data)).encode()),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": data})
+
+    def _key_ok(self, scope: Scope) -> bool:
+        key = self.config.api_key
+        if not key:
+            return True
+        for name, value in scope.get("headers", []):
+            text = value.decode("latin-1")
+            if name == b"authorization" and text.lower().startswith("bearer "):
+                text = text[7:].strip()
+            if name in (b"authorization", b"x-api-key") and hmac.compare_digest(
+                text.encode(), key.encode()
+            ):
+                return True
+        return False
+
+    def engine_status(self) -> dict[str, Any]:
+        """``GET /engine``: the default model's child (its fields ``null`` while
+        it does not run; reading never starts it) and, with a pool, the pool."""
+        child = self.pool.children[self.pool.default]
+        running = child.state is not ChildState.STOPPED
+        status: dict[str, Any] = {
+            "isolated": True,
+            "pid": child.pid,
+            "restarts": child.restarts,
+            "socket": child.socket if running else None,
+            "state": child.state.value,
+            "response_store": None,
+        }
+        if child.error and child.state in (ChildState.DEAD, ChildState.FAILED):
+            status["error"] = child.error
+        if len(self.pool.children) > 1:
+            status["pool"] = {
+                "resident": self.pool.resident(),
+                "default": self.pool.default,
+                "models": self.pool.ids,
+            }
+        return status
+
+    def models(self) -> dict[str, Any]:
+        """``GET /v1/models`` under a pool: one row per pool model, ``resident``
+        marked (the default first)."""
+        created = int(time.time())
+        rows = [
+            {
+                "id": mid,
+                "object": "model",
+                "created": created,
+                "owned_by": "mlxspec",
+                "resident": child.resident,
+            }
+            for mid, child in self.pool.children.items()
+        ]
+        return {"object": "list", "data": rows}
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes | None:
+    """The whole request body (routing reads its ``model``); ``None`` over ``limit``."""
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+def _model_fields(body: bytes) -> tuple[object, float | None]:
+    """A JSON body's ``model`` and ``keep_alive`` (seconds); ``(None, None)`` for
+    a body that is not a JSON object (the child answers it)."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None, None
+    if not isinstance(data, dict):
+        return None, None
+    return data.get("model"), keep_alive_seconds(data.get("keep_alive"))
+
+
+async def get_engine() -> Any:
+    """The document's ``getEngine`` operation: answered by :class:`ParentApp`
+    itself, never through Connexion (a direct server has no such route)."""
+    raise ApiError("not_found", "not found")
