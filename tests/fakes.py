@@ -244,8 +244,14 @@ class FakeEngine:
         )
 
     def fit_snapshot(self) -> FitSnapshot:
-        """No weights, no KV cache; the window is the limit."""
-        return FitSnapshot(ModelMemory(0, 0, "float32", 0), None, self.info.context_window)
+        """No weights, no KV cache; the window is the limit; ``kv_quant`` as a
+        full-precision model with no attention layers describes it."""
+        from mlxspec.engine.caches.kv_scheme import KvScheme
+
+        kv_quant = KvScheme().describe("float32", 0)
+        return FitSnapshot(
+            ModelMemory(0, 0, "float32", 0), None, self.info.context_window, kv_quant
+        )
 
     def cache_stats(self) -> dict[str, dict[str, Any]]:
         """No prompt cache: no sections."""

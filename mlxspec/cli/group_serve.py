@@ -13,6 +13,7 @@ mounts are 400s (``NotShardableError``).
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 import threading
@@ -44,11 +45,25 @@ def group_problem(config: ServeConfig, backend: str | None) -> str | None:
         ("--ssd-cache", config.ssd_cache),
         ("--memory-budget", config.memory_budget),
         ("--kv-budget", config.kv_budget),
+        # every rank would start its own parent and children on one port
+        ("--isolate", config.isolate),
+        ("--unix", config.unix),
     ]
     for flag, value in refused:
         if value:
             return f"{flag} is not supported with a model sharded over processes (mlx.launch)"
+    raw = os.environ.get("MLXSPEC_DIST_TIMEOUT", "")
+    if raw and _seconds(raw) is None:
+        return f"MLXSPEC_DIST_TIMEOUT={raw}: not a finite number of seconds above 0"
     return None
+
+
+def _seconds(raw: str) -> float | None:
+    try:
+        value = float(raw)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value > 0 else None
 
 
 def group_timeout() -> float:
@@ -57,11 +72,8 @@ def group_timeout() -> float:
     from mlxspec.engine.distributed.watchdog import DEFAULT_TIMEOUT_S
 
     raw = os.environ.get("MLXSPEC_DIST_TIMEOUT", "")
-    try:
-        value = float(raw) if raw else DEFAULT_TIMEOUT_S
-    except ValueError:
-        value = DEFAULT_TIMEOUT_S
-    return value if value > 0 else DEFAULT_TIMEOUT_S
+    value = _seconds(raw) if raw else None  # a bad value was refused by group_problem
+    return DEFAULT_TIMEOUT_S if value is None else value
 
 
 def exit_when_lost(engine) -> None:  # noqa: ANN001 - mlxspec.engine.Engine

@@ -235,11 +235,12 @@ def serve(config: ServeConfig) -> int:
     logging.basicConfig(
         level=config.log_level.upper(), format="%(levelname)s %(name)s: %(message)s"
     )
-    if config.isolate:  # this process only proxies: the children load the models
+    from mlxspec.engine.distributed import detect_launch
+
+    if config.isolate and detect_launch() is None:  # only proxies: the children load the models
         from mlxspec.supervisor.serve import serve_isolated
 
         return serve_isolated(config)
-    from mlxspec.engine.distributed import detect_launch
 
     topology = None
     if (backend := detect_launch()) is not None or config.pipeline:

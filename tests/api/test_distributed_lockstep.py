@@ -21,7 +21,7 @@ import anthropic
 import httpx
 import pytest
 
-from mlxspec.cli.group_serve import group_problem
+from mlxspec.cli.group_serve import group_problem, group_timeout
 from mlxspec.cli.main import main
 from mlxspec.config import ServeConfig
 from mlxspec.engine import Engine, Failed, GenerationRequest
@@ -204,8 +204,21 @@ def test_what_one_rank_cannot_do_is_refused_before_loading() -> None:
         (ServeConfig(adapter_path="/a"), "--adapter-path"),
         (ServeConfig(ssd_cache="/s"), "--ssd-cache"),
         (ServeConfig(kv_budget=1 << 20), "--kv-budget"),
+        (ServeConfig(isolate=True), "--isolate"),
+        (ServeConfig(unix="/tmp/w.sock"), "--unix"),
     ):
         assert str(group_problem(config, "ring")).startswith(f"{flag} is not supported")
+
+
+def test_a_bad_group_timeout_is_refused_not_ignored(monkeypatch) -> None:
+    for bad in ("abc", "0", "-5", "inf", "nan"):
+        monkeypatch.setenv("MLXSPEC_DIST_TIMEOUT", bad)
+        assert str(group_problem(ServeConfig(), "ring")) == (
+            f"MLXSPEC_DIST_TIMEOUT={bad}: not a finite number of seconds above 0"
+        )
+    monkeypatch.setenv("MLXSPEC_DIST_TIMEOUT", "7.5")
+    assert group_problem(ServeConfig(), "ring") is None
+    assert group_timeout() == 7.5
 
 
 def test_pipeline_without_a_launcher_is_one_line_exit_2(capsys, monkeypatch) -> None:
@@ -273,7 +286,8 @@ def test_stats_shows_the_group_and_health_turns_503(sharded) -> None:
     engine, base = sharded
     engine.group_block = dict(BLOCK)
     try:
-        block = httpx.get(f"{base}/stats", timeout=30).json()["distributed"]
+        got = httpx.get(f"{base}/stats", timeout=30).json()
+        block = got["distributed"]
         assert block["ranks"] == [
             {"rank": 0, "weights_bytes": 100, "share": 0.5},
             {"rank": 1, "weights_bytes": 100, "share": 0.5},
