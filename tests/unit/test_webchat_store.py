@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from pathlib import Path
 
 import pytest
@@ -36,7 +38,9 @@ def test_a_session_keeps_its_messages_settings_and_title(store: ChatStore) -> No
     session = store.get(sid)
     assert session.summary.title == "What is the KV cache?"
     assert session.settings == SETTINGS
-    assert session.messages[1] == answer
+    stored = session.messages[1]
+    assert dataclasses.replace(stored, entry=None, siblings=()) == answer
+    assert stored.entry is not None and stored.entry.startswith("e-")  # its stored entry id
     assert [s.messages for s in store.list()] == [2]
 
 
@@ -74,7 +78,9 @@ def test_sessions_survive_reopening(tmp_path: Path) -> None:
     store.append(sid, ChatMessage("user", "still here?"))
     store.close()
     again = ChatStore(path)
-    assert again.get(sid).messages == (ChatMessage("user", "still here?"),)
+    (kept,) = again.get(sid).messages
+    assert dataclasses.replace(kept, entry=None, siblings=()) == ChatMessage("user", "still here?")
+    assert kept.entry is not None and kept.entry.startswith("e-")  # its stored entry id
 
 
 def test_titles_are_one_short_line() -> None:
