@@ -26,7 +26,10 @@ MAX_ELEMENTS = 120
 _TARGETS = ("ref", "label", "selector", "target")
 
 
-def _fn(name: str, description: str, props: dict[str, Any], required: list[str]) -> dict[str, Any]:
+def tool_spec(
+    name: str, description: str, props: dict[str, Any], required: list[str]
+) -> dict[str, Any]:
+    """One OpenAI ``tools`` entry (``type: function``) with an object schema."""
     return {
         "type": "function",
         "function": {
@@ -40,16 +43,16 @@ def _fn(name: str, description: str, props: dict[str, Any], required: list[str])
 _S = {"type": "string"}
 #: The three tools, as OpenAI function tools.
 APP_TOOLS: tuple[dict[str, Any], ...] = (
-    _fn(
+    tool_spec(
         "get_current_app_context", "What the user's page shows now: route, step, elements.", {}, []
     ),
-    _fn(
+    tool_spec(
         "navigate_app",
         f"Move the user's page to a route: one of {', '.join(APP_ROUTES)}.",
         {"route": {"type": "string", "enum": list(APP_ROUTES)}, "page": _S},
         [],
     ),
-    _fn(
+    tool_spec(
         "spotlight_ui",
         "Briefly highlight an element of the user's page (by ref, label, selector or "
         "target), with an optional message.",

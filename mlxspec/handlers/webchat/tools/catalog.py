@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from mlxspec.handlers.webchat.tools import files
 from mlxspec.handlers.webchat.tools.app_context import NAMES as APP_NAMES
+from mlxspec.handlers.webchat.tools.app_context import tool_spec
 from mlxspec.handlers.webchat.tools.shell import Shell
 from mlxspec.handlers.webchat.tools.workspace import ToolError, Workspace
 
@@ -33,41 +34,30 @@ def gated(name: str) -> bool:
     return name in GATED or name.startswith("mcp__")
 
 
-def _fn(name: str, description: str, props: dict[str, Any], required: list[str]) -> dict[str, Any]:
-    return {
-        "type": "function",
-        "function": {
-            "name": name,
-            "description": description,
-            "parameters": {"type": "object", "properties": props, "required": required},
-        },
-    }
-
-
 _PATH = {"type": "string", "description": "A path relative to the workspace."}
 #: The coding tools as OpenAI function tools, in the order offered.
 TOOLS: tuple[dict[str, Any], ...] = (
-    _fn("read", "Read a text file of the workspace.", {"path": _PATH}, ["path"]),
-    _fn("ls", "List a folder of the workspace.", {"path": _PATH}, []),
-    _fn(
+    tool_spec("read", "Read a text file of the workspace.", {"path": _PATH}, ["path"]),
+    tool_spec("ls", "List a folder of the workspace.", {"path": _PATH}, []),
+    tool_spec(
         "grep",
         "Find lines matching a regular expression in the workspace's files.",
         {"pattern": {"type": "string"}, "path": _PATH},
         ["pattern"],
     ),
-    _fn(
+    tool_spec(
         "bash",
         "Run a bash command in the workspace (needs the user's approval).",
         {"command": {"type": "string"}},
         ["command"],
     ),
-    _fn(
+    tool_spec(
         "edit",
         "Replace the one occurrence of oldText in a file (needs the user's approval).",
         {"path": _PATH, "oldText": {"type": "string"}, "newText": {"type": "string"}},
         ["path", "oldText", "newText"],
     ),
-    _fn(
+    tool_spec(
         "write",
         "Create or replace a file (needs the user's approval).",
         {"path": _PATH, "content": {"type": "string"}},
