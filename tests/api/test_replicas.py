@@ -33,7 +33,7 @@ pytestmark = [
 DOC = Path(__file__).resolve().parents[2] / "docs" / "replicas.md"
 
 
-def haproxy_config(front: int, ports: list[int]) -> str:
+def haproxy_config(front: int, ports: list[int], stats: int) -> str:
     """The document's HAProxy block, on this test's ports (so the test runs what it shows)."""
     text = DOC.read_text()
     config = re.search(r"```haproxy\n(.*?)```", text, re.S)
@@ -41,13 +41,28 @@ def haproxy_config(front: int, ports: list[int]) -> str:
     body = config.group(1).replace("127.0.0.1:8000", f"127.0.0.1:{front}")
     for name, port in zip(("8081", "8082"), ports, strict=True):
         body = body.replace(f"127.0.0.1:{name}", f"127.0.0.1:{port}")
-    return body.replace("inter 2s", "inter 500ms")  # notice the dead replica sooner
+    body = body.replace("inter 2s", "inter 500ms")  # notice the dead replica sooner
+    # a stats page (the test's own, not the document's) to see when HAProxy has both replicas up
+    return body + f"\nfrontend stats\n    bind 127.0.0.1:{stats}\n    stats enable\n    stats uri /stats\n"
+
+
+def wait_both_up(stats: int, timeout: float) -> None:
+    """Until HAProxy's probes have marked both servers UP: before that, the hash of a session
+    maps over the servers up so far, and moves when the other comes up."""
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = httpx.get(f"http://127.0.0.1:{stats}/stats;csv", timeout=5).text.splitlines()
+        status = {r.split(",")[1]: r.split(",")[17] for r in rows if r.startswith("replicas,r")}
+        if status == {"r1": "UP", "r2": "UP"}:
+            return
+        assert time.monotonic() < deadline, status
+        time.sleep(0.2)
 
 
 @pytest.fixture()
 def replicas(tiny_model_dir: Path, tmp_path: Path) -> Iterator[tuple[str, list, list[str]]]:
     """Two ``mlxspec serve`` replicas and HAProxy in front: (front URL, processes, bases)."""
-    ports, front = [free_port(), free_port()], free_port()
+    ports, front, stats = [free_port(), free_port()], free_port(), free_port()
     env = {**os.environ, "PYTHONPATH": str(DOC.parents[1]), "HF_HUB_OFFLINE": "1"}
     with ExitStack() as stack:
         procs = []
@@ -60,7 +75,7 @@ def replicas(tiny_model_dir: Path, tmp_path: Path) -> Iterator[tuple[str, list, 
                 )
             )
         config = tmp_path / "haproxy.cfg"
-        config.write_text(haproxy_config(front, ports))
+        config.write_text(haproxy_config(front, ports, stats))
         hap = subprocess.Popen(["haproxy", "-f", str(config)], stdout=subprocess.DEVNULL)
         procs.append(hap)
         try:
@@ -68,6 +83,7 @@ def replicas(tiny_model_dir: Path, tmp_path: Path) -> Iterator[tuple[str, list, 
             for base, proc in zip(bases, procs, strict=False):
                 wait_healthy(base, 300, proc)
             wait_healthy(f"http://127.0.0.1:{front}", 30, hap)
+            wait_both_up(stats, 30)
             yield f"http://127.0.0.1:{front}", procs, bases
         finally:
             for proc in procs:

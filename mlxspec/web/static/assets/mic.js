@@ -44,7 +44,8 @@ export class Dictation {
     this.context = typeof AudioContext === "function" ? new AudioContext() : null;
   }
 
-  async start() {
+  /** Open the microphone and run the capture graph (the session opens beside it). */
+  async capture() {
     if (!navigator.mediaDevices?.getUserMedia || !this.context?.audioWorklet) {
       throw new Error("The microphone needs a secure page: open the chat over https or on localhost.");
     }
@@ -80,7 +81,35 @@ export class Dictation {
     this.source.connect(this.node);
     this.node.connect(this.context.destination); // silent: the node writes no output
     await this.context.resume();
+  }
+
+  /**
+   * Open the microphone and the session together; resolves once both are open. The
+   * capture runs as soon as the microphone is open (`this.capturing`), while the session
+   * may still be opening (the first one loads the Whisper weights: seconds).
+   */
+  async start() {
+    this.capturing = this.capture();
+    await this.capturing;
     await this.opening; // a refused session (no transcriber, a 4xx) ends the take here
+  }
+
+  /**
+   * End the capture now: the worklet's last samples are taken and the microphone let go.
+   * A release ends the take at the release, even while the session is still opening.
+   */
+  stopCapture() {
+    if (!this.stopped) {
+      this.stopped = (async () => {
+        if (this.node) {
+          const flushed = new Promise((resolve) => (this.onFlushed = resolve));
+          this.node.port.postMessage("flush");
+          await flushed;
+        }
+        this.release();
+      })();
+    }
+    return this.stopped;
   }
 
   async open() {
@@ -131,12 +160,7 @@ export class Dictation {
 
   /** Stop the capture, send the rest, and answer the transcript. */
   async finish() {
-    if (this.node) {
-      const flushed = new Promise((resolve) => (this.onFlushed = resolve));
-      this.node.port.postMessage("flush");
-      await flushed;
-    }
-    this.release();
+    await this.stopCapture();
     await this.send().catch(() => {});
     if (this.error) {
       await this.discard(this.id);
@@ -230,7 +254,9 @@ export function wireMic(button, hooks) {
     const current = take;
     show("transcribing");
     try {
-      await current.starting; // released while the microphone was still opening
+      await current.capturing; // released while the microphone was still opening
+      current.stopCapture(); // the take ends at the release, not once the session is open
+      await current.starting; // the session may still be opening (the first loads Whisper)
     } catch {
       return; // press() shows why
     }
