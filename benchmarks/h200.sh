@@ -13,6 +13,8 @@
 #       alternating order, stream_generate beside each); stops itself after 8-8.5 min with
 #       what it measured in $OUT; call it again (same machine) until it prints "complete"
 #     bash benchmarks/h200.sh probe NAME SIZE [step_probe args]     one decode step, profiled
+#     bash benchmarks/h200.sh prefill NAME SIZE [prefill_probe args]     a wave's prefill vs matmuls
+#       (serve_bench kinds "mlxspec+--flag,value" add serve flags, e.g. --prompt-concurrency)
 #     bash benchmarks/h200.sh bench NAME SIZE [serve_bench args]     servers side by side
 #       (results/NAME.partial.json holds each level as soon as it is measured; pass it
 #       back with --resume in a later call to carry on an interrupted run)
@@ -102,6 +104,12 @@ case "$1" in
     if [ -f /tmp/bench/$name.json ] && [ -f /tmp/bench/$name-probe.done ]; then
       echo "issue21: complete (${SECONDS}s)"
     else echo "issue21: not finished (${SECONDS}s): call again on the same machine"; fi ;;
+  prefill)
+    # issue 34 item 1: a wave's prefill (mlx-lm's batched forward, mlxspec's PrefillGroup
+    # chunks of 8 rows) against the matrix products alone, at 1/8/32/64 rows of 128 tokens
+    name=$2 size=$3; shift 3; mkdir -p "$OUT"
+    timeout -k 20 -s INT 300 python3 benchmarks/prefill_probe.py --model /tmp/rand$size \
+      --json "$OUT/$name.json" "$@" ;;
   probe)
     name=$2 size=$3; shift 3; mkdir -p "$OUT"
     python3 benchmarks/step_probe.py --model /tmp/rand$size --json "$OUT/$name.json" "$@" ;;

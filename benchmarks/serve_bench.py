@@ -64,6 +64,8 @@ TURNS_ONLY = {"mlxspec-nocache"}
 
 
 def server_command(kind: str, model: str, port: int, batch: int) -> list[str]:
+    if kind.startswith("mlxspec+"):  # extra serve flags, comma-separated: mlxspec+--flag,value
+        return [*server_command("mlxspec", model, port, batch), *kind[len("mlxspec+") :].split(",")]
     if kind in KIND_ENV:
         return server_command(KIND_ENV[kind][0], model, port, batch)
     if kind in ("mlxspec-nocache", "mlxspec-nocache-levels"):  # every prompt prefilled
