@@ -4,7 +4,8 @@ After a request ends, its KV cache (prompt plus generated tokens) is kept
 under its token sequence; a later request whose prompt shares a prefix with a
 kept sequence starts from a copy of that cache and prefills only the rest.
 Entries live in a token trie (mlx-lm's ``PromptTrie``, the structure
-``mlx_lm.server``'s ``LRUPromptCache`` searches) inside a *namespace* of
+``mlx_lm.server``'s ``LRUPromptCache`` searches, with a search linear in the
+prompt's length: :mod:`.token_trie`) inside a *namespace* of
 everything that changes the numbers in a KV cache, and are evicted least
 recently used first under a byte budget.
 
@@ -104,7 +105,7 @@ class PromptCache:
         bucket_tails: bool | None = None,
         max_entries: int | None = None,
     ):
-        from mlx_lm.models.cache import PromptTrie
+        from mlxspec.engine.caches.token_trie import TokenTrie
 
         self.max_bytes = max_bytes
         self.max_entries = max_entries
@@ -121,7 +122,7 @@ class PromptCache:
         #: share of every KV cache; counting the whole model's bytes makes every
         #: rank keep and evict the same entries (:mod:`..distributed`).
         self.byte_scale: tuple[int, int] = (1, 1)
-        self._trie = PromptTrie()
+        self._trie = TokenTrie()
         self._entries: OrderedDict[Key, _Entry] = OrderedDict()
         self._sessions: dict[str, Key] = {}
         self._lock = threading.Lock()
