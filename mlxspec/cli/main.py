@@ -9,7 +9,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
@@ -353,6 +353,7 @@ def _serve_app(config: ServeConfig, engine, transcriber) -> int:  # noqa: ANN001
             timeout_graceful_shutdown=DRAIN_TIMEOUT_S,
         ),
         banner=serving_lines(config, engine, transcriber),
+        group_lost=engine.group.check_now if engine is not None and engine.group else None,
     )
     _signals_force_exit()  # uvicorn's handlers replace these while it serves
     try:
@@ -381,11 +382,22 @@ def _exit_after_shutdown(status: int = 0) -> None:
     os._exit(status)
 
 
-def _draining_server(config, banner: Sequence[str] = ()):  # noqa: ANN001, ANN202
+def _draining_server(  # noqa: ANN202
+    config,  # noqa: ANN001
+    banner: Sequence[str] = (),
+    group_lost: Callable[[], bool] | None = None,
+):
     """A uvicorn server (``uvicorn.Config`` -> ``uvicorn.Server``) where the first
     SIGINT/SIGTERM drains the requests and ends ``run()`` normally, and a second
     one exits at once (:func:`_force_exit`). ``banner``'s lines are printed once
     it listens (after uvicorn's start-up; never when that fails).
+
+    On rank 0 of a sharded model ``group_lost`` is asked first: ``mlx.launch``
+    sends SIGTERM once another rank exited, and a group that is lost cannot
+    drain (its steps never finish). Then the signal is left to the group's own
+    end (every request answered 503, new ones too, exit code 4 within
+    seconds: :func:`~mlxspec.cli.group_serve.exit_when_lost`) rather than
+    closing the listener while streams wait for a step that never comes.
 
     Stock uvicorn re-raises the first signal once it has drained (the default
     handler would then kill the process before the engine stops and the prompt
@@ -403,6 +415,8 @@ def _draining_server(config, banner: Sequence[str] = ()):  # noqa: ANN001, ANN20
                     print(line, flush=True)
 
         def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            if group_lost is not None and group_lost():
+                return  # the group's own end answers and exits
             if self.should_exit:
                 _force_exit(sig, frame)
             self.should_exit = True

@@ -18,6 +18,7 @@ from mlxspec.engine.distributed.lockstep import (
     FollowerJobs,
     LeaderJobs,
 )
+from mlxspec.engine.distributed.peers import PeerWatch, ring_addresses, ring_connections
 from mlxspec.engine.distributed.watchdog import DEFAULT_TIMEOUT_S, Watchdog
 from mlxspec.engine.loop.jobs import Generate, Job, JobSource
 
@@ -32,8 +33,10 @@ class ShardedServing:
         info (GroupInfo): world size, backend, mode and each rank's weight bytes.
         timeout (float): seconds without a completed plan broadcast before the
             group is given up (:mod:`.watchdog`). Default: :data:`DEFAULT_TIMEOUT_S`.
-        tick (float): seconds an idle rank 0 waits before an empty plan.
-            Default: :data:`DEFAULT_TICK_S`.
+        tick (float): the longest pause of an idle group between two plan
+            broadcasts (:func:`~.lockstep.idle_pause`). Default: :data:`DEFAULT_TICK_S`.
+        peers (PeerWatch | None): watches the ring's connections, so a process
+            that exits is noticed at once (:mod:`.peers`). Default: ``None``.
     """
 
     def __init__(
@@ -42,12 +45,15 @@ class ShardedServing:
         info: GroupInfo,
         timeout: float = DEFAULT_TIMEOUT_S,
         tick: float = DEFAULT_TICK_S,
+        peers: PeerWatch | None = None,
     ) -> None:
         self.topology, self.info = topology, info
         self.timeout, self.tick = timeout, tick
         self.broadcast = Broadcast(topology)
         self.leader_jobs: LeaderJobs | None = None
+        self.source: LeaderJobs | FollowerJobs | None = None
         self.watchdog: Watchdog | None = None
+        self.peers = peers
         #: Why the group was given up; ``None`` while it serves.
         self.failure: str | None = None
         self._lock = threading.Lock()
@@ -72,13 +78,30 @@ class ShardedServing:
         """
         if self.leader:
             self.leader_jobs = LeaderJobs(jobs, self.broadcast, self.lose, self.tick)
-            source: JobSource = self.leader_jobs
+            self.source = self.leader_jobs
         else:
-            source = FollowerJobs(self.broadcast, self.lose, on_job)
+            self.source = FollowerJobs(self.broadcast, self.lose, on_job, self.tick)
         self.watchdog = Watchdog(self.broadcast, self.lose, self.timeout)
         self.broadcast.last_done = time.monotonic()
         self.watchdog.start()
+        if self.peers is not None:
+            self.peers.on_lost = self._peer_lost
+            self.peers.start()
+        source: JobSource = self.source
         return source
+
+    def _peer_lost(self, reason: str) -> None:
+        if self.source is None or not self.source.stopping:  # not the group's own end
+            self.lose(reason)
+
+    def check_now(self) -> bool:
+        """Whether the group is lost, looking at the ring's connections now (a
+        signal handler's question: ``mlx.launch`` sends SIGTERM to the other
+        ranks once one exited); a closed one gives the group up here."""
+        if self.failure is None and self.peers is not None:
+            if (reason := self.peers.gone()) is not None:
+                self._peer_lost(reason)
+        return self.failure is not None
 
     @staticmethod
     def stream() -> AbstractContextManager[Any]:
@@ -108,6 +131,8 @@ class ShardedServing:
         """A clean shutdown: stop watching."""
         if self.watchdog is not None:
             self.watchdog.stop()
+        if self.peers is not None:
+            self.peers.stop()
 
     def block(self) -> dict[str, Any]:
         """``/stats``' ``distributed`` block: :meth:`GroupInfo.block`, the plan
@@ -146,4 +171,7 @@ def join_group(
         prompt_cache.byte_scale = (topology.size, 1)
     mode = "pipeline" if topology.pipeline else "tensor"
     info = GroupInfo(topology.size, topology.backend, mode, shares)
-    return ShardedServing(topology, info, timeout)
+    peers = None
+    if topology.backend == "ring":
+        peers = PeerWatch(ring_connections(ring_addresses()), lambda reason: None)
+    return ShardedServing(topology, info, timeout, peers=peers)
