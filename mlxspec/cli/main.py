@@ -20,6 +20,7 @@ from mlxspec.cli.group_serve import (
     exit_when_lost,
     group_timeout,
     join,
+    refused_on_every_rank,
     serve_follower,
 )
 from mlxspec.config import ServeConfig, apply_serve_env_defaults
@@ -57,6 +58,7 @@ def load_engine(config: ServeConfig, topology: Topology | None = None):  # noqa:
         KvQuantError,
         SpeculationError,
     )
+    from mlxspec.engine.distributed.shards import ShardError
     from mlxspec.engine.model.load import LoadOptions
     from mlxspec.engine.model.loader import ModelLoadError, resolve_model
 
@@ -109,6 +111,9 @@ def load_engine(config: ServeConfig, topology: Topology | None = None):  # noqa:
         )
     except (BudgetTooSmallError, KvQuantError, ModelLoadError, SpeculationError) as exc:
         raise ModelLoadError(str(exc)) from exc
+    except ShardError as exc:  # what the user passed, never a GGUF's converted cache folder
+        size = topology.size if topology is not None else 1
+        raise ModelLoadError(f"cannot shard {config.model} over {size} processes: {exc}") from exc
     except Exception as exc:  # mlx-lm raises many types for unreadable folders
         raise ModelLoadError(f"cannot load model from {resolved.path}: {exc}") from exc
     engine.adapters.limits = AdapterLimits(config.max_adapters, config.max_adapter_stack)
@@ -257,7 +262,8 @@ def serve(config: ServeConfig) -> int:
         try:
             return serve_follower(load_engine(config, topology))
         except ModelLoadError as exc:
-            print(f"mlxspec: error: {exc}", file=sys.stderr)
+            if not refused_on_every_rank(exc):  # those rank 0 says once
+                print(f"mlxspec: error: rank {topology.rank}: {exc}", file=sys.stderr)
             return EXIT_MODEL_ERROR
     if config.unix is None and (problem := _bind_problem(config.host, config.port)) is not None:
         print(

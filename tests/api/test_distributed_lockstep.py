@@ -233,19 +233,60 @@ def test_pipeline_without_a_launcher_is_one_line_exit_2(capsys, monkeypatch) -> 
     )
 
 
-def test_head_counts_that_do_not_split_are_named() -> None:
-    class Smol:  # SmolLM2-135M: 9 heads, 3 KV heads
+def test_head_counts_that_do_not_split_are_named_with_what_works_instead() -> None:
+    class Smol:  # SmolLM2-135M: a Llama, 9 heads, 3 KV heads; mlx-lm cannot pipeline it
+        __module__ = "mlx_lm.models.llama"
         args = SimpleNamespace(num_attention_heads=9, num_key_value_heads=3)
+        model = SimpleNamespace(layers=[None] * 30)
 
         def shard(self, group: Any) -> None: ...
 
-    two = SimpleNamespace(size=2, pipeline=False)
-    assert shard_problem(Smol(), two) == (  # type: ignore[arg-type]
-        "num_attention_heads 9 does not split over 2 processes (try --pipeline)"
+    class Qwen(Smol):  # a Qwen2 pipelines (model.model.pipeline)
+        __module__ = "mlx_lm.models.qwen2"
+        args = SimpleNamespace(num_attention_heads=14, num_key_value_heads=2)
+        model = SimpleNamespace(layers=[None] * 24, pipeline=lambda group: None)
+
+    def problem(model: Any, size: int, pipeline: bool = False) -> str | None:
+        return shard_problem(model, SimpleNamespace(size=size, pipeline=pipeline))  # type: ignore[arg-type]
+
+    assert problem(Smol(), 2) == (
+        "num_attention_heads 9 and num_key_value_heads 3 do not split over 2 processes "
+        "(mlx.launch -n 3 splits its heads)"  # never --pipeline: a Llama cannot
     )
-    assert shard_problem(Smol(), SimpleNamespace(size=3, pipeline=False)) is None  # type: ignore[arg-type]
-    pipe = SimpleNamespace(size=2, pipeline=True)
-    assert "cannot be pipelined" in str(shard_problem(Smol(), pipe))  # type: ignore[arg-type]
+    assert problem(Smol(), 3) is None
+    assert problem(Smol(), 2, pipeline=True) == (
+        "llama models cannot be pipelined by mlx-lm "
+        "(without --pipeline, mlx.launch -n 3 splits its heads)"
+    )
+    assert problem(Qwen(), 4) == (
+        "num_attention_heads 14 and num_key_value_heads 2 do not split over 4 processes "
+        "(--pipeline splits its layers over 4 processes; mlx.launch -n 2 splits its heads)"
+    )
+    assert problem(Qwen(), 4, pipeline=True) is None
+
+
+def test_a_refusal_names_what_the_user_passed_and_is_said_once(
+    tiny_model_dir: Any, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mlxspec.cli.group_serve import join, refused_on_every_rank
+    from mlxspec.cli.main import load_engine
+    from mlxspec.engine.model.loader import ModelLoadError
+
+    monkeypatch.chdir(tiny_model_dir.parent)  # the user passed a relative path
+    three = SimpleNamespace(size=3, pipeline=False, rank=1, group=None)  # 4 heads: not in 3
+    with pytest.raises(ModelLoadError) as refused:
+        load_engine(ServeConfig(model=tiny_model_dir.name), three)  # type: ignore[arg-type]
+    assert str(refused.value) == (
+        f"cannot shard {tiny_model_dir.name} over 3 processes: num_attention_heads 4 and "
+        "num_key_value_heads 2 do not split over 3 processes (mlx.launch -n 2 splits its heads)"
+    )
+    assert refused_on_every_rank(refused.value)  # a follower leaves it to rank 0
+    assert not refused_on_every_rank(ModelLoadError("a file is missing on this host"))
+    drafts = ServeConfig(draft_kind="ngram")
+    for rank, said in (("1", ""), ("0", "mlxspec: error: --draft-kind is not supported")):
+        monkeypatch.setenv("MLX_RANK", rank)
+        assert join(drafts, "ring") == 2
+        assert capsys.readouterr().err.startswith(said)
 
 
 def test_work_outside_the_step_plan_is_400_and_a_lost_group_503(tiny_engine: Any) -> None:
