@@ -297,6 +297,7 @@ def serve(config: ServeConfig) -> int:
         return _serve_app(config, None, transcriber)
     if engine.group is not None:
         exit_when_lost(engine)
+        print("\n".join(engine.group.info.lines()), flush=True)  # what each rank holds
     if (weights := engine.cpu_weights) is not None and weights.reason != "not on the CPU":
         kind = "float32" if weights.float32 else "as stored"
         print(

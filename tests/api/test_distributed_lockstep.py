@@ -26,7 +26,7 @@ from mlxspec.cli.main import main
 from mlxspec.config import ServeConfig
 from mlxspec.engine import Engine, Failed, GenerationRequest
 from mlxspec.engine.distributed import GroupLost, detect_launch
-from mlxspec.engine.distributed.group import GroupInfo
+from mlxspec.engine.distributed.group import GroupInfo, RankShare
 from mlxspec.engine.distributed.lockstep import FollowerJobs, LeaderJobs, StepPlan
 from mlxspec.engine.distributed.shards import shard_problem
 from mlxspec.engine.distributed.watchdog import Watchdog
@@ -309,7 +309,9 @@ def test_work_outside_the_step_plan_is_400_and_a_lost_group_503(tiny_engine: Any
 
 
 BLOCK = {
-    **GroupInfo(2, "ring", "tensor", (100, 100)).block(),
+    **GroupInfo(
+        2, "ring", "tensor", (RankShare(0, 100, (0, 1), (0, 1), (0, 0)), RankShare(1, 100, (0, 1)))
+    ).block(),
     "plan_turns": 3,
     "plan_collectives": 4,
     "plan_ms_mean": 0.5,
@@ -330,9 +332,15 @@ def test_stats_shows_the_group_and_health_turns_503(sharded) -> None:
     try:
         got = httpx.get(f"{base}/stats", timeout=30).json()
         block = got["distributed"]
-        assert block["ranks"] == [
-            {"rank": 0, "weights_bytes": 100, "share": 0.5},
-            {"rank": 1, "weights_bytes": 100, "share": 0.5},
+        assert block["ranks"] == [  # the document's schema is checked too
+            {
+                "rank": 0,
+                "weights_bytes": 100,
+                "layers": [0, 1],
+                "attention_heads": [0, 1],
+                "kv_heads": [0, 0],
+            },
+            {"rank": 1, "weights_bytes": 100, "layers": [0, 1]},
         ]
         assert httpx.get(f"{base}/health", timeout=30).status_code == 200
         engine.group_block = {**BLOCK, "healthy": False, "failure": "a rank is gone"}
@@ -495,7 +503,7 @@ def test_a_sigterm_after_a_rank_exited_is_the_groups_loss_not_a_drain() -> None:
     client = socket.create_connection(server.getsockname()[:2])
     accepted, _ = server.accept()
     topology = SimpleNamespace(rank=0, size=2)
-    info = GroupInfo(2, "ring", "tensor", (1, 1))
+    info = GroupInfo(2, "ring", "tensor", (RankShare(0, 1, (0, 0)), RankShare(1, 1, (0, 0))))
     group = ShardedServing(topology, info, peers=PeerWatch([accepted], lambda r: None))  # type: ignore[arg-type]
     told: list[str] = []
     group.on_lost(told.append)
@@ -511,3 +519,31 @@ def test_a_sigterm_after_a_rank_exited_is_the_groups_loss_not_a_drain() -> None:
     finally:
         for sock in (server, client, accepted):
             sock.close()
+
+
+def test_each_rank_says_which_layers_and_heads_it_holds() -> None:
+    """Not a fraction of the group's bytes (0.5 told a user nothing): the layers
+    and heads, as mlx-lm's ``shard()`` and ``pipeline()`` split them."""
+    from mlxspec.engine.distributed.serving import own_share
+
+    args = SimpleNamespace(num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3)
+    model = SimpleNamespace(args=args, model=SimpleNamespace(layers=[None] * 30))
+    tensor = [
+        own_share(SimpleNamespace(rank=r, size=3, pipeline=False), model, 7) for r in range(3)
+    ]  # type: ignore[arg-type]
+    assert [(s.layers, s.attention_heads, s.kv_heads) for s in tensor] == [
+        ((0, 29), (0, 2), (0, 0)),
+        ((0, 29), (3, 5), (1, 1)),
+        ((0, 29), (6, 8), (2, 2)),
+    ]
+    # mlx-lm's pipeline(): rank 0 runs the last layers, the low ranks one extra
+    piped = SimpleNamespace(args=args, model=SimpleNamespace(layers=[], start_idx=15, end_idx=30))
+    share = own_share(SimpleNamespace(rank=0, size=2, pipeline=True), piped, 7)  # type: ignore[arg-type]
+    assert (share.layers, share.attention_heads, share.kv_heads) == ((15, 29), (0, 8), (0, 2))
+    assert RankShare.from_row(1, tensor[1].row()) == RankShare(1, 7, (0, 29), (3, 5), (1, 1))
+    assert RankShare.from_row(0, RankShare(0, 5, (0, 3)).row()) == RankShare(0, 5, (0, 3))
+    info = GroupInfo(3, "ring", "tensor", tuple(tensor), (9, 3))
+    assert (
+        info.lines()[1]
+        == "mlxspec: rank 1 holds layers 0-29, heads 3-5 of 9 (KV 1-1 of 3), 0.0 MiB"
+    )

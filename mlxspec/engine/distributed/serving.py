@@ -11,7 +11,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
-from mlxspec.engine.distributed.group import GroupInfo, Topology
+from mlxspec.engine.distributed.group import GroupInfo, RankShare, Topology
 from mlxspec.engine.distributed.lockstep import (
     DEFAULT_TICK_S,
     Broadcast,
@@ -162,7 +162,8 @@ def join_group(
     """
     from mlxspec.engine.model.fit import model_memory
 
-    shares = topology.gather_shares(model_memory(model).weights_bytes)
+    mine = own_share(topology, model, model_memory(model).weights_bytes)
+    ranks = tuple(RankShare.from_row(r, row) for r, row in enumerate(topology.gather(mine.row())))
     topology.agree_seed()
     if topology.pipeline:
         total = int(getattr(model.model, "num_hidden_layers", 0) or len(model.model.layers))
@@ -170,8 +171,44 @@ def join_group(
     else:
         prompt_cache.byte_scale = (topology.size, 1)
     mode = "pipeline" if topology.pipeline else "tensor"
-    info = GroupInfo(topology.size, topology.backend, mode, shares)
+    heads = _head_counts(model)
+    info = GroupInfo(topology.size, topology.backend, mode, ranks, heads)
     peers = None
     if topology.backend == "ring":
         peers = PeerWatch(ring_connections(ring_addresses()), lambda reason: None)
     return ShardedServing(topology, info, timeout, peers=peers)
+
+
+def _head_counts(model: Any) -> tuple[int, int] | None:
+    """The model's attention and KV heads per layer (``args``), or ``None``."""
+    args = getattr(model, "args", None)
+    heads = getattr(args, "num_attention_heads", None)
+    kv = getattr(args, "num_key_value_heads", None) or heads
+    return (heads, kv) if isinstance(heads, int) and isinstance(kv, int) else None
+
+
+def own_share(topology: Topology, model: Any, weights_bytes: int) -> RankShare:
+    """What this rank holds: with ``--pipeline`` the layers mlx-lm's
+    ``PipelineMixin.pipeline`` gave it (``start_idx``, ``end_idx``) and every
+    head of them; in tensor mode every layer and a contiguous run of heads
+    (``shard()`` splits each projection's rows into equal parts in rank order).
+
+    Args:
+        topology (Topology): the group.
+        model: this rank's shard (``nn.Module``).
+        weights_bytes (int): the bytes it loaded.
+    """
+    inner = getattr(model, "model", None)
+    total = getattr(getattr(model, "args", None), "num_hidden_layers", None)
+    total = total if isinstance(total, int) else len(getattr(inner, "layers", ()))
+    heads = _head_counts(model)
+    if topology.pipeline:
+        start, end = int(getattr(inner, "start_idx", 0)), getattr(inner, "end_idx", None)
+        layers = (start, (total if end is None else int(end)) - 1)
+        every = None if heads is None else ((0, heads[0] - 1), (0, heads[1] - 1))
+        return RankShare(topology.rank, weights_bytes, layers, *(every or (None, None)))
+    if heads is None:
+        return RankShare(topology.rank, weights_bytes, (0, total - 1))
+    r, n = topology.rank, topology.size
+    part = [(r * h // n, (r + 1) * h // n - 1) for h in heads]
+    return RankShare(topology.rank, weights_bytes, (0, total - 1), part[0], part[1])
