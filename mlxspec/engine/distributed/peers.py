@@ -63,7 +63,9 @@ def ring_connections(addresses: set[tuple[str, int]]) -> list[socket.socket]:
     """Duplicates of this process's connected TCP sockets whose peer or local
     address is one of ``addresses`` (the ring's; a listening socket has no peer
     and is left out). Closing a duplicate leaves MLX's socket open."""
-    if not addresses:
+    if not addresses or socket.getdefaulttimeout() is not None:
+        # with a default timeout Python would make each duplicate non-blocking, which
+        # would change MLX's own sockets too (one file description): watch nothing
         return []
     fd_dir = "/proc/self/fd" if os.path.isdir("/proc/self/fd") else "/dev/fd"
     found, made = [], set()
