@@ -97,6 +97,12 @@ ERROR_TABLE: dict[str, ErrorSpec] = {
     # cannot be reached is a 502 whose type is engine_unavailable; a model naming
     # nothing served under --strict-model a 404 (OpenAI's model_not_found).
     "engine_unavailable": ErrorSpec(502, "engine_unavailable", "engine_unavailable"),
+    # A model sharded over processes (issue 33) that lost one: the engine is there but
+    # cannot run, so a 503 (retry elsewhere) with the reference's engine_unavailable type;
+    # work a sharded engine does not run at all is a 400 of its own (not a validation
+    # error, so /v1/systemone keeps the OpenAI envelope rather than a 422 detail).
+    "group_unavailable": ErrorSpec(503, "engine_unavailable", "engine_unavailable"),
+    "not_shardable": ErrorSpec(400, "invalid_request_error", "not_supported_when_sharded"),
     "model_not_found": ErrorSpec(404, "invalid_request_error", "model_not_found"),
     # LoRA adapters (issue 25): --max-adapters mounted at once is a full resource
     # (as too_many_sessions), a stack past --max-adapter-stack a request to fix, the

@@ -17,6 +17,7 @@ import math
 import os
 import sys
 import threading
+from collections.abc import Mapping
 
 from mlxspec.config import ServeConfig
 
@@ -118,7 +119,8 @@ def join(config: ServeConfig, backend: str | None):  # noqa: ANN201 - Topology |
     from mlxspec.engine.distributed import init_topology
 
     if (problem := group_problem(config, backend)) is not None:
-        print(f"mlxspec: error: {problem}", file=sys.stderr)
+        if launch_rank() in (None, 0):  # every rank finds it: said once
+            print(f"mlxspec: error: {problem}", file=sys.stderr)
         return 2
     assert backend is not None
     try:
@@ -126,6 +128,27 @@ def join(config: ServeConfig, backend: str | None):  # noqa: ANN201 - Topology |
     except RuntimeError as exc:
         print(f"mlxspec: error: cannot join the {backend} group: {exc}", file=sys.stderr)
         return 2
+
+
+def launch_rank(env: Mapping[str, str] | None = None) -> int | None:
+    """This process's rank as its launcher set it (before the group is joined),
+    or ``None`` when no launcher's variable says (``MLX_RANK``; MPI's
+    ``OMPI_COMM_WORLD_RANK`` or ``PMI_RANK``)."""
+    env = os.environ if env is None else env
+    for name in ("MLX_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+        if (value := env.get(name, "")).isdigit():
+            return int(value)
+    return None
+
+
+def refused_on_every_rank(exc: BaseException) -> bool:
+    """Whether a follower's load error is one every rank meets alike (the model
+    cannot be split: :class:`~mlxspec.engine.distributed.shards.ShardError`),
+    which rank 0 prints once; other errors (a file missing on one host) each
+    rank prints with its rank."""
+    from mlxspec.engine.distributed.shards import ShardError
+
+    return isinstance(exc.__cause__, ShardError)
 
 
 def _exit(code: int) -> None:

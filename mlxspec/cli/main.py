@@ -9,7 +9,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
@@ -20,6 +20,7 @@ from mlxspec.cli.group_serve import (
     exit_when_lost,
     group_timeout,
     join,
+    refused_on_every_rank,
     serve_follower,
 )
 from mlxspec.config import ServeConfig, apply_serve_env_defaults
@@ -57,6 +58,7 @@ def load_engine(config: ServeConfig, topology: Topology | None = None):  # noqa:
         KvQuantError,
         SpeculationError,
     )
+    from mlxspec.engine.distributed.shards import ShardError
     from mlxspec.engine.model.load import LoadOptions
     from mlxspec.engine.model.loader import ModelLoadError, resolve_model
 
@@ -109,6 +111,9 @@ def load_engine(config: ServeConfig, topology: Topology | None = None):  # noqa:
         )
     except (BudgetTooSmallError, KvQuantError, ModelLoadError, SpeculationError) as exc:
         raise ModelLoadError(str(exc)) from exc
+    except ShardError as exc:  # what the user passed, never a GGUF's converted cache folder
+        size = topology.size if topology is not None else 1
+        raise ModelLoadError(f"cannot shard {config.model} over {size} processes: {exc}") from exc
     except Exception as exc:  # mlx-lm raises many types for unreadable folders
         raise ModelLoadError(f"cannot load model from {resolved.path}: {exc}") from exc
     engine.adapters.limits = AdapterLimits(config.max_adapters, config.max_adapter_stack)
@@ -257,7 +262,8 @@ def serve(config: ServeConfig) -> int:
         try:
             return serve_follower(load_engine(config, topology))
         except ModelLoadError as exc:
-            print(f"mlxspec: error: {exc}", file=sys.stderr)
+            if not refused_on_every_rank(exc):  # those rank 0 says once
+                print(f"mlxspec: error: rank {topology.rank}: {exc}", file=sys.stderr)
             return EXIT_MODEL_ERROR
     if config.unix is None and (problem := _bind_problem(config.host, config.port)) is not None:
         print(
@@ -291,6 +297,7 @@ def serve(config: ServeConfig) -> int:
         return _serve_app(config, None, transcriber)
     if engine.group is not None:
         exit_when_lost(engine)
+        print("\n".join(engine.group.info.lines()), flush=True)  # what each rank holds
     if (weights := engine.cpu_weights) is not None and weights.reason != "not on the CPU":
         kind = "float32" if weights.float32 else "as stored"
         print(
@@ -353,6 +360,7 @@ def _serve_app(config: ServeConfig, engine, transcriber) -> int:  # noqa: ANN001
             timeout_graceful_shutdown=DRAIN_TIMEOUT_S,
         ),
         banner=serving_lines(config, engine, transcriber),
+        group_lost=engine.group.check_now if engine is not None and engine.group else None,
     )
     _signals_force_exit()  # uvicorn's handlers replace these while it serves
     try:
@@ -381,11 +389,22 @@ def _exit_after_shutdown(status: int = 0) -> None:
     os._exit(status)
 
 
-def _draining_server(config, banner: Sequence[str] = ()):  # noqa: ANN001, ANN202
+def _draining_server(  # noqa: ANN202
+    config,  # noqa: ANN001
+    banner: Sequence[str] = (),
+    group_lost: Callable[[], bool] | None = None,
+):
     """A uvicorn server (``uvicorn.Config`` -> ``uvicorn.Server``) where the first
     SIGINT/SIGTERM drains the requests and ends ``run()`` normally, and a second
     one exits at once (:func:`_force_exit`). ``banner``'s lines are printed once
     it listens (after uvicorn's start-up; never when that fails).
+
+    On rank 0 of a sharded model ``group_lost`` is asked first: ``mlx.launch``
+    sends SIGTERM once another rank exited, and a group that is lost cannot
+    drain (its steps never finish). Then the signal is left to the group's own
+    end (every request answered 503, new ones too, exit code 4 within
+    seconds: :func:`~mlxspec.cli.group_serve.exit_when_lost`) rather than
+    closing the listener while streams wait for a step that never comes.
 
     Stock uvicorn re-raises the first signal once it has drained (the default
     handler would then kill the process before the engine stops and the prompt
@@ -403,6 +422,8 @@ def _draining_server(config, banner: Sequence[str] = ()):  # noqa: ANN001, ANN20
                     print(line, flush=True)
 
         def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            if group_lost is not None and group_lost():
+                return  # the group's own end answers and exits
             if self.should_exit:
                 _force_exit(sig, frame)
             self.should_exit = True

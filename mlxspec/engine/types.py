@@ -278,8 +278,9 @@ class Failed:
     Args:
         message (str): what went wrong, for the client.
         error (str): the row of the error table (``mlxspec.errors``) it is shown
-            as. Default: ``"server_error"`` (a 500); ``"unavailable"`` (503) when
-            a sharded server lost a rank (:mod:`.distributed`).
+            as. Default: ``"server_error"`` (a 500); ``"group_unavailable"`` (503,
+            type ``engine_unavailable``) when a sharded server lost a rank
+            (:mod:`.distributed`).
     """
 
     message: str
@@ -320,12 +321,15 @@ class GroupUnavailableError(EngineRequestError):
     """A sharded server lost a process of its group (:mod:`.distributed`): it
     takes no more work and is exiting (a 503, so a balancer tries elsewhere)."""
 
-    error_kind = "unavailable"
+    error_kind = "group_unavailable"
 
 
 class NotShardableError(EngineRequestError):
     """Work a server sharded over several processes does not run (embeddings,
-    decision scoring, adapter mounts): a 400 naming why."""
+    decision scoring, adapter mounts): a 400 naming why, in every surface's
+    own envelope (never ``/v1/systemone``'s 422 validation detail)."""
+
+    error_kind = "not_shardable"
 
 
 class PromptError(EngineRequestError):

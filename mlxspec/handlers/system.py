@@ -34,13 +34,13 @@ HEALTH_BODY = b'{"status": "ok"}'
 async def health() -> Any:
     """Exactly ``{"status": "ok"}``, byte for byte what mlx_lm.server sends; a
     transcription-only server adds its ``transcription`` block (the reference).
-    A sharded server that lost a process of its group answers 503 ``unavailable``."""
+    A sharded server that lost a process of its group answers 503 ``engine_unavailable``."""
     state = scope["state"]
     if state.get("engine") is None and state.get("transcriber") is not None:
         return {"status": "ok", "transcription": state["transcriber"].block()}
     group = current_engine().distributed_block()
     if group is not None and not group["healthy"]:  # a rank is lost: the balancer moves on
-        raise ApiError("unavailable", group["failure"])
+        raise ApiError("group_unavailable", group["failure"])
     return Response(HEALTH_BODY, media_type="application/json")
 
 

@@ -26,7 +26,7 @@ from mlxspec.cli.main import main
 from mlxspec.config import ServeConfig
 from mlxspec.engine import Engine, Failed, GenerationRequest
 from mlxspec.engine.distributed import GroupLost, detect_launch
-from mlxspec.engine.distributed.group import GroupInfo
+from mlxspec.engine.distributed.group import GroupInfo, RankShare
 from mlxspec.engine.distributed.lockstep import FollowerJobs, LeaderJobs, StepPlan
 from mlxspec.engine.distributed.shards import shard_problem
 from mlxspec.engine.distributed.watchdog import Watchdog
@@ -70,7 +70,7 @@ def pair() -> tuple[queue.Queue, LeaderJobs, FollowerJobs, list, list]:
     was handed, and the reasons ``on_lost`` got."""
     wire, jobs, ledger, lost = Wire(), queue.Queue(), [], []
     leader = LeaderJobs(jobs, wire, lost.append, tick=0.01)  # type: ignore[arg-type]
-    follower = FollowerJobs(wire, lost.append, ledger.append)  # type: ignore[arg-type]
+    follower = FollowerJobs(wire, lost.append, ledger.append, tick=0.01)  # type: ignore[arg-type]
     return jobs, leader, follower, ledger, lost
 
 
@@ -162,8 +162,9 @@ def test_a_lost_group_answers_held_and_queued_requests_503(pair, loop) -> None:
     assert lost == ["[ring] connection to a peer was lost"]
     assert leader.fail_all("gone") == 2
     for handle in (held, queued):
-        assert events(loop, handle) == [Failed("gone", error="unavailable")]
-    assert from_exception(GroupUnavailableError("gone")).spec.status == 503
+        assert events(loop, handle) == [Failed("gone", error="group_unavailable")]
+    refused = from_exception(GroupUnavailableError("gone"))
+    assert (refused.status, refused.spec.type) == (503, "engine_unavailable")
 
 
 def test_a_failed_broadcast_reports_the_group_lost(loop) -> None:
@@ -232,19 +233,60 @@ def test_pipeline_without_a_launcher_is_one_line_exit_2(capsys, monkeypatch) -> 
     )
 
 
-def test_head_counts_that_do_not_split_are_named() -> None:
-    class Smol:  # SmolLM2-135M: 9 heads, 3 KV heads
+def test_head_counts_that_do_not_split_are_named_with_what_works_instead() -> None:
+    class Smol:  # SmolLM2-135M: a Llama, 9 heads, 3 KV heads; mlx-lm cannot pipeline it
+        __module__ = "mlx_lm.models.llama"
         args = SimpleNamespace(num_attention_heads=9, num_key_value_heads=3)
+        model = SimpleNamespace(layers=[None] * 30)
 
         def shard(self, group: Any) -> None: ...
 
-    two = SimpleNamespace(size=2, pipeline=False)
-    assert shard_problem(Smol(), two) == (  # type: ignore[arg-type]
-        "num_attention_heads 9 does not split over 2 processes (try --pipeline)"
+    class Qwen(Smol):  # a Qwen2 pipelines (model.model.pipeline)
+        __module__ = "mlx_lm.models.qwen2"
+        args = SimpleNamespace(num_attention_heads=14, num_key_value_heads=2)
+        model = SimpleNamespace(layers=[None] * 24, pipeline=lambda group: None)
+
+    def problem(model: Any, size: int, pipeline: bool = False) -> str | None:
+        return shard_problem(model, SimpleNamespace(size=size, pipeline=pipeline))  # type: ignore[arg-type]
+
+    assert problem(Smol(), 2) == (
+        "num_attention_heads 9 and num_key_value_heads 3 do not split over 2 processes "
+        "(mlx.launch -n 3 splits its heads)"  # never --pipeline: a Llama cannot
     )
-    assert shard_problem(Smol(), SimpleNamespace(size=3, pipeline=False)) is None  # type: ignore[arg-type]
-    pipe = SimpleNamespace(size=2, pipeline=True)
-    assert "cannot be pipelined" in str(shard_problem(Smol(), pipe))  # type: ignore[arg-type]
+    assert problem(Smol(), 3) is None
+    assert problem(Smol(), 2, pipeline=True) == (
+        "llama models cannot be pipelined by mlx-lm "
+        "(without --pipeline, mlx.launch -n 3 splits its heads)"
+    )
+    assert problem(Qwen(), 4) == (
+        "num_attention_heads 14 and num_key_value_heads 2 do not split over 4 processes "
+        "(--pipeline splits its layers over 4 processes; mlx.launch -n 2 splits its heads)"
+    )
+    assert problem(Qwen(), 4, pipeline=True) is None
+
+
+def test_a_refusal_names_what_the_user_passed_and_is_said_once(
+    tiny_model_dir: Any, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mlxspec.cli.group_serve import join, refused_on_every_rank
+    from mlxspec.cli.main import load_engine
+    from mlxspec.engine.model.loader import ModelLoadError
+
+    monkeypatch.chdir(tiny_model_dir.parent)  # the user passed a relative path
+    three = SimpleNamespace(size=3, pipeline=False, rank=1, group=None)  # 4 heads: not in 3
+    with pytest.raises(ModelLoadError) as refused:
+        load_engine(ServeConfig(model=tiny_model_dir.name), three)  # type: ignore[arg-type]
+    assert str(refused.value) == (
+        f"cannot shard {tiny_model_dir.name} over 3 processes: num_attention_heads 4 and "
+        "num_key_value_heads 2 do not split over 3 processes (mlx.launch -n 2 splits its heads)"
+    )
+    assert refused_on_every_rank(refused.value)  # a follower leaves it to rank 0
+    assert not refused_on_every_rank(ModelLoadError("a file is missing on this host"))
+    drafts = ServeConfig(draft_kind="ngram")
+    for rank, said in (("1", ""), ("0", "mlxspec: error: --draft-kind is not supported")):
+        monkeypatch.setenv("MLX_RANK", rank)
+        assert join(drafts, "ring") == 2
+        assert capsys.readouterr().err.startswith(said)
 
 
 def test_work_outside_the_step_plan_is_400_and_a_lost_group_503(tiny_engine: Any) -> None:
@@ -267,7 +309,9 @@ def test_work_outside_the_step_plan_is_400_and_a_lost_group_503(tiny_engine: Any
 
 
 BLOCK = {
-    **GroupInfo(2, "ring", "tensor", (100, 100)).block(),
+    **GroupInfo(
+        2, "ring", "tensor", (RankShare(0, 100, (0, 1), (0, 1), (0, 0)), RankShare(1, 100, (0, 1)))
+    ).block(),
     "plan_turns": 3,
     "plan_collectives": 4,
     "plan_ms_mean": 0.5,
@@ -288,9 +332,15 @@ def test_stats_shows_the_group_and_health_turns_503(sharded) -> None:
     try:
         got = httpx.get(f"{base}/stats", timeout=30).json()
         block = got["distributed"]
-        assert block["ranks"] == [
-            {"rank": 0, "weights_bytes": 100, "share": 0.5},
-            {"rank": 1, "weights_bytes": 100, "share": 0.5},
+        assert block["ranks"] == [  # the document's schema is checked too
+            {
+                "rank": 0,
+                "weights_bytes": 100,
+                "layers": [0, 1],
+                "attention_heads": [0, 1],
+                "kv_heads": [0, 0],
+            },
+            {"rank": 1, "weights_bytes": 100, "layers": [0, 1]},
         ]
         assert httpx.get(f"{base}/health", timeout=30).status_code == 200
         engine.group_block = {**BLOCK, "healthy": False, "failure": "a rank is gone"}
@@ -298,9 +348,9 @@ def test_stats_shows_the_group_and_health_turns_503(sharded) -> None:
         assert health.status_code == 503
         assert health.json()["error"] == {
             "message": "a rank is gone",
-            "type": "server_error",
+            "type": "engine_unavailable",
             "param": None,
-            "code": "unavailable",
+            "code": "engine_unavailable",
         }
     finally:
         engine.group_block = None
@@ -308,14 +358,14 @@ def test_stats_shows_the_group_and_health_turns_503(sharded) -> None:
 
 def test_the_503_of_a_lost_group_in_each_surfaces_shape(sharded) -> None:
     engine, base = sharded
-    engine.script = ["Hi", Failed("the sharded model is unavailable", error="unavailable")]
+    engine.script = ["Hi", Failed("the sharded model is unavailable", error="group_unavailable")]
     chat = httpx.post(
         f"{base}/v1/chat/completions",
         json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
         timeout=30,
     )
     assert chat.status_code == 503
-    assert chat.json()["error"]["code"] == "unavailable"
+    assert chat.json()["error"]["type"] == "engine_unavailable"
     with anthropic_sdk(base, timeout=30) as sdk:
         with pytest.raises(anthropic.APIStatusError) as exc:
             sdk.messages.create(
@@ -345,3 +395,155 @@ def test_a_ranks_prompt_cache_counts_the_whole_models_bytes() -> None:
 
     assert stored((2, 1)) == 2 * stored((1, 1)) > 0
     assert stored((3, 2)) == stored((1, 1)) * 3 // 2
+
+
+def test_work_a_sharded_engine_refuses_keeps_each_surfaces_envelope(sharded) -> None:
+    """/v1/systemone answers its own validation errors as 422 ``detail``s; a
+    sharded server's refusal is no validation error: a 400 in the error envelope."""
+    engine, base = sharded
+
+    async def refuse(messages: list, answers: Any) -> Any:
+        raise NotShardableError("not available with the model sharded over 2 processes")
+
+    engine.score = refuse
+    try:
+        systemone = {
+            "model": "m",
+            "state": "late",
+            "questions": {"late": {"type": "noul", "instructions": "Is it late?"}},
+        }
+        reply = httpx.post(f"{base}/v1/systemone", json=systemone, timeout=30)
+        assert reply.status_code == 400, reply.text
+        assert reply.json() == {
+            "error": {
+                "message": "not available with the model sharded over 2 processes",
+                "type": "invalid_request_error",
+                "param": None,
+                "code": "not_supported_when_sharded",
+            }
+        }
+    finally:
+        del engine.score
+
+
+def test_an_idle_group_pauses_longer_each_empty_turn_alike_on_every_rank(pair, loop) -> None:
+    """Each rank waits inside a collective by spinning: an idle group meets at
+    agreed, growing pauses (10 ms doubling up to the tick), the same on both sides."""
+    from mlxspec.engine.distributed.lockstep import FIRST_PAUSE_S, idle_pause
+
+    assert [idle_pause(q, 0.25) for q in range(6)] == [0.01, 0.02, 0.04, 0.08, 0.16, 0.25]
+    assert idle_pause(10_000, 0.25) == 0.25
+    jobs, leader, follower, _, _ = pair  # tick=0.01 on both
+    for _ in range(3):
+        both_turn_idle(leader, follower)
+    assert leader.quiet == follower.quiet == 3
+    jobs.put(Generate(RequestHandle(REQUEST, loop, agreed=True), 4))
+    start = time.monotonic()
+    both_turn_idle(leader, follower)  # a request ends the quiet spell at once
+    assert time.monotonic() - start < 1.0
+    assert leader.quiet == follower.quiet == 0
+    assert leader.pause(True) == follower.pause(True) == FIRST_PAUSE_S
+
+
+def both_turn_idle(leader: LeaderJobs, follower: FollowerJobs) -> None:
+    leader.turn(True)
+    follower.turn(True)
+    while leader.get(False) is not None or follower.get(False) is not None:
+        pass
+
+
+def test_a_closed_ring_connection_is_seen_at_once_without_reading_it() -> None:
+    """The peer watch peeks: MLX's queued bytes stay, and a peer that exits
+    (its end closed, or reset) gives the group up within the interval."""
+    import socket
+
+    from mlxspec.engine.distributed.peers import PeerWatch, closed, ring_connections
+
+    server = socket.create_server(("127.0.0.1", 0))
+    address = server.getsockname()[:2]
+    client = socket.create_connection(address)
+    accepted, _ = server.accept()
+    mine = ring_connections({address})
+    try:  # the accepted end (local) and the client's (peer)
+        assert sorted(s.getsockname()[1] for s in mine) == sorted(
+            [accepted.getsockname()[1], client.getsockname()[1]]
+        )
+        assert not any(closed(s) for s in mine)
+        client.sendall(b"x")
+        time.sleep(0.05)
+        assert not closed(mine[0]) and not closed(mine[1])
+        assert accepted.recv(1) == b"x"  # peeking left the byte for its reader
+        fired = threading.Event()
+        reasons: list[str] = []
+        ours = [m for m in mine if m.getsockname()[:2] == address]  # rank 0's end
+        theirs = [m for m in mine if m not in ours]
+        watch = PeerWatch(ours, lambda r: (reasons.append(r), fired.set()), interval=0.05)
+        watch.start()
+        assert not fired.wait(0.3)
+        for sock in (client, *theirs):  # the peer process exited: all its descriptors close
+            sock.close()
+        assert fired.wait(5)
+        assert reasons == ["a process of the group exited (its ring connection closed)"]
+        assert ring_connections(set()) == []
+    finally:
+        for sock in (server, client, accepted, *mine):
+            sock.close()
+
+
+def test_a_sigterm_after_a_rank_exited_is_the_groups_loss_not_a_drain() -> None:
+    """``mlx.launch`` sends SIGTERM to rank 0 once another rank exited: rank 0
+    asks its ring connections first, and a closed one gives the group up (503s,
+    exit 4) instead of a drain that waits for steps that never end."""
+    import socket
+
+    from mlxspec.engine.distributed.peers import PeerWatch
+    from mlxspec.engine.distributed.serving import ShardedServing
+
+    server = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(server.getsockname()[:2])
+    accepted, _ = server.accept()
+    topology = SimpleNamespace(rank=0, size=2)
+    info = GroupInfo(2, "ring", "tensor", (RankShare(0, 1, (0, 0)), RankShare(1, 1, (0, 0))))
+    group = ShardedServing(topology, info, peers=PeerWatch([accepted], lambda r: None))  # type: ignore[arg-type]
+    told: list[str] = []
+    group.on_lost(told.append)
+    try:
+        assert group.check_now() is False and group.failure is None  # a plain stop: drain
+        client.close()
+        assert group.check_now() is True
+        assert told == [
+            "the sharded model is unavailable: "
+            "a process of the group exited (its ring connection closed)"
+        ]
+        assert group.block()["healthy"] is False
+    finally:
+        for sock in (server, client, accepted):
+            sock.close()
+
+
+def test_each_rank_says_which_layers_and_heads_it_holds() -> None:
+    """Not a fraction of the group's bytes (0.5 told a user nothing): the layers
+    and heads, as mlx-lm's ``shard()`` and ``pipeline()`` split them."""
+    from mlxspec.engine.distributed.serving import own_share
+
+    args = SimpleNamespace(num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3)
+    model = SimpleNamespace(args=args, model=SimpleNamespace(layers=[None] * 30))
+    tensor = [
+        own_share(SimpleNamespace(rank=r, size=3, pipeline=False), model, 7) for r in range(3)
+    ]  # type: ignore[arg-type]
+    assert [(s.layers, s.attention_heads, s.kv_heads) for s in tensor] == [
+        ((0, 29), (0, 2), (0, 0)),
+        ((0, 29), (3, 5), (1, 1)),
+        ((0, 29), (6, 8), (2, 2)),
+    ]
+    # mlx-lm's pipeline(): rank 0 runs the last layers, the low ranks one extra
+    piped = SimpleNamespace(args=args, model=SimpleNamespace(layers=[], start_idx=15, end_idx=30))
+    share = own_share(SimpleNamespace(rank=0, size=2, pipeline=True), piped, 7)  # type: ignore[arg-type]
+    assert (share.layers, share.attention_heads, share.kv_heads) == ((15, 29), (0, 8), (0, 2))
+    assert RankShare.from_row(1, tensor[1].row()) == RankShare(1, 7, (0, 29), (3, 5), (1, 1))
+    assert RankShare.from_row(0, RankShare(0, 5, (0, 3)).row()) == RankShare(0, 5, (0, 3))
+    info = GroupInfo(3, "ring", "tensor", tuple(tensor), (9, 3))
+    assert (
+        info.lines()[1]
+        == "mlxspec: rank 1 holds layers 0-29, heads 3-5 of 9 (KV 1-1 of 3), 0.0 MiB"
+    )

@@ -6,9 +6,11 @@ through the model's ``shard()``, or a pipeline split with ``--pipeline``). Rank 
 serves HTTP; every rank runs the same engine loop (:mod:`mlxspec.engine.loop`),
 fed through one seam, the loop's job source: :mod:`.lockstep` broadcasts each
 loop turn's step plan (new requests, agreed cancellations, stop) from rank 0
-with one small ``all_sum`` when nothing changed. :mod:`.watchdog` bounds how
-long rank 0 waits on the group before it answers 503 and exits. No transport of
-our own: every byte moves through MLX's collectives.
+with one small ``all_sum`` when nothing changed (an idle group meets at agreed
+pauses). :mod:`.peers` notices at once that a rank exited (its ring connection
+closed); :mod:`.watchdog` bounds how long rank 0 waits on a silent group; then
+rank 0 answers 503 and exits. No transport of our own: every byte moves through
+MLX's collectives.
 """
 
 from mlxspec.engine.distributed.group import (

@@ -76,14 +76,15 @@ class Topology:
         )
         return [int(v) for v in np.array(out, copy=False)]
 
-    def gather_shares(self, local_bytes: int) -> tuple[int, ...]:
-        """Every rank's weight bytes, in rank order (each rank passes its own).
-
-        Every rank must call it at the same point (it is a collective).
-        """
-        slots = [0] * self.size
-        slots[self.rank] = local_bytes
-        return tuple(self.all_sum(slots))
+    def gather(self, row: list[int]) -> list[list[int]]:
+        """Every rank's ``row`` (the same length on each), in rank order: one
+        ``all_sum`` where each rank fills its own slots. Every rank must call
+        it at the same point (it is a collective)."""
+        width = len(row)
+        slots = [0] * (self.size * width)
+        slots[self.rank * width : (self.rank + 1) * width] = row
+        summed = self.all_sum(slots)
+        return [summed[r * width : (r + 1) * width] for r in range(self.size)]
 
     def agree_seed(self) -> int:
         """Seed MLX's global random stream with one value on every rank (rank
@@ -98,6 +99,54 @@ class Topology:
         return seed
 
 
+Span = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class RankShare:
+    """What one rank holds of the model.
+
+    Args:
+        rank (int): the rank.
+        weights_bytes (int): bytes of the weights it loaded.
+        layers (Span): its decoder layers, first and last (inclusive, 0-based):
+            every layer in tensor mode, a run of them with ``--pipeline``.
+        attention_heads (Span | None): the query heads of each of its layers it
+            computes (inclusive); ``None`` when the model does not say.
+        kv_heads (Span | None): the key/value heads likewise.
+    """
+
+    rank: int
+    weights_bytes: int
+    layers: Span
+    attention_heads: Span | None = None
+    kv_heads: Span | None = None
+
+    def row(self) -> list[int]:
+        """The share as ints for :meth:`Topology.gather` (-1: not known)."""
+        heads = self.attention_heads or (-1, -1)
+        kv = self.kv_heads or (-1, -1)
+        return [self.weights_bytes, *self.layers, *heads, *kv]
+
+    @staticmethod
+    def from_row(rank: int, row: list[int]) -> RankShare:
+        """The share :meth:`row` made."""
+
+        def span(a: int, b: int) -> Span | None:
+            return None if a < 0 else (a, b)
+
+        return RankShare(rank, row[0], (row[1], row[2]), span(row[3], row[4]), span(row[5], row[6]))
+
+    def text(self, heads_of: tuple[int, int] | None) -> str:
+        """``"layers 0-29, heads 0-4 of 9 (KV 0-1 of 3), 130 MiB"`` (a start-up line's part)."""
+        parts = [f"layers {self.layers[0]}-{self.layers[1]}"]
+        if self.attention_heads is not None and heads_of is not None:
+            (a, b), (k0, k1) = self.attention_heads, self.kv_heads or (0, heads_of[1] - 1)
+            parts.append(f"heads {a}-{b} of {heads_of[0]} (KV {k0}-{k1} of {heads_of[1]})")
+        parts.append(f"{self.weights_bytes / 2**20:.1f} MiB")
+        return ", ".join(parts)
+
+
 @dataclass(frozen=True)
 class GroupInfo:
     """What ``/stats`` and ``/fit`` show of the group.
@@ -106,28 +155,43 @@ class GroupInfo:
         world_size (int): processes in the group.
         backend (str): MLX's backend.
         mode (str): ``"tensor"`` or ``"pipeline"``.
-        shares (tuple[int, ...]): each rank's weight bytes, in rank order.
+        ranks (tuple[RankShare, ...]): what each rank holds, in rank order.
+        heads (tuple[int, int] | None): the model's attention and KV heads per
+            layer. Default: ``None`` (not known).
     """
 
     world_size: int
     backend: str
     mode: str
-    shares: tuple[int, ...]
+    ranks: tuple[RankShare, ...]
+    heads: tuple[int, int] | None = None
 
     def block(self) -> dict[str, Any]:
         """The ``distributed`` block: ``world_size``, ``backend``, ``mode`` and
-        ``ranks`` (each rank's ``weights_bytes`` and ``share``, a fraction of the sum)."""
-        total = max(1, sum(self.shares))
-        ranks = [
-            {"rank": r, "weights_bytes": b, "share": round(b / total, 4)}
-            for r, b in enumerate(self.shares)
-        ]
+        ``ranks``: each rank's ``weights_bytes``, ``layers`` and, when known,
+        ``attention_heads`` and ``kv_heads`` (``[first, last]``, inclusive)."""
+        ranks = []
+        for share in self.ranks:
+            entry: dict[str, Any] = {
+                "rank": share.rank,
+                "weights_bytes": share.weights_bytes,
+                "layers": list(share.layers),
+            }
+            if share.attention_heads is not None:
+                entry["attention_heads"] = list(share.attention_heads)
+            if share.kv_heads is not None:
+                entry["kv_heads"] = list(share.kv_heads)
+            ranks.append(entry)
         return {
             "world_size": self.world_size,
             "backend": self.backend,
             "mode": self.mode,
             "ranks": ranks,
         }
+
+    def lines(self) -> list[str]:
+        """One start-up line per rank: what it holds."""
+        return [f"mlxspec: rank {r.rank} holds {r.text(self.heads)}" for r in self.ranks]
 
 
 def init_topology(backend: str, pipeline: bool) -> Topology:

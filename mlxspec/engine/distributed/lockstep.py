@@ -19,8 +19,14 @@ payload's length (rank 0 gives it, the others 0), then, when there is a payload,
 an ``all_sum`` of its bytes. Every collective of the loop (the plan's and those
 inside model calls) runs on mlx-lm's ``generation_stream``, so each rank runs
 them in the same order. A turn where nothing changed costs one ``all_sum``
-of one int32. When idle, rank 0 sends an empty plan every ``tick`` seconds, so a
-lost rank is noticed while nothing runs too (:mod:`.watchdog`).
+of one int32. A rank that waits inside a collective spins (the ring backend's
+receive polls), so an idle group meets at agreed times instead: after each
+empty plan of an idle loop every rank pauses :func:`idle_pause` seconds (10 ms,
+doubling up to ``tick``) before the next broadcast. Rank 0 ends its pause early
+when a request comes and waits in the collective for the others, so the first
+request after a quiet spell starts up to ``tick`` late; an idle group wakes
+``1 / tick`` times a second, which is also the heartbeat that lets a lost rank
+be noticed while nothing runs (:mod:`.watchdog`).
 
 The payload is a pickle: the ranks of one group trust each other (as
 ``mlx_lm.server``'s); nothing from a client is unpickled.
@@ -45,10 +51,25 @@ from mlxspec.engine.types import Event, Failed, GenerationRequest, NotShardableE
 
 log = logging.getLogger("mlxspec.engine.distributed")
 
-#: Seconds an idle rank 0 waits for work before it sends an empty plan (the heartbeat).
-DEFAULT_TICK_S = 1.0
+#: The longest pause of an idle group between two broadcasts (the heartbeat), seconds.
+DEFAULT_TICK_S = 0.25
+#: The first pause after the loop went idle, seconds (doubled per empty plan).
+FIRST_PAUSE_S = 0.01
 #: Words of the backends' own "peer is gone" errors (``[ring] connection to a peer was lost``).
 _BACKEND_TAGS = ("[ring]", "[mpi]", "[nccl]", "[jaccl]")
+
+
+def idle_pause(quiet: int, tick: float) -> float:
+    """Seconds every rank pauses before the next broadcast of an idle loop.
+
+    Args:
+        quiet (int): empty plans of an idle loop in a row (the same on every rank).
+        tick (float): the longest pause, seconds.
+
+    Returns:
+        float: ``min(tick, FIRST_PAUSE_S * 2**quiet)``.
+    """
+    return min(tick, FIRST_PAUSE_S * 2 ** min(quiet, 30))
 
 
 class GroupLost(RuntimeError):
@@ -158,8 +179,14 @@ class Broadcast:
 class _Jobs:
     """What both sides share: the turn's jobs in order and the requests in flight by id."""
 
-    def __init__(self, broadcast: Broadcast, on_lost: Callable[[str], None]) -> None:
-        self.broadcast, self._on_lost = broadcast, on_lost
+    def __init__(
+        self, broadcast: Broadcast, on_lost: Callable[[str], None], tick: float = DEFAULT_TICK_S
+    ) -> None:
+        self.broadcast, self._on_lost, self._tick = broadcast, on_lost, tick
+        #: Set once a stop plan went out: the peers now exit on purpose.
+        self.stopping = False
+        #: Empty plans of an idle loop in a row (the same on every rank).
+        self.quiet = 0
         self._ready: deque[Job] = deque()
         self._live: dict[int, RequestHandle] = {}
         self._ids: dict[int, int] = {}  # id(handle) -> plan id
@@ -193,7 +220,12 @@ class _Jobs:
             self._on_lost(str(exc))
             raise
 
-    def _apply(self, plan: StepPlan, jobs: list[Generate]) -> None:
+    def pause(self, idle: bool) -> float:
+        """This turn's agreed pause, seconds (0 unless ``idle``: :func:`idle_pause`)."""
+        return idle_pause(self.quiet, self._tick) if idle else 0.0
+
+    def _apply(self, plan: StepPlan, jobs: list[Generate], idle: bool) -> None:
+        self.quiet = self.quiet + 1 if idle and not plan else 0
         for (rid, _, _), job in zip(plan.jobs, jobs, strict=True):
             self._live[rid] = job.handle
             self._ids[id(job.handle)] = rid
@@ -202,6 +234,7 @@ class _Jobs:
             if (handle := self._live.get(rid)) is not None:
                 handle.agree_cancel()
         if plan.stop:
+            self.stopping = True
             self._ready.append(Stop())
 
 
@@ -224,21 +257,23 @@ class LeaderJobs(_Jobs):
         on_lost: Callable[[str], None],
         tick: float = DEFAULT_TICK_S,
     ) -> None:
-        super().__init__(broadcast, on_lost)
-        self._queue, self._tick = jobs, tick
+        super().__init__(broadcast, on_lost, tick)
+        self._queue = jobs
         self._next_id = 0
         self._failing = threading.Lock()
 
     def turn(self, idle: bool) -> None:
-        """Take the queued jobs (waiting up to ``tick`` when ``idle``) and the
-        wanted cancellations, broadcast them, and ready them for the loop.
+        """Take the queued jobs (waiting up to the agreed pause when ``idle``:
+        :func:`idle_pause`) and the wanted cancellations, broadcast them, and
+        ready them for the loop.
 
         Raises:
             GroupLost: the broadcast failed.
         """
         taken: list[Job] = []
         try:
-            taken.append(self._queue.get(timeout=self._tick) if idle else self._queue.get_nowait())
+            pause = self.pause(idle)
+            taken.append(self._queue.get(timeout=pause) if idle else self._queue.get_nowait())
             while True:
                 taken.append(self._queue.get_nowait())
         except queue.Empty:
@@ -255,8 +290,9 @@ class LeaderJobs(_Jobs):
                 case Stop():
                     plan.stop = True
         plan.cancels = [rid for rid, h in self._live.items() if h.cancel_wanted and not h.cancelled]
+        self.stopping = self.stopping or plan.stop  # before the peers can act on it
         self._share(plan.encode())
-        self._apply(plan, jobs)
+        self._apply(plan, jobs, idle)
 
     def fail_all(self, message: str) -> int:
         """Answer every request in flight or queued with a 503 ``Failed`` (any
@@ -275,7 +311,7 @@ class LeaderJobs(_Jobs):
             except queue.Empty:
                 pass
         for handle in handles:
-            handle.emit(Failed(message, error="unavailable"))
+            handle.emit(Failed(message, error="group_unavailable"))
         return len(handles)
 
 
@@ -297,6 +333,8 @@ class FollowerJobs(_Jobs):
         on_lost (Callable[[str], None]): called with the reason when the group breaks.
         on_job (Callable[[Generate], None]): called with each new request before
             the loop sees it (the engine's KV ledger, as ``Engine.submit`` does).
+        tick (float): rank 0's ``tick`` (the longest idle pause). Default:
+            :data:`DEFAULT_TICK_S`.
     """
 
     def __init__(
@@ -304,20 +342,25 @@ class FollowerJobs(_Jobs):
         broadcast: Broadcast,
         on_lost: Callable[[str], None],
         on_job: Callable[[Generate], None],
+        tick: float = DEFAULT_TICK_S,
     ) -> None:
-        super().__init__(broadcast, on_lost)
+        super().__init__(broadcast, on_lost, tick)
         self._on_job = on_job
 
     def turn(self, idle: bool) -> None:
-        """Receive this turn's plan (waiting as long as rank 0 takes) and ready its jobs.
+        """Receive this turn's plan and ready its jobs; when ``idle``, sleep the
+        agreed pause first (:func:`idle_pause`), so the wait for rank 0 inside
+        the collective, which spins, stays short.
 
         Raises:
             GroupLost: the broadcast failed (rank 0 or a peer is gone).
         """
+        if idle:
+            time.sleep(self.pause(True))
         plan = StepPlan.decode(self._share(None))
         jobs = []
         for _, request, budget in plan.jobs:
             job = Generate(_Shadow(request), budget)
             self._on_job(job)
             jobs.append(job)
-        self._apply(plan, jobs)
+        self._apply(plan, jobs, idle)

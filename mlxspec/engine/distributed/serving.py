@@ -11,13 +11,14 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
-from mlxspec.engine.distributed.group import GroupInfo, Topology
+from mlxspec.engine.distributed.group import GroupInfo, RankShare, Topology
 from mlxspec.engine.distributed.lockstep import (
     DEFAULT_TICK_S,
     Broadcast,
     FollowerJobs,
     LeaderJobs,
 )
+from mlxspec.engine.distributed.peers import PeerWatch, ring_addresses, ring_connections
 from mlxspec.engine.distributed.watchdog import DEFAULT_TIMEOUT_S, Watchdog
 from mlxspec.engine.loop.jobs import Generate, Job, JobSource
 
@@ -32,8 +33,10 @@ class ShardedServing:
         info (GroupInfo): world size, backend, mode and each rank's weight bytes.
         timeout (float): seconds without a completed plan broadcast before the
             group is given up (:mod:`.watchdog`). Default: :data:`DEFAULT_TIMEOUT_S`.
-        tick (float): seconds an idle rank 0 waits before an empty plan.
-            Default: :data:`DEFAULT_TICK_S`.
+        tick (float): the longest pause of an idle group between two plan
+            broadcasts (:func:`~.lockstep.idle_pause`). Default: :data:`DEFAULT_TICK_S`.
+        peers (PeerWatch | None): watches the ring's connections, so a process
+            that exits is noticed at once (:mod:`.peers`). Default: ``None``.
     """
 
     def __init__(
@@ -42,12 +45,15 @@ class ShardedServing:
         info: GroupInfo,
         timeout: float = DEFAULT_TIMEOUT_S,
         tick: float = DEFAULT_TICK_S,
+        peers: PeerWatch | None = None,
     ) -> None:
         self.topology, self.info = topology, info
         self.timeout, self.tick = timeout, tick
         self.broadcast = Broadcast(topology)
         self.leader_jobs: LeaderJobs | None = None
+        self.source: LeaderJobs | FollowerJobs | None = None
         self.watchdog: Watchdog | None = None
+        self.peers = peers
         #: Why the group was given up; ``None`` while it serves.
         self.failure: str | None = None
         self._lock = threading.Lock()
@@ -72,13 +78,30 @@ class ShardedServing:
         """
         if self.leader:
             self.leader_jobs = LeaderJobs(jobs, self.broadcast, self.lose, self.tick)
-            source: JobSource = self.leader_jobs
+            self.source = self.leader_jobs
         else:
-            source = FollowerJobs(self.broadcast, self.lose, on_job)
+            self.source = FollowerJobs(self.broadcast, self.lose, on_job, self.tick)
         self.watchdog = Watchdog(self.broadcast, self.lose, self.timeout)
         self.broadcast.last_done = time.monotonic()
         self.watchdog.start()
+        if self.peers is not None:
+            self.peers.on_lost = self._peer_lost
+            self.peers.start()
+        source: JobSource = self.source
         return source
+
+    def _peer_lost(self, reason: str) -> None:
+        if self.source is None or not self.source.stopping:  # not the group's own end
+            self.lose(reason)
+
+    def check_now(self) -> bool:
+        """Whether the group is lost, looking at the ring's connections now (a
+        signal handler's question: ``mlx.launch`` sends SIGTERM to the other
+        ranks once one exited); a closed one gives the group up here."""
+        if self.failure is None and self.peers is not None:
+            if (reason := self.peers.gone()) is not None:
+                self._peer_lost(reason)
+        return self.failure is not None
 
     @staticmethod
     def stream() -> AbstractContextManager[Any]:
@@ -108,6 +131,8 @@ class ShardedServing:
         """A clean shutdown: stop watching."""
         if self.watchdog is not None:
             self.watchdog.stop()
+        if self.peers is not None:
+            self.peers.stop()
 
     def block(self) -> dict[str, Any]:
         """``/stats``' ``distributed`` block: :meth:`GroupInfo.block`, the plan
@@ -137,7 +162,8 @@ def join_group(
     """
     from mlxspec.engine.model.fit import model_memory
 
-    shares = topology.gather_shares(model_memory(model).weights_bytes)
+    mine = own_share(topology, model, model_memory(model).weights_bytes)
+    ranks = tuple(RankShare.from_row(r, row) for r, row in enumerate(topology.gather(mine.row())))
     topology.agree_seed()
     if topology.pipeline:
         total = int(getattr(model.model, "num_hidden_layers", 0) or len(model.model.layers))
@@ -145,5 +171,44 @@ def join_group(
     else:
         prompt_cache.byte_scale = (topology.size, 1)
     mode = "pipeline" if topology.pipeline else "tensor"
-    info = GroupInfo(topology.size, topology.backend, mode, shares)
-    return ShardedServing(topology, info, timeout)
+    heads = _head_counts(model)
+    info = GroupInfo(topology.size, topology.backend, mode, ranks, heads)
+    peers = None
+    if topology.backend == "ring":
+        peers = PeerWatch(ring_connections(ring_addresses()), lambda reason: None)
+    return ShardedServing(topology, info, timeout, peers=peers)
+
+
+def _head_counts(model: Any) -> tuple[int, int] | None:
+    """The model's attention and KV heads per layer (``args``), or ``None``."""
+    args = getattr(model, "args", None)
+    heads = getattr(args, "num_attention_heads", None)
+    kv = getattr(args, "num_key_value_heads", None) or heads
+    return (heads, kv) if isinstance(heads, int) and isinstance(kv, int) else None
+
+
+def own_share(topology: Topology, model: Any, weights_bytes: int) -> RankShare:
+    """What this rank holds: with ``--pipeline`` the layers mlx-lm's
+    ``PipelineMixin.pipeline`` gave it (``start_idx``, ``end_idx``) and every
+    head of them; in tensor mode every layer and a contiguous run of heads
+    (``shard()`` splits each projection's rows into equal parts in rank order).
+
+    Args:
+        topology (Topology): the group.
+        model: this rank's shard (``nn.Module``).
+        weights_bytes (int): the bytes it loaded.
+    """
+    inner = getattr(model, "model", None)
+    total = getattr(getattr(model, "args", None), "num_hidden_layers", None)
+    total = total if isinstance(total, int) else len(getattr(inner, "layers", ()))
+    heads = _head_counts(model)
+    if topology.pipeline:
+        start, end = int(getattr(inner, "start_idx", 0)), getattr(inner, "end_idx", None)
+        layers = (start, (total if end is None else int(end)) - 1)
+        every = None if heads is None else ((0, heads[0] - 1), (0, heads[1] - 1))
+        return RankShare(topology.rank, weights_bytes, layers, *(every or (None, None)))
+    if heads is None:
+        return RankShare(topology.rank, weights_bytes, (0, total - 1))
+    r, n = topology.rank, topology.size
+    part = [(r * h // n, (r + 1) * h // n - 1) for h in heads]
+    return RankShare(topology.rank, weights_bytes, (0, total - 1), part[0], part[1])

@@ -24,26 +24,71 @@ def shard_problem(model: Any, topology: Topology) -> str | None:
 
     Tensor parallelism needs ``shard()`` and head counts the world size divides
     (SmolLM2-135M's 9 heads and 3 KV heads do not split in two); a pipeline needs
-    ``model.model.pipeline`` and at least one layer per rank.
+    ``model.model.pipeline`` and at least one layer per rank. The message
+    suggests only what works for this architecture (:func:`_alternatives`).
     """
     n = topology.size
+    arch = type(model).__module__.rsplit(".", 1)[-1]
     if topology.pipeline:
-        inner: Any = getattr(model, "model", None)
-        if not hasattr(inner, "pipeline"):
-            return (
-                f"{type(model).__module__.rsplit('.', 1)[-1]} models cannot be pipelined by mlx-lm"
-            )
-        if len(inner.layers) < n:
-            return f"{len(inner.layers)} layers cannot be split over {n} processes"
+        if not _can_pipeline(model, 1):
+            problem = f"{arch} models cannot be pipelined by mlx-lm"
+        elif not _can_pipeline(model, n):
+            problem = f"{len(model.model.layers)} layers cannot be split over {n} processes"
+        else:
+            return None
+    elif not hasattr(model, "shard"):
+        problem = f"{arch} models have no tensor-parallel shard() in mlx-lm"
+    elif (heads := _unsplit_heads(model, n)) is not None:
+        problem = f"{heads} do not split over {n} processes"
+    else:
         return None
-    if not hasattr(model, "shard"):
-        return f"{type(model).__module__.rsplit('.', 1)[-1]} models have no tensor-parallel shard()"
+    hint = _alternatives(model, topology)
+    return f"{problem} ({hint})" if hint else problem
+
+
+def _heads(model: Any) -> dict[str, int]:
     args = getattr(model, "args", None)
-    for name in ("num_attention_heads", "num_key_value_heads"):
-        heads = getattr(args, name, None)
-        if isinstance(heads, int) and heads % n:
-            return f"{name} {heads} does not split over {n} processes (try --pipeline)"
-    return None
+    names = ("num_attention_heads", "num_key_value_heads")
+    return {name: h for name in names if isinstance(h := getattr(args, name, None), int)}
+
+
+def _unsplit_heads(model: Any, n: int) -> str | None:
+    """``"num_attention_heads 9 and num_key_value_heads 3"`` when ``n`` does not
+    divide them all, else ``None``."""
+    heads = _heads(model)
+    if all(h % n == 0 for h in heads.values()):
+        return None
+    return " and ".join(f"{name} {h}" for name, h in heads.items())
+
+
+def _tensor_sizes(model: Any) -> list[int]:
+    """World sizes from 2 to 16 that split every head count (model has ``shard()``)."""
+    if not hasattr(model, "shard"):
+        return []
+    heads = list(_heads(model).values())
+    return [n for n in range(2, 17) if all(h % n == 0 for h in heads)]
+
+
+def _can_pipeline(model: Any, n: int) -> bool:
+    inner: Any = getattr(model, "model", None)
+    return hasattr(inner, "pipeline") and len(getattr(inner, "layers", ())) >= n
+
+
+def _alternatives(model: Any, topology: Topology) -> str:
+    """What would run this architecture instead, or ``""``: ``--pipeline`` only
+    where mlx-lm pipelines it, tensor parallelism only where ``shard()`` exists,
+    with the world sizes that split its heads."""
+    n, hints = topology.size, []
+    if not topology.pipeline and _can_pipeline(model, n):
+        hints.append(f"--pipeline splits its layers over {n} processes")
+    sizes = _tensor_sizes(model)
+    without = "without --pipeline, " if topology.pipeline else ""
+    if topology.pipeline and n in sizes:
+        hints.append(f"{without}its heads split over {n} processes")
+    elif others := [k for k in sizes if k != n][:3]:
+        counts = " or ".join(f"mlx.launch -n {k}" for k in others)
+        hints.append(f"{without}{counts} splits its heads")
+    return "; ".join(hints)
 
 
 def apply_shard(model: Any, topology: Topology) -> None:
