@@ -102,7 +102,7 @@ def test_chat_image_answer_is_mlx_vlm_generate_greedy(vclient: httpx.Client, vlm
     # the prompt counts every image patch token (100x80 -> 112x84 pixels, 8x6 patches / 4)
     assert body["usage"]["prompt_tokens"] == ref.prompt_tokens
     assert ref.prompt_tokens > len(processor.tokenizer.encode(prompt)) + 10
-    assert body["usage"]["lane"] == "serial"
+    assert body["usage"]["lane"] == "batched"
 
 
 def test_another_image_gives_another_answer(vclient: httpx.Client) -> None:

@@ -244,6 +244,9 @@ class Handoff:
             ``logit_bias``), without the grammar.
         grammar (GrammarProcessor | None): the request's grammar mask, which runs
             after ``processors``. Default: ``None``.
+        shift (int): the RoPE position minus the KV index of every token from
+            ``feed`` on: mRoPE's ``rope_deltas`` after a Qwen-VL prompt with media
+            (:mod:`.media_prefill`); ``0`` for text. Default: ``0``.
     """
 
     row: Row
@@ -254,6 +257,7 @@ class Handoff:
     sampler: Callable
     processors: list[Callable]
     grammar: GrammarProcessor | None = None
+    shift: int = 0
 
     @property
     def chain(self) -> list[Callable]:
