@@ -7,20 +7,21 @@ a prefill chunk per loop turn beside the decode steps
 (:class:`~.kv_ledger.KvLedger`) and start from its head while they fit. A
 started request runs in one of three places: alone to its end on mlx-lm's
 ``generate_step`` (``--batch 1``, or a seeded request using XTC, whose coin
-comes from MLX's global random stream), alone a token per
-loop turn on ``generate_step`` while nothing else runs (:mod:`.solo`), or in
-the continuous batch (:class:`~.batching.BatchLane`), which the lone request
-joins when a second one arrives. Under a draft source a request that may
-speculate always runs in the batch (even at ``--batch 1``), where drafts are
-verified; so does a request with media, whose prompt the vision wing
-prefills a step at a time first (:mod:`.media_prefill`). Every request ends in :meth:`Scheduler.end`, which counts its
-outcome and releases its KV projection. The loop never lets an exception in one
-request end the thread: the request fails alone (a broken batch fails its rows
-and a fresh batch takes over), unless the job source says the process group of
-a sharded server broke (:meth:`~.jobs.JobSource.lost`). The loop takes its jobs
-from a :class:`~.jobs.JobSource`, whose ``turn`` starts every loop turn: the
-queue on one process, rank 0's broadcast step plan on a sharded server
-(``mlxspec.engine.distributed``), so every rank runs the same turns.
+comes from MLX's global random stream), alone a token per loop turn on
+``generate_step`` while nothing else runs (:mod:`.solo`), or in the continuous
+batch (:class:`~.batching.BatchLane`), which the lone request joins when a
+second one arrives. Under a draft source a request that may speculate always
+runs in the batch (even at ``--batch 1``), where drafts are verified; so does a
+request with media, whose prompt the vision wing prefills a step at a time
+first (:mod:`.media_prefill`). Every request ends in :meth:`Scheduler.end`,
+which counts its outcome and releases its KV projection. The loop never lets an
+exception in one request end the thread: the request fails alone (a broken
+batch fails its rows and a fresh batch takes over), unless the job source says
+the process group of a sharded server broke (:meth:`~.jobs.JobSource.lost`).
+The loop takes its jobs from a :class:`~.jobs.JobSource`, whose ``turn`` starts
+every loop turn: the queue on one process, rank 0's broadcast step plan on a
+sharded server (``mlxspec.engine.distributed``), so every rank runs the same
+turns.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ class Scheduler:
         self.jobs: JobSource = LocalJobs(jobs) if isinstance(jobs, queue.Queue) else jobs
         self.parts, self.kv, self.stats = parts, kv, stats
         self.max_batch = max_batch
-        # drafts are verified, and media prefilled, in the batched lane: it is there even at --batch 1
+        # drafts are verified, and media prefilled, in the batched lane: there even at --batch 1
         batched = max_batch > 1 or parts.speculator is not None or parts.vision is not None
         self.lane = self._new_lane() if batched else None
         #: The lone request decoding on ``generate_step`` in the batched lane.
