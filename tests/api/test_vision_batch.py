@@ -203,3 +203,33 @@ def test_a_video_prefill_lets_a_streaming_row_decode_between_its_chunks(
     assert all(taken <= 1 for _, taken in trace)
     # the streaming row got its token in every step a media chunk ran
     assert [got for got, taken in trace if taken] == [1] * (1 + chunks)
+
+
+def test_a_follow_up_about_the_same_image_reuses_its_kv_and_no_other_image_does(
+    engine: Engine, vlm_dir: Path
+) -> None:
+    cached = Engine.load(vlm_dir, "tiny-qwen-vl", prefill_step=8)
+    cached.start()
+    try:
+        first = _image_messages((100, 80), 5)
+        ids, fin = _together(cached, [_request(cached, first)])[0]
+        assert fin.cached_tokens == 0
+        follow = [
+            *first,
+            {"role": "assistant", "content": cached.tokenizer.decode(ids)},
+            {"role": "user", "content": "And the colours?"},
+        ]
+        again = _request(cached, follow)
+        ids2, fin2 = _together(cached, [again])[0]
+        # the kept turn covers at least the first prompt, image tokens included
+        assert fin2.cached_tokens >= len(_request(cached, first).prompt)
+        assert (ids2, fin2.prompt_tokens) == (
+            _together(engine, [_request(engine, follow)])[0][0],  # no prompt cache there
+            len(again.prompt),
+        )
+        # another image of the same size: the same token ids, never the kept KV
+        other = _request(cached, _image_messages((100, 80), 6))
+        assert other.prompt == _request(cached, first).prompt
+        assert _together(cached, [other])[0][1].cached_tokens == 0
+    finally:
+        cached.close()

@@ -17,7 +17,8 @@ A request with media is prefilled on the vision wing first
 :meth:`BatchLane.step`, in arrival order), then joins the batch like any row;
 a step that advanced a media prefill queues no prefill chunk of the batch's
 own, so running rows wait at most one chunk between two tokens. Its KV cache
-never goes to the prompt cache (token ids do not say which image they stood for).
+is kept, and found, under the media's digest (``CacheNamespace.media``: token
+ids alone do not say which image they stood for).
 """
 
 from __future__ import annotations
@@ -109,8 +110,7 @@ class BatchLane:
         decoded alone so far (:meth:`~.solo.SoloRun.handoff`), whose row keeps
         its count, text and stop-string state."""
         slot = self.batch.add(handoff)
-        if self._cache.enabled and handoff.row.request.media is None:
-            # the KV cache is kept before Finished goes out
+        if self._cache.enabled:  # the KV cache is kept before Finished goes out
             handoff.row.before_finish = lambda: self._keep(slot)
 
     def _prefill_once(
@@ -213,13 +213,15 @@ class BatchLane:
     def _keep(self, slot: Slot) -> None:
         """Keep ``slot`` 's KV cache (prompt plus generated tokens) in the
         prompt cache, under its request's session and its adapters' namespace."""
-        if slot.row.request.media is not None:
+        media = slot.row.request.media
+        if media is not None and not media.digest:
             return  # token ids alone do not say which image they stood for
         flush_wakeups()  # the rows served so far need not wait for the keep
         held = self.batch.extract(slot)
         if held is not None:
             cache, tokens = held
-            self._parts.keep(tokens, cache, slot.row.request.session, slot.row.pick)
+            digest = media.digest if media is not None else None
+            self._parts.keep(tokens, cache, slot.row.request.session, slot.row.pick, digest)
 
     def fail_all(self, message: str) -> int:
         """Fail every request in the batch with ``message`` (each ends through

@@ -20,14 +20,19 @@ carries that as ``shift``, which the batch adds to the row's RoPE offset
 (:class:`~.prefill.PrefillGroup`); for text the three mRoPE sections coincide,
 so the text model's 1-D RoPE at the shifted position is mlx-vlm's decode step.
 
-Its KV cache is neither taken from nor kept in the prompt cache: token ids
-alone do not say which image they stood for (reference, ``/stats`` object counters).
+The prompt cache keeps its KV under the media's content digest
+(``CacheNamespace.media``: token ids alone do not say which image they stood
+for), so a follow-up turn about the same image prefills only what the kept
+turn did not hold; the kept keys carry their mRoPE positions, and mlx-vlm's
+language model gives the tail the positions of the whole prompt from the
+cache's offset on.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from mlxspec.engine.adapters.registry import NO_ADAPTER
 from mlxspec.engine.loop.lanes import Handoff, LaneParts
 from mlxspec.engine.loop.rows import Row
 from mlxspec.engine.sampling.sampler import build_logits_processors, build_sampler
@@ -62,13 +67,19 @@ class MediaPrefill:
         self.handle, self._parts, self._budget = handle, parts, budget
         grammar = None if parts.grammars is None else parts.grammars.for_request(req.constraint)
         self._grammar = grammar
-        self.row = Row(handle, parts.tokenizer, parts.eos, lane=lane, cached=0, grammar=grammar)
-        self._cache = parts.kv.make_cache(parts.model)
+        cache, cached = None, 0
+        if req.media.digest:  # a turn about the same media, kept: its prefix
+            namespace = parts.namespace_of(NO_ADAPTER, req.media.digest)
+            cache, cached = parts.prompt_cache.fetch(namespace, req.prompt, req.session)
+        self.row = Row(
+            handle, parts.tokenizer, parts.eos, lane=lane, cached=cached, grammar=grammar
+        )
+        self._cache = cache if cache is not None else parts.kv.make_cache(parts.model)
         self._embeds: Any = None  # (1, prompt, hidden) once embedded
         self._metadata: dict[str, Any] = {}
         self._chunk = parts.prefill_step
-        #: Prompt tokens fed to the model so far.
-        self.fed = 0
+        #: Prompt tokens in the KV cache so far (a kept prefix first).
+        self.fed = cached
         #: Steps taken: the embedding, then one per chunk.
         self.steps = 0
 
