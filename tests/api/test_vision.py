@@ -75,12 +75,24 @@ def vclient(vlm_server: LiveServer) -> Iterator[httpx.Client]:
         yield c
 
 
-def test_discovery_says_the_model_takes_images(vclient: httpx.Client) -> None:
+def test_discovery_says_the_model_takes_images(vclient: httpx.Client, vlm_engine: object) -> None:
+    from mlx.utils import tree_flatten
+
+    from mlxspec.engine.model.fit import model_memory
+
     row = vclient.get("/v1/models").json()["data"][0]
     assert (row["vision"], row["audio"]) == (True, False)
     assert (row["capabilities"]["vision"], row["capabilities"]["audio"]) == (True, False)
     fit = vclient.get("/fit").json()
     assert (fit["vision"], fit["audio"]) == (True, False)
+    # the weights count the vision tower; the language weights once (shared)
+    assert vlm_engine.vision.shared
+    tower = sum(
+        v.nbytes for _, v in tree_flatten(vlm_engine.vision.model.vision_tower.parameters())
+    )
+    text = model_memory(vlm_engine.model).weights_bytes
+    assert tower > 0
+    assert fit["report"]["weights_bytes"] == text + tower
 
 
 def test_chat_image_answer_is_mlx_vlm_generate_greedy(vclient: httpx.Client, vlm_dir: Path) -> None:

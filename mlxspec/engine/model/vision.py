@@ -94,6 +94,19 @@ class VisionWing:
     shared: bool = False
     encoder_cache: EncoderCache = field(default_factory=EncoderCache)
 
+    def extra_bytes(self) -> int:
+        """Bytes of weights the wing holds beside the text model: its towers and
+        projector, plus its language weights unless :attr:`shared` (a second copy)."""
+        from mlx.utils import tree_flatten
+
+        params = tree_flatten(self.model.parameters())
+        language = "language_model."
+        return sum(
+            int(value.nbytes)
+            for name, value in params
+            if not (self.shared and str(name).startswith(language))
+        )
+
     def image_features(self, pixel_values: Any, extra: dict[str, Any], key: str) -> Any | None:
         """The vision tower's features for a prompt's images, from the encoder
         cache when ``key`` was seen (engine thread only).
