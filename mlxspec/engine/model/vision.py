@@ -17,7 +17,7 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from mlxspec.engine.media.encoder_cache import EncoderCache
 from mlxspec.engine.model.loader import ModelLoadError
@@ -99,12 +99,12 @@ class VisionWing:
         projector, plus its language weights unless :attr:`shared` (a second copy)."""
         from mlx.utils import tree_flatten
 
-        params = tree_flatten(self.model.parameters())
-        language = "language_model."
+        # tree_flatten's stub also admits the dict it fills for a dict ``destination``
+        params = cast(list[tuple[str, Any]], tree_flatten(self.model.parameters()))
         return sum(
             int(value.nbytes)
             for name, value in params
-            if not (self.shared and str(name).startswith(language))
+            if not (self.shared and name.startswith("language_model."))
         )
 
     def image_features(self, pixel_values: Any, extra: dict[str, Any], key: str) -> Any | None:
