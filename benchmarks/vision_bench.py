@@ -163,7 +163,7 @@ def _tag(name: str, text: str = "", **attrs: object) -> str:
 
 def svg_plot(report: dict, path: Path) -> None:
     """Bars of median tokens/s per level and server, and the follow-up TTFT ratio."""
-    kinds, levels = report["servers"], report["levels"]
+    kinds, levels = report["kinds"], report["levels"]
     colours = {"mlxspec": "#1f6feb", "mlx_vlm": "#8b949e"}
     top = max(report["median"][k][str(c)]["tok_s"] for k in kinds for c in levels) * 1.15
     width, left, base = 520, 60, 250
@@ -287,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         "name": args.name,
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
         "model": "tiny random Qwen2.5-VL (fixtures/tiny_vlm.py)" if args.model is None else model,
-        "servers": list(servers),
+        "kinds": list(servers),  # not "servers": that key marks serve_bench reports
         "levels": levels,
         "rounds": {"c1": args.rounds_c1, "other": args.rounds},
         "repeats": args.repeats,
