@@ -31,6 +31,11 @@
 #   or (carry .whl/py, the py-spy wheel): bash benchmarks/h200.sh profile SIZE [full]
 #     serve + 40 bursts of 8 streams (burst_ttft.py) + py-spy (GIL-holders, then all threads);
 #     `full` reads every stream to its end (sustained decode at 8 rows) instead of the first token
+#   images in (issue 27; after setup, with the wheels of benchmarks/h200-vision-wheels.txt
+#   staged into .whl/v and carried):
+#     bash benchmarks/h200.sh vision [NAME [vision_bench args]]   mlxspec vs mlx_vlm.server on a
+#       tiny random Qwen2.5-VL (fixtures/tiny_vlm.py), one image per request, 128 tokens, c=1
+#       and c=8, alternating order, and the follow-up turn's TTFT; results/NAME.json and .svg
 #   speech to text (after setup; wheels staged by benchmarks/stage_whisper.sh):
 #     bash benchmarks/h200.sh whisper-stash 1   (carry .whl/w1), then 2 and 3 (.whl/w2, w3);
 #       each can ride along in another call: `bash benchmarks/h200.sh whisper-stash 1 && ...`
@@ -156,6 +161,13 @@ case "$1" in
     "$spy" record -p $pid -d 12 -r 250 -f raw --threads --gil -o "$OUT/raw-gil.txt"
     "$spy" record -p $pid -d 8 -r 250 -f raw --threads --idle -o "$OUT/raw-all.txt"
     wait $load; kill $pid; tail -45 "$OUT/load.log" ;;
+  vision)
+    name=${2:-h200-vision}; shift $(( $# > 1 ? 2 : 1 )); mkdir -p "$OUT"
+    python3 -m pip install -q --no-index --no-deps --no-compile --target $SITE .whl/v/*.whl
+    python3 -c "import mlx.core as mx, mlx_vlm; print(mx.default_device(), mlx_vlm.__version__)"
+    trap 'cp benchmarks/results/"$name".* "$OUT"/ 2>/dev/null || true' EXIT
+    PYTHONPATH=$PYTHONPATH:$PWD/benchmarks timeout -k 20 -s INT 540 \
+      python3 benchmarks/vision_bench.py --name "$name" "$@" ;;
   whisper-stash)
     mkdir -p /tmp/ww && cp .whl/w"$2"/* /tmp/ww/ ;;
   whisper)

@@ -256,8 +256,13 @@ class Engine:
 
     @functools.cached_property
     def memory(self) -> ModelMemory:
-        """The model's weight bytes and per-token KV cache bytes (:mod:`.fit`)."""
-        return self.kv_scheme.applied(model_memory(self.model))
+        """The model's weight bytes and per-token KV cache bytes (:mod:`.fit`); a
+        vision model's weights count its towers (and any unshared language copy)."""
+        memory = model_memory(self.model)
+        if self.vision is not None:
+            extra = memory.weights_bytes + self.vision.extra_bytes()
+            memory = dataclasses.replace(memory, weights_bytes=extra)
+        return self.kv_scheme.applied(memory)
 
     @classmethod
     def load(
@@ -333,7 +338,8 @@ class Engine:
             KvQuantError: ``kv`` does not fit the model (names the flag).
         """
         options = load_options or LoadOptions()
-        family = vision_family(Path(path))  # a VLM without the vision extra fails before any weight loads
+        # a VLM without the vision extra fails before any weight loads
+        family = vision_family(Path(path))
         if topology is not None and family is not None:
             raise ShardError(
                 f"{family} is a vision-language model: sharding one over processes is not supported"

@@ -117,7 +117,7 @@ class GenerationRequest:
             id, in the order their residuals are summed; ``()`` is the base model.
             Resolved to weights when the request starts. Default: ``()``.
         media (MediaInputs | None): the processed images the prompt's media
-            tokens stand for; such a request runs on the vision wing, alone.
+            tokens stand for; the vision wing prefills it, the batch decodes it.
             Default: ``None``.
     """
 

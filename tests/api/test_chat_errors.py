@@ -50,6 +50,7 @@ def test_missing_role_is_required_not_malformed(client: httpx.Client) -> None:
         {"type": "image", "image": "data:image/png;base64,iVBORw0KGgo="},
         {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}},
         {"type": "audio_url", "audio_url": {"url": "data:audio/wav;base64,UklGRg=="}},
+        {"type": "audio", "data": "UklGRg=="},
     ],
 )
 def test_media_parts_on_a_text_only_model_name_the_model(client: httpx.Client, part) -> None:

@@ -114,7 +114,7 @@ def test_a_prompt_streams_and_is_stored(chat_server: LiveServer) -> None:
         ('{"type": "regenerate"}', "this chat has no messages yet"),
         (
             '{"type": "prompt", "text": "x", "images": [{"data": "", "mimeType": "image/png"}]}',
-            "this model takes no images",
+            "model tiny-llama takes no images",
         ),
     ],
 )

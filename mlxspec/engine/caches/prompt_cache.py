@@ -60,12 +60,17 @@ class CacheNamespace(NamedTuple):
         weights (str | None): the weight files' fingerprint
             (:func:`~.loader.weights_fingerprint`), so that entries kept on disk
             for other weights at the same path are never restored. Default: ``None``.
+        media (str | None): the content digest of the media a prompt's media
+            tokens stood for (:func:`~mlxspec.engine.media.encoder_cache.media_digest`),
+            so KV computed with one image is never reused for another whose token
+            ids are the same; ``None`` for text. Default: ``None``.
     """
 
     model: str
     adapter: str | None = None
     kv_quant: str = "bf16"
     weights: str | None = None
+    media: str | None = None
 
 
 Key = tuple[CacheNamespace, tuple[int, ...]]

@@ -11,11 +11,21 @@ With a :class:`~.prompt_cache.PromptCache`, a request joins with a copy of the
 best kept KV cache and only its uncached prompt tail (as ``mlx_lm.server``
 does); when it leaves, its KV cache (prompt plus generated tokens) is kept for
 later requests.
+
+A request with media is prefilled on the vision wing first
+(:class:`~.media_prefill.MediaPrefill`, one embedding or chunk per
+:meth:`BatchLane.step`, in arrival order), then joins the batch like any row;
+a step that advanced a media prefill queues no prefill chunk of the batch's
+own, so running rows wait at most one chunk between two tokens. Its KV cache
+is kept, and found, under the media's digest (``CacheNamespace.media``: token
+ids alone do not say which image they stood for).
 """
 
 from __future__ import annotations
 
+import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -23,7 +33,10 @@ from mlxspec.engine.adapters.registry import AdapterPick
 from mlxspec.engine.loop.decode import DecodeBatch, Slot, Token
 from mlxspec.engine.loop.handles import flush_wakeups
 from mlxspec.engine.loop.lanes import Handoff, LaneParts, StepTimes, start_request
+from mlxspec.engine.loop.media_prefill import MediaPrefill
 from mlxspec.engine.types import Failed
+
+log = logging.getLogger("mlxspec.engine")
 
 if TYPE_CHECKING:
     from mlxspec.engine.loop.handles import RequestHandle
@@ -70,19 +83,26 @@ class BatchLane:
             kv=parts.kv,
         )
         self._cache = parts.prompt_cache
+        #: Requests with media whose prompts the vision wing prefills, in order.
+        self.media: deque[MediaPrefill] = deque()
+        self._media_turn = True  # media and the batch's own prefill take turns
         self._route_s, self._routed = 0.0, 0  # this step's routing time and tokens
         self._old_wired_limit = maybe_set_recommended_wired_limit()  # Metal only
 
     def __len__(self) -> int:
-        return len(self.batch)
+        return len(self.batch) + len(self.media)
 
     def add(self, handle: RequestHandle, max_tokens: int) -> None:
-        """Queue ``handle``'s request into the batch with a budget of ``max_tokens`` (>= 1)."""
+        """Queue ``handle``'s request into the batch with a budget of ``max_tokens``
+        (>= 1); a request with media is prefilled on the vision wing first."""
         req = handle.request
+        # at --batch 1 only speculating and media requests come here, each alone: the serial lane
+        lane = "batched" if self.batch.max_rows > 1 else "serial"
+        if req.media is not None:
+            self.media.append(MediaPrefill(handle, self._parts, max_tokens, lane))
+            return
         if req.shared_prefill:
             self._prefill_once(req.prompt, req.session, self._parts.pick(handle, lease=False))
-        # at --batch 1 only speculating requests come here, each alone: the serial lane
-        lane = "batched" if self.batch.max_rows > 1 else "serial"
         self.adopt(start_request(handle, self._parts, max_tokens, lane))
 
     def adopt(self, handoff: Handoff) -> None:
@@ -121,7 +141,9 @@ class BatchLane:
         self._cache.store(namespace, head, cache, session)
 
     def step(self) -> None:
-        """Drop cancelled requests, then run one prefill/decode step and route its tokens."""
+        """Drop cancelled requests, then run one prefill/decode step and route its
+        tokens (a media prefill step instead of the batch's own prefill chunk,
+        turn about when both wait)."""
         gone = [slot for slot in self.batch.slots if slot.row.handle.cancelled]
         if gone:
             if self._cache.enabled:
@@ -130,15 +152,42 @@ class BatchLane:
             self.batch.remove(gone)
             for slot in gone:
                 self._on_done(slot.row.handle, "cancelled")
+        prefill = True
+        if self.media and (self._media_turn or not self.batch.prefill_waiting):
+            self._step_media()
+            prefill = False
+        self._media_turn = prefill
         if not len(self.batch):
             return
         began, start = time.monotonic(), time.perf_counter()
         self._route_s, self._routed = 0.0, 0
-        for slot in self.batch.step(self._route):
+        for slot in self.batch.step(self._route, prefill=prefill):
             if slot.row.handle.started_at is None:
                 slot.row.handle.started_at = began
         total = time.perf_counter() - start
         self.times.add(self._routed, total - self._route_s, self._route_s)
+
+    def _step_media(self) -> None:
+        """Advance the first media prefill by one step; once its prompt is in,
+        it joins the batch. A cancelled or failed one ends here, alone."""
+        work = self.media[0]
+        if work.handle.cancelled:
+            self.media.popleft()
+            self._on_done(work.handle, "cancelled")
+            return
+        if work.handle.started_at is None:
+            work.handle.started_at = time.monotonic()
+        try:
+            done = work.step()
+        except Exception:  # mlx-vlm refused these inputs: the request fails, not the batch
+            log.exception("media prefill failed")
+            self.media.popleft()
+            work.handle.emit(Failed("generation failed"))
+            self._on_done(work.handle, "failed")
+            return
+        if done:
+            self.media.popleft()
+            self.adopt(work.handoff())
 
     def _route(self, tokens: list[Token]) -> None:
         """Hand each token to its row; remove the rows that ended."""
@@ -164,20 +213,26 @@ class BatchLane:
     def _keep(self, slot: Slot) -> None:
         """Keep ``slot`` 's KV cache (prompt plus generated tokens) in the
         prompt cache, under its request's session and its adapters' namespace."""
+        media = slot.row.request.media
+        if media is not None and not media.digest:
+            return  # token ids alone do not say which image they stood for
         flush_wakeups()  # the rows served so far need not wait for the keep
         held = self.batch.extract(slot)
         if held is not None:
             cache, tokens = held
-            self._parts.keep(tokens, cache, slot.row.request.session, slot.row.pick)
+            digest = media.digest if media is not None else None
+            self._parts.keep(tokens, cache, slot.row.request.session, slot.row.pick, digest)
 
     def fail_all(self, message: str) -> int:
         """Fail every request in the batch with ``message`` (each ends through
         ``on_done``); returns how many."""
         slots = self.batch.clear()  # no MLX work: the batch may be what broke
-        for slot in slots:
-            slot.row.handle.emit(Failed(message))
-            self._on_done(slot.row.handle, "failed")
-        return len(slots)
+        handles = [slot.row.handle for slot in slots] + [m.handle for m in self.media]
+        self.media.clear()
+        for handle in handles:
+            handle.emit(Failed(message))
+            self._on_done(handle, "failed")
+        return len(handles)
 
     def close(self) -> None:
         """Cancel what is left and restore the wired-memory limit."""
@@ -185,6 +240,8 @@ class BatchLane:
 
         for slot in self.batch.clear():
             slot.row.handle.cancel()
+        while self.media:
+            self.media.popleft().handle.cancel()
         if self._old_wired_limit is not None:
             from mlx_lm.generate import generation_stream
 

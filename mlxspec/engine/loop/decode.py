@@ -207,6 +207,7 @@ class DecodeBatch:
             grammar=handoff.grammar,
             cache=handoff.cache,
             prefilled=len(handoff.held),
+            shift=handoff.shift,
         )
         self._waiting.append(slot)
         return slot
@@ -226,13 +227,20 @@ class DecodeBatch:
         with self._select(rows) if self._select is not None else contextlib.nullcontext():
             return self._model(inputs, cache=cache)
 
-    def step(self, route: Callable[[list[Token]], None]) -> list[Slot]:
+    @property
+    def prefill_waiting(self) -> bool:
+        """A prefill chunk is due: a group under way, or rows waiting and a row free."""
+        return self._group is not None or (bool(self._waiting) and len(self._rows) < self.max_rows)
+
+    def step(self, route: Callable[[list[Token]], None], prefill: bool = True) -> list[Slot]:
         """Queue one decode step (and a prefill chunk for rows waiting), and
         hand the tokens of the step before it to ``route``.
 
         Args:
             route (Callable[[list[Token]], None]): gets each step's tokens,
                 in row order; it may :meth:`remove` rows.
+            prefill (bool): queue a prefill chunk too (false when the step's
+                caller ran one of its own, a media prefill). Default: ``True``.
 
         Returns:
             list[Slot]: rows whose prefill began in this step.
@@ -243,16 +251,17 @@ class DecodeBatch:
         with mx.stream(generation_stream):
             if self._cache is not None:
                 self._kv.settle(self._cache)  # --quantized-kv-start passed
+            advance: Callable[[], list[Slot]] = self._prefill if prefill else lambda: []
             if self._spec is not None and self._rows and self._spec.wants(self._rows):
                 self._read(route, keep=0)  # drafts come from the tokens read so far
                 if self._rows and verify_step(self, self._spec, route):
-                    return self._prefill()
+                    return advance()
             if self._logits.needs_host_tokens:  # a grammar sees token t before masking t + 1
                 self._read(route, keep=0)
                 self._launch()
-                return self._prefill()
+                return advance()
             launched = self._launch()
-            began = self._prefill()
+            began = advance()
             self._read(route, keep=1 if launched else 0)
             return began
 

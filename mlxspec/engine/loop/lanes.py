@@ -182,23 +182,27 @@ class LaneParts:
         cache: list[Any],
         session: str | None,
         pick: AdapterPick = NO_ADAPTER,
+        media: str | None = None,
     ) -> None:
-        """Keep ``cache`` (computed with ``pick``'s adapters) in the prompt cache if
-        it holds a prefix of ``tokens`` (and stores exactly that prefix); never
-        raises, since the cache is an optimisation and must not fail a request."""
+        """Keep ``cache`` (computed with ``pick``'s adapters, about the media of
+        digest ``media``) in the prompt cache if it holds a prefix of ``tokens``
+        (and stores exactly that prefix); never raises, since the cache is an
+        optimisation and must not fail a request."""
         held = cache_length(cache)
         if held is None or held > len(tokens):
             return
         try:
-            namespace = self.namespace_of(pick)
+            namespace = self.namespace_of(pick, media)
             self.prompt_cache.store(namespace, tuple(tokens[:held]), cache, session)
         except Exception:
             log.exception("prompt cache store failed")
 
     # The adapters' hooks: what a request's rows select and the KV they may share.
-    def namespace_of(self, pick: AdapterPick) -> CacheNamespace:
-        """The prompt-cache namespace of KV computed with ``pick``'s adapters."""
-        return self.namespace if pick.tag is None else self.namespace._replace(adapter=pick.tag)
+    def namespace_of(self, pick: AdapterPick, media: str | None = None) -> CacheNamespace:
+        """The prompt-cache namespace of KV computed with ``pick``'s adapters
+        (and about the media of digest ``media``, :attr:`CacheNamespace.media`)."""
+        namespace = self.namespace if media is None else self.namespace._replace(media=media)
+        return namespace if pick.tag is None else namespace._replace(adapter=pick.tag)
 
     def pick(self, handle: RequestHandle, lease: bool = True) -> AdapterPick:
         """The adapters ``handle``'s request named, as slots; leased to it until
@@ -244,6 +248,9 @@ class Handoff:
             ``logit_bias``), without the grammar.
         grammar (GrammarProcessor | None): the request's grammar mask, which runs
             after ``processors``. Default: ``None``.
+        shift (int): the RoPE position minus the KV index of every token from
+            ``feed`` on: mRoPE's ``rope_deltas`` after a Qwen-VL prompt with media
+            (:mod:`.media_prefill`); ``0`` for text. Default: ``0``.
     """
 
     row: Row
@@ -254,6 +261,7 @@ class Handoff:
     sampler: Callable
     processors: list[Callable]
     grammar: GrammarProcessor | None = None
+    shift: int = 0
 
     @property
     def chain(self) -> list[Callable]:

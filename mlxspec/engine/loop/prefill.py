@@ -42,6 +42,8 @@ class Slot:
         generated (int): tokens generated here.
         started (bool): its prefill began (or it needed none).
         gone (bool): it left the batch.
+        shift (int): added to its RoPE offset once it is in a batch cache
+            (:attr:`.lanes.Handoff.shift`).
     """
 
     row: Row
@@ -55,6 +57,7 @@ class Slot:
     generated: int = 0
     started: bool = False
     gone: bool = False
+    shift: int = 0
 
     @property
     def to_prefill(self) -> int:
@@ -97,6 +100,13 @@ class PrefillGroup:
         )
         for slot in slots:
             slot.cache = None
+        shifts = [s.shift for s in slots]
+        if any(shifts):  # a media row's positions (mRoPE deltas): the batch cache's
+            import mlx.core as mx  # per-row offset is what RoPE reads, not the mask
+
+            delta = mx.array(shifts)
+            for c in self.cache:
+                c.offset = c.offset + delta
 
     @property
     def done(self) -> bool:

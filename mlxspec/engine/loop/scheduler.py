@@ -7,20 +7,21 @@ a prefill chunk per loop turn beside the decode steps
 (:class:`~.kv_ledger.KvLedger`) and start from its head while they fit. A
 started request runs in one of three places: alone to its end on mlx-lm's
 ``generate_step`` (``--batch 1``, or a seeded request using XTC, whose coin
-comes from MLX's global random stream; a request with media likewise on
-mlx-vlm's, :mod:`.media_run`), alone a token per
-loop turn on ``generate_step`` while nothing else runs (:mod:`.solo`), or in
-the continuous batch (:class:`~.batching.BatchLane`), which the lone request
-joins when a second one arrives. Under a draft source a request that may
-speculate always runs in the batch (even at ``--batch 1``), where drafts are
-verified. Every request ends in :meth:`Scheduler.end`, which counts its
-outcome and releases its KV projection. The loop never lets an exception in one
-request end the thread: the request fails alone (a broken batch fails its rows
-and a fresh batch takes over), unless the job source says the process group of
-a sharded server broke (:meth:`~.jobs.JobSource.lost`). The loop takes its jobs
-from a :class:`~.jobs.JobSource`, whose ``turn`` starts every loop turn: the
-queue on one process, rank 0's broadcast step plan on a sharded server
-(``mlxspec.engine.distributed``), so every rank runs the same turns.
+comes from MLX's global random stream), alone a token per loop turn on
+``generate_step`` while nothing else runs (:mod:`.solo`), or in the continuous
+batch (:class:`~.batching.BatchLane`), which the lone request joins when a
+second one arrives. Under a draft source a request that may speculate always
+runs in the batch (even at ``--batch 1``), where drafts are verified; so does a
+request with media, whose prompt the vision wing prefills a step at a time
+first (:mod:`.media_prefill`). Every request ends in :meth:`Scheduler.end`,
+which counts its outcome and releases its KV projection. The loop never lets an
+exception in one request end the thread: the request fails alone (a broken
+batch fails its rows and a fresh batch takes over), unless the job source says
+the process group of a sharded server broke (:meth:`~.jobs.JobSource.lost`).
+The loop takes its jobs from a :class:`~.jobs.JobSource`, whose ``turn`` starts
+every loop turn: the queue on one process, rank 0's broadcast step plan on a
+sharded server (``mlxspec.engine.distributed``), so every rank runs the same
+turns.
 """
 
 from __future__ import annotations
@@ -38,7 +39,6 @@ from mlxspec.engine.loop.handles import ExclusiveJob, RequestHandle, coalesced_w
 from mlxspec.engine.loop.jobs import Exclusive, Generate, Job, JobSource, LocalJobs, Stop
 from mlxspec.engine.loop.kv_ledger import KvLedger
 from mlxspec.engine.loop.lanes import LaneParts, LoopStats
-from mlxspec.engine.loop.media_run import run_media_alone
 from mlxspec.engine.loop.solo import SoloRun, run_alone
 from mlxspec.engine.sampling.sampler import needs_global_seed
 from mlxspec.engine.types import EngineRequestError, Failed
@@ -73,8 +73,9 @@ class Scheduler:
         self.jobs: JobSource = LocalJobs(jobs) if isinstance(jobs, queue.Queue) else jobs
         self.parts, self.kv, self.stats = parts, kv, stats
         self.max_batch = max_batch
-        # a draft source speculates in the batched step, so it needs the lane even at --batch 1
-        self.lane = self._new_lane() if max_batch > 1 or parts.speculator is not None else None
+        # drafts are verified, and media prefilled, in the batched lane: there even at --batch 1
+        batched = max_batch > 1 or parts.speculator is not None or parts.vision is not None
+        self.lane = self._new_lane() if batched else None
         #: The lone request decoding on ``generate_step`` in the batched lane.
         self.solo: SoloRun | None = None
         #: Exclusive jobs in order: the head advances a step per loop turn.
@@ -177,16 +178,12 @@ class Scheduler:
         if handle.cancelled:
             self.end(handle, "cancelled")
             return
-        speculates = self.parts.speculates(handle)  # drafts are verified in the batch only
-        if (
-            handle.request.media is not None  # media runs on the vision wing, alone
-            or lane is None
-            or (self.max_batch == 1 and not speculates)
-            or needs_global_seed(handle.request.sampling)
-        ):
+        # drafts are verified, and media prefilled on the vision wing, in the batch only
+        batch_only = self.parts.speculates(handle) or handle.request.media is not None
+        if lane is None or (not batch_only and (self.max_batch == 1 or self.seeded(handle))):
             handle.started_at = time.monotonic()  # its prefill begins (queue time ends)
             self.serial(job)
-        elif not speculates and self.goes_solo(lane, handle):
+        elif not batch_only and self.goes_solo(lane, handle):
             handle.started_at = time.monotonic()
             times = self.stats.solo_steps
             solo = functools.partial(SoloRun, handle, self.parts, job.budget, "batched", times)
@@ -194,6 +191,11 @@ class Scheduler:
         else:  # the batch marks it started when its prefill begins (it may wait for a row)
             self.hand_over(lane)
             self.guard(handle, lambda: lane.add(handle, job.budget))
+
+    @staticmethod
+    def seeded(handle: RequestHandle) -> bool:
+        """Its sampler draws from MLX's global random stream (:func:`needs_global_seed`)."""
+        return needs_global_seed(handle.request.sampling)
 
     def goes_solo(self, lane: BatchLane, handle: RequestHandle) -> bool:
         """A lone request decodes on ``generate_step`` (:mod:`.solo`): nothing
@@ -262,7 +264,7 @@ class Scheduler:
         """Run a request alone to its end (the batch and any lone request wait;
         requests cancelled while they wait are counted out between its tokens)."""
         run = functools.partial(
-            run_media_alone if job.handle.request.media is not None else run_alone,
+            run_alone,
             job.handle,
             self.parts,
             job.budget,

@@ -17,7 +17,7 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from mlxspec.engine.media.encoder_cache import EncoderCache
 from mlxspec.engine.model.loader import ModelLoadError
@@ -93,6 +93,19 @@ class VisionWing:
     media: tuple[str, ...]
     shared: bool = False
     encoder_cache: EncoderCache = field(default_factory=EncoderCache)
+
+    def extra_bytes(self) -> int:
+        """Bytes of weights the wing holds beside the text model: its towers and
+        projector, plus its language weights unless :attr:`shared` (a second copy)."""
+        from mlx.utils import tree_flatten
+
+        # tree_flatten's stub also admits the dict it fills for a dict ``destination``
+        params = cast(list[tuple[str, Any]], tree_flatten(self.model.parameters()))
+        return sum(
+            int(value.nbytes)
+            for name, value in params
+            if not (self.shared and name.startswith("language_model."))
+        )
 
     def image_features(self, pixel_values: Any, extra: dict[str, Any], key: str) -> Any | None:
         """The vision tower's features for a prompt's images, from the encoder

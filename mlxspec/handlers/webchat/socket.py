@@ -167,7 +167,12 @@ class ChatSocket(SettingsFrames):
 
     async def _enqueue(self, frame: dict[str, Any]) -> None:
         if frame.get("images"):
-            raise ApiError("invalid_request", "this model takes no images", param="images")
+            self._check_images(frame)
+            raise ApiError(
+                "invalid_request",
+                "a prompt with images is not queued: send it once the running turn ends",
+                param="images",
+            )
         self.queue.add(frame["text"], frame.get("queue"))
         await self.send(self.queue.frame())
 
@@ -247,15 +252,17 @@ class ChatSocket(SettingsFrames):
             await self.send({"type": "siblings", "entryId": entry, **view})
         await self.hub.changed(self, session.summary.id)
 
+    def _check_images(self, frame: dict[str, Any]) -> None:
+        """Refuse ``prompt.images`` on a model that takes none (``ready.vision`` false)."""
+        info = self.hub.engine.info
+        if frame.get("images") and "vision" not in info.media:
+            raise ApiError("invalid_request", f"model {info.id} takes no images", param="images")
+
     async def _on_prompt(self, frame: dict[str, Any]) -> None:
-        if frame.get("images"):
-            why = (
-                "the web chat does not send images yet"
-                if "vision" in self.hub.engine.info.media
-                else "this model takes no images"
-            )
-            raise ApiError("invalid_request", why, param="images")
-        user = ChatMessage("user", frame["text"])
+        self._check_images(frame)
+        images = [{"data": i["data"], "mimeType": i["mimeType"]} for i in frame.get("images", ())]
+        # the images are kept with the message (meta.images), sent as image parts each turn
+        user = ChatMessage("user", frame["text"], meta={"images": images} if images else {})
         if self.session_id is None:
             sid = new_session_id()
 
@@ -280,7 +287,8 @@ class ChatSocket(SettingsFrames):
     async def _on_edit_resend(self, frame: dict[str, Any]) -> None:
         session = await self._current()
         last, sid = _last_user(session), session.summary.id
-        user = ChatMessage("user", frame["text"])
+        kept = session.messages[last].meta.get("images")  # an edit keeps the message's images
+        user = ChatMessage("user", frame["text"], meta={"images": kept} if kept else {})
         messages = (*session.messages[:last], user)
         await self._start(sid, messages, lambda: self.hub.call("append", sid, user, last))
 

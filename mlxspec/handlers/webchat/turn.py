@@ -106,7 +106,7 @@ def chat_body(
     if system:
         wire.append({"role": "system", "content": system})
     for message in messages:
-        item: dict[str, Any] = {"role": message.role, "content": message.content}
+        item: dict[str, Any] = {"role": message.role, "content": _content(message)}
         if message.tool_calls:
             item["tool_calls"] = list(message.tool_calls)
         if message.role == "tool":
@@ -123,6 +123,20 @@ def chat_body(
     if settings.adapter is not None:
         body["adapter"] = settings.adapter
     return body
+
+
+def _content(message: ChatMessage) -> str | list[dict[str, Any]]:
+    """A message's chat ``content``: its text, after an ``image_url`` part (a
+    ``data:`` URL) for each image a user message carries (``meta.images``, the
+    ``prompt`` frame's ``[{data, mimeType}]``)."""
+    images = message.meta.get("images") if message.role == "user" else None
+    if not images:
+        return message.content
+    parts: list[dict[str, Any]] = [
+        {"type": "image_url", "image_url": {"url": f"data:{i['mimeType']};base64,{i['data']}"}}
+        for i in images
+    ]
+    return [*parts, {"type": "text", "text": message.content}]
 
 
 def as_api_error(exc: Exception) -> ApiError:

@@ -4,12 +4,13 @@
 // background); every other request (/v1/*, /ws/chat, /stats, /fit, ...) goes
 // to the network untouched.
 
-const CACHE = "mlxspec-shell-v5";
+const CACHE = "mlxspec-shell-v6";
 const SHELL = [
   "/",
   "/manifest.webmanifest",
   "/assets/app.js",
   "/assets/messages.js",
+  "/assets/attachments.js",
   "/assets/markdown.js",
   "/assets/panels.js",
   "/assets/socket.js",

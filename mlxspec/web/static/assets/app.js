@@ -9,6 +9,7 @@
 import { AdapterChip } from "./adapters.js";
 import { navigate, snapshot, spotlight } from "./assistant.js";
 import { MessageList } from "./messages.js";
+import { wireAttachments } from "./attachments.js";
 import { wireMic } from "./mic.js";
 import { SettingsDialog, askKey, modelInfo, showStatus } from "./panels.js";
 import { wireSearch } from "./search.js";
@@ -27,6 +28,7 @@ const state = {
   running: false,
   live: null,
   pendingText: null, // a sent prompt the server has not started answering yet
+  pendingImages: [], // its images (prompt.images)
 };
 
 // The session the URL asked for (load, back, forward), until its history (or
@@ -63,6 +65,17 @@ const settingsDialog = new SettingsDialog($("#settings-dialog"), (chosen) => {
 const adapterChip = new AdapterChip($("#adapter-picker"), (adapter) => {
   send({ type: "set_adapter", id: adapter });
   state.settings = { ...state.settings, adapter };
+});
+
+// images for the next prompt: pasted, dropped or picked (a vision model)
+const attachments = wireAttachments({
+  composer: $("#composer"),
+  box: $("#prompt"),
+  tray: $("#attachments"),
+  pick: $("#attach"),
+  input: $("#attach-input"),
+  notice: (text) => notice(text),
+  enabled: () => Boolean(state.ready?.vision),
 });
 
 const connection = new ChatConnection({
@@ -109,6 +122,7 @@ const handlers = {
     state.ready = frame;
     showModel();
     $("#mic").hidden = !frame.transcription; // a Whisper checkpoint serves /v1/audio/sessions
+    attachments.show(Boolean(frame.vision)); // the image button: a vision model only
     adapterChip.refresh(frame.defaultAdapter);
     $("#coding-tools").hidden = !frame.codingTools; // the server has a --web-tools workspace
     sendContext();
@@ -141,6 +155,7 @@ const handlers = {
   },
   turn_start(frame) {
     state.pendingText = null;
+    state.pendingImages = [];
     setRunning(true);
     state.live = list.startAnswer();
     $("#strip").dataset.sampling = JSON.stringify(frame.sampling);
@@ -186,7 +201,10 @@ const handlers = {
     }
     setRunning(false);
     list.render(state.items);
-    if (state.pendingText != null) restoreDraft(state.pendingText); // refused: nothing was stored
+    if (state.pendingText != null) {
+      restoreDraft(state.pendingText); // refused: nothing was stored
+      attachments.restore(state.pendingImages);
+    }
     state.pendingText = null;
     showStrip(frame);
   },
@@ -339,6 +357,10 @@ function submitPrompt(steer = false) {
   const text = box.value;
   if (!text.trim()) return;
   if (state.running) {
+    if (attachments.pending()) {
+      notice("Images are sent with a new message once this answer ends.");
+      return;
+    }
     // queued by the server: steering joins this turn's next step, a follow-up runs after it
     if (connection.send({ type: "prompt", text, queue: steer ? "steering" : "followUp" })) {
       box.value = "";
@@ -346,15 +368,18 @@ function submitPrompt(steer = false) {
     } else notice("Not connected: the message was not sent.");
     return;
   }
-  if (!connection.send({ type: "prompt", text })) {
+  const images = attachments.take();
+  if (!connection.send(images.length ? { type: "prompt", text, images } : { type: "prompt", text })) {
+    attachments.restore(images);
     notice("Not connected: the message was not sent.");
     return;
   }
   notice("");
   state.pendingText = text;
+  state.pendingImages = images;
   box.value = "";
   autosize();
-  list.pending(text);
+  list.pending(text, images);
   setRunning(true); // Stop (and Esc) work before the answer's first frame
 }
 
@@ -407,14 +432,6 @@ function toggleSidebar(open) {
   $("#toggle-sidebar").setAttribute("aria-expanded", String(shown));
 }
 
-function onPaste(event) {
-  const images = [...(event.clipboardData?.items || [])].filter((i) => i.type.startsWith("image/"));
-  if (!images.length) return;
-  event.preventDefault();
-  // Room for vision models: ready.vision says whether pasted images can be sent.
-  notice(state.ready?.vision ? "Images are not supported by this page yet." : "This model takes no images.");
-}
-
 function route() {
   const status = location.hash === "#status";
   $("#chat-view").hidden = status;
@@ -440,7 +457,6 @@ function wire() {
     }
   });
   box.addEventListener("input", autosize);
-  box.addEventListener("paste", onPaste);
   $("#stop").addEventListener("click", stop);
   $("#coding-tools").addEventListener("click", () => {
     const on = $("#coding-tools").getAttribute("aria-pressed") !== "true";

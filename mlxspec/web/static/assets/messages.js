@@ -5,6 +5,7 @@
 // cards: a coding tool call (--web-tools) shows its approval card, its output as it
 // streams and its result; any other call is shown, never run.
 
+import { imageUrl } from "./attachments.js";
 import { renderMarkdown } from "./markdown.js";
 
 const el = (tag, className, text) => {
@@ -130,7 +131,7 @@ export class MessageList {
     const results = new Map(items.filter((m) => m.role === "tool").map((m) => [m.meta?.toolCallId, m]));
     items.forEach((item, i) => {
       if (item.role === "tool") return; // shown on its call's card
-      const node = item.role === "user" ? this.user(item.content) : this.assistant(item, results);
+      const node = item.role === "user" ? this.user(item.content, item.meta?.images) : this.assistant(item, results);
       node.dataset.index = i;
       if (item.entryId) node.dataset.entryId = item.entryId;
       if (item.siblings) this.addSiblings(node, item.siblings);
@@ -142,9 +143,21 @@ export class MessageList {
     this.scroll(true);
   }
 
-  user(text) {
+  /** A user message: its text as typed and its images (prompt.images, kept in meta.images). */
+  user(text, images = []) {
     const node = el("article", "msg user");
-    node.append(el("div", "who", "You"), el("div", "text", text));
+    node.append(el("div", "who", "You"));
+    if (images?.length) {
+      const row = el("div", "images");
+      images.forEach((image, i) => {
+        const img = document.createElement("img");
+        img.src = imageUrl(image);
+        img.alt = `image ${i + 1} of ${images.length}`;
+        row.append(img);
+      });
+      node.append(row);
+    }
+    node.append(el("div", "text", text));
     node.append(el("div", "actions"));
     return node;
   }
@@ -248,8 +261,8 @@ export class MessageList {
   }
 
   /** Append the user's message at once, before the server's history confirms it. */
-  pending(text) {
-    this.root.append(this.user(text));
+  pending(text, images = []) {
+    this.root.append(this.user(text, images));
     this.scroll(true);
   }
 
