@@ -43,7 +43,10 @@ TOOL_CALL = {
         "name": {"const": "get_current_weather"},
         "arguments": {
             "type": "object",
-            "properties": {"city": {"type": "string", "maxLength": 5}, "order": {"type": "boolean"}},
+            "properties": {
+                "city": {"type": "string", "maxLength": 5},
+                "order": {"type": "boolean"},
+            },
             "required": ["city", "order"],
             "additionalProperties": False,
         },

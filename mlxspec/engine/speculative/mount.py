@@ -46,8 +46,9 @@ class SpeculationOptions:
     draft_model: str | None = None
 
 
-def check_cache(model: Any, flag: str) -> None:
-    """Refuse a model whose KV cache a verify step cannot rewind per row.
+def check_cache(model: Any, flag: str, feature: str = "speculative decoding") -> None:
+    """Refuse a model whose KV cache a verify step cannot rewind per row
+    (``feature`` names what needs it in the message).
 
     Raises:
         SpeculationError: a layer's cache is not mlx-lm's plain ``KVCache``
@@ -58,7 +59,7 @@ def check_cache(model: Any, flag: str) -> None:
     kinds = {type(c).__name__ for c in make_prompt_cache(model) if type(c) is not KVCache}
     if kinds:
         raise SpeculationError(
-            f"{flag}: speculative decoding needs plain attention KV caches; "
+            f"{flag}: {feature} needs plain attention KV caches; "
             f"this model has {', '.join(sorted(kinds))}"
         )
 
@@ -84,7 +85,7 @@ def mount(
     """
     filler = None
     if fill:
-        check_cache(model, "--fill")
+        check_cache(model, "--fill", "token fast-forwarding")
         filler = Filler(tokenizer)
     if options is None:
         return None if filler is None else Speculator(None, DEFAULT_NUM_DRAFT, filler)
