@@ -337,9 +337,7 @@ class Engine:
             KvQuantError: ``kv`` does not fit the model (names the flag).
         """
         options = load_options or LoadOptions()
-        family = vision_family(
-            Path(path)
-        )  # a VLM without the vision extra fails before any weight loads
+        family = vision_family(Path(path))  # a VLM without the vision extra fails before any weight loads
         if topology is not None and family is not None:
             raise ShardError(
                 f"{family} is a vision-language model: sharding one over processes is not supported"

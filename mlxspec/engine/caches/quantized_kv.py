@@ -357,3 +357,4 @@ def attention_on_any_device() -> None:
     current = base.quantized_scaled_dot_product_attention
     if not hasattr(current, "__wrapped__"):
         base.quantized_scaled_dot_product_attention = dense_on_gpu(current)
+
