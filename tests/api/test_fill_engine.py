@@ -23,6 +23,7 @@ from mlxspec.engine import (
     SamplingParams,
     SpeculationOptions,
 )
+from mlxspec.engine.speculative.fill import FIXED_COST
 
 #: Fixed keys ("hello" and "the" meet the tiny tokenizer's merges), an enum, a
 #: boolean: long forced spans between short free ones.
@@ -73,7 +74,11 @@ def plain(tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def fill8(tiny_model_dir):
+    """Eight rows, costed as on a GPU: a span is fed even where the other rows
+    pad to its length (on the CPU's cost a lone span among several rows waits,
+    ``test_the_cpu_cost_rule_keeps_output_and_skips_lone_spans``)."""
     engine = _engine(tiny_model_dir, 8, True)
+    engine.speculator.fill_cost = FIXED_COST["gpu"]
     yield engine
     engine.close()
 
@@ -240,6 +245,8 @@ def test_fill_composes_with_drafts_and_quantised_kv(model64, kv) -> None:
     ngram = _engine(model64, 8, True, kv=options, speculation=SpeculationOptions("ngram", 4))
     drafts = SpeculationOptions("model", 3, str(model64))  # its own draft: the same weights
     model = _engine(model64, 8, True, kv=options, speculation=drafts)
+    for engine in (ngram, model):
+        engine.speculator.fill_cost = FIXED_COST["gpu"]  # spans beside the drafts
     try:
         grammar = _requests(base, 3)
         repeat = "one two three one two three one two three one"
@@ -255,3 +262,23 @@ def test_fill_composes_with_drafts_and_quantised_kv(model64, kv) -> None:
     finally:
         for engine in (base, ngram, model):
             engine.close()
+
+
+def test_the_cpu_cost_rule_keeps_output_and_skips_lone_spans(plain, tiny_model_dir) -> None:
+    """Costed as on the CPU, a grammar row beside seven plain rows mostly
+    waits (a span would pad all eight rows) and still answers as without fill;
+    alone it fills."""
+    engine = _engine(tiny_model_dir, 8, True)
+    engine.speculator.fill_cost = FIXED_COST["cpu"]
+    try:
+        grammar = _requests(plain, 1)[0]
+        free = [GenerationRequest(tuple(plain.text_prompt(p)), max_tokens=60) for p in PROMPTS]
+        rows = [grammar, *free, *free[:2]]
+        together = _gather(engine, rows)
+        for req, got in zip(rows, together, strict=True):
+            _same(got, _gather(plain, [req])[0])
+        alone = _gather(engine, [grammar])[0][1].fill
+        _consistent(together[0][1])
+        assert together[0][1].fill.injected < alone.injected
+    finally:
+        engine.close()

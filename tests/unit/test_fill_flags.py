@@ -62,3 +62,19 @@ def test_a_sharded_model_refuses_fill() -> None:
     problem = group_problem(ServeConfig(model="m", fill="strict"), "ring")
     assert problem == "--fill is not supported with a model sharded over processes (mlx.launch)"
     assert group_problem(ServeConfig(model="m"), "ring") is None
+
+
+def test_the_span_length_follows_the_cost_of_a_verify_step() -> None:
+    """A lone row feeds its whole span on the CPU; one span among eight rows is
+    not worth padding every row for (a plain step), spans in all eight rows are;
+    a step that verifies drafts anyway feeds spans at least that long; on a GPU
+    (a large fixed cost) one span among eight is fed."""
+    from mlxspec.engine.speculative.fill import FIXED_COST, span_length
+
+    cpu, gpu = FIXED_COST["cpu"], FIXED_COST["gpu"]
+    assert span_length(1, [16], 0, cpu, 0.9) == 16
+    assert span_length(8, [16], 0, cpu, 0.9) == 0
+    assert span_length(8, [16] * 8, 0, cpu, 0.9) == 16
+    assert span_length(8, [16], 3, cpu, 0.9) == 3
+    assert span_length(8, [16], 0, gpu, 0.9) > 0
+    assert span_length(1, [16], 0, cpu, 0.0) == 0  # a model that never agrees: no fill

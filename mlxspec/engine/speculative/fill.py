@@ -160,8 +160,8 @@ class Filler:
         tokens = list(self._tokenizer.encode(text, add_special_tokens=False))
         return tokens if self._tokenizer.decode(tokens) == text else []
 
-    def span(self, slot: Slot, most: int) -> tuple[list[int], Any]:
-        """``slot`` 's forced span for this step and the masks after each token.
+    def tokens(self, slot: Slot, most: int) -> tuple[list[int], bool]:
+        """``slot`` 's forced span for this step, as tokens (no masks yet).
 
         The tokenizer's encoding of the jump-forward string comes first (what a
         model trained on that tokenizer writes), xgrammar's own tokenization of
@@ -169,24 +169,49 @@ class Filler:
 
         Args:
             slot (Slot): a fill row (``slot.row.fill`` set, with a grammar).
-            most (int): most tokens (its budget's room, then :data:`MAX_SPAN`).
+            most (int): most tokens (its budget's room; :data:`MAX_SPAN` caps it too).
 
         Returns:
-            tuple: ``(tokens, masks)``: the span (possibly empty) and the
-            grammar's masks after each of its tokens, ``(len(tokens), vocab)`` bool.
+            tuple: ``(tokens, cut)``: the span (possibly empty), and whether
+            ``most`` or :data:`MAX_SPAN` cut it.
         """
         counts, grammar = slot.row.fill, slot.grammar
         if counts is None or grammar is None or most <= 0:
-            return [], None
+            return [], False
         start = time.perf_counter()
         text = grammar.jump_forward()
         tokens = (self.encode(text) or grammar.jump_forward_tokens()) if text else []
-        if len(tokens) > min(most, MAX_SPAN):
-            tokens = tokens[: min(most, MAX_SPAN)]
-            counts.truncated += 1
-        kept, masks = grammar.lookahead(tokens) if tokens else ([], None)
         counts.checkpoint_s += time.perf_counter() - start
+        cap = min(most, MAX_SPAN)
+        return tokens[:cap], len(tokens) > cap
+
+    def check(self, slot: Slot, tokens: list[int], cut: bool) -> tuple[list[int], Any]:
+        """The grammar's masks after each token of the span ``slot`` is fed.
+
+        Args:
+            slot (Slot): the fill row.
+            tokens (list[int]): the span this step feeds (possibly shortened).
+            cut (bool): the forced text went on past ``tokens`` (counted as
+                ``indexTruncated``).
+
+        Returns:
+            tuple: ``(kept, masks)``: the span's prefix the grammar accepts and
+            its masks, ``(len(kept), vocab)`` bool (:meth:`~mlxspec.engine.
+            sampling.grammar.GrammarProcessor.lookahead`).
+        """
+        counts, grammar = slot.row.fill, slot.grammar
+        assert counts is not None and grammar is not None
+        start = time.perf_counter()
+        kept, masks = grammar.lookahead(tokens)
+        counts.checkpoint_s += time.perf_counter() - start
+        counts.truncated += cut
         return kept, masks
+
+    @property
+    def agreement(self) -> float:
+        """The share of span tokens the model agreed with so far (0.9 before any)."""
+        done = self.stats.proposed
+        return (self.stats.kept + 9) / (done + 10)
 
     def count(
         self, rows: Sequence[Slot], spans: Sequence[int], runs: Sequence[Sequence[int]]
@@ -213,3 +238,54 @@ class Filler:
             self.stats.proposed += fed
             self.stats.kept += kept
         self.stats.steps += carried
+
+
+def span_length(rows: int, spans: Sequence[int], floor: int, fixed: float, rate: float) -> int:
+    """How many span tokens a step feeds each row (``0``: no fill this step).
+
+    A verify step feeds every row ``k + 1`` positions (rows pad to the longest
+    span), and a forward costs about ``fixed + positions`` (``fixed``: the
+    positions' worth of a forward's fixed cost, reading the weights above all).
+    The step takes the ``k`` whose tokens per cost is best, counting a span
+    token as ``rate`` of one (the model may disagree), and fills nothing
+    when a plain step (``rows`` tokens for ``fixed + rows``) does better. On a
+    CPU, where a position costs nearly what a weight read does, that fills a
+    lone row's spans and skips a span of one row among eight; on a GPU, where
+    a few more positions are almost free, it fills both.
+
+    Args:
+        rows (int): the batch's decoding rows.
+        spans (Sequence[int]): the fill rows' span lengths this step.
+        floor (int): the step's longest speculative draft (it verifies at
+            least that many positions anyway; ``0``: none).
+        fixed (float): :data:`FIXED_COST` of the device.
+        rate (float): expected share of span tokens kept.
+
+    Returns:
+        int: ``k`` (``<= max(spans)``); spans are cut to it.
+    """
+    longest = max(spans, default=0)
+    best_k = floor
+    if floor == 0:
+        best = rows / (fixed + rows)
+    else:
+        best = (rows + rate * sum(min(s, floor) for s in spans)) / (fixed + rows * (floor + 1))
+    for k in range(max(1, floor + 1), longest + 1):
+        value = (rows + rate * sum(min(s, k) for s in spans)) / (fixed + rows * (k + 1))
+        if value > best:
+            best_k, best = k, value
+    return min(best_k, longest)
+
+
+#: A forward's fixed cost in positions' worth, per device type: on this CPU
+#: (float32 weights through the BLAS) a 135M model's decode step cost about 2 to
+#: 4 positions' compute (``benchmarks/README.md``, fill); on a GPU a step of a
+#: few rows reads the weights and its positions are nearly free.
+FIXED_COST = {"cpu": 4.0, "gpu": 64.0}
+
+
+def fixed_cost() -> float:
+    """:data:`FIXED_COST` of MLX's default device."""
+    import mlx.core as mx
+
+    return FIXED_COST["cpu" if mx.default_device() == mx.cpu else "gpu"]

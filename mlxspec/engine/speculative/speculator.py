@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from mlxspec.engine.speculative.fill import Filler
+from mlxspec.engine.speculative.fill import Filler, fixed_cost, span_length
 from mlxspec.engine.speculative.verify import kept_runs, verify_graph
 from mlxspec.engine.types import GenerationRequest, Speculation
 
@@ -179,6 +179,9 @@ class Speculator:
         self.source = source
         self.num_draft = num_draft
         self.fill = fill
+        #: A forward's fixed cost in positions' worth, for fill's cost rule
+        #: (:func:`~.fill.span_length`): the device's :data:`~.fill.FIXED_COST`.
+        self.fill_cost = fixed_cost()
         #: The draft source's counters (``/stats`` ``speculation``); ``None`` without one.
         self.stats = (
             None
@@ -270,12 +273,30 @@ class Speculator:
                     slot.row.spec.found_none()
         masks: dict[int, Any] = {}
         if self.fill is not None:
-            for i, slot in enumerate(rows):
-                if slot.row.fill is not None:
-                    span, mask = self.fill.span(slot, slot.budget - slot.generated - 1)
-                    if span:
-                        drafts[i], masks[i] = span, mask
+            self._fill(rows, drafts, masks)
         return Proposal(drafts, q, masks)
+
+    def _fill(self, rows: Sequence[Slot], drafts: list[list[int]], masks: dict[int, Any]) -> None:
+        """Put the fill rows' spans into ``drafts`` (and their masks into
+        ``masks``), cut to the length the step's cost allows (:func:`~.fill.span_length`)."""
+        assert self.fill is not None
+        spans = {}
+        for i, slot in enumerate(rows):
+            if slot.row.fill is not None:
+                span, cut = self.fill.tokens(slot, slot.budget - slot.generated - 1)
+                if span:
+                    spans[i] = (span, cut)
+        if not spans:
+            return
+        floor = max((len(d) for d in drafts), default=0)
+        lengths = [len(span) for span, _ in spans.values()]
+        k = span_length(len(rows), lengths, floor, self.fill_cost, self.fill.agreement)
+        for i, (span, cut) in spans.items():
+            if k <= 0:
+                break
+            fed, mask = self.fill.check(rows[i], span[:k], cut or len(span) > k)
+            if fed:
+                drafts[i], masks[i] = fed, mask
 
     def masked(self, logits: Any, proposal: Proposal) -> Any:
         """The verify forward's logits after each draft, with the fill rows'
