@@ -20,6 +20,8 @@
 #       back with --resume in a later call to carry on an interrupted run)
 #     bash benchmarks/h200.sh spec NAME MODEL DRAFT [spec_bench args]     issue 28's speculation:
 #       mlxspec (none, ngram, draft model) vs mlx_lm.server (none, --draft-model), c=1/8/32
+#     bash benchmarks/h200.sh fill NAME MODEL [fill_bench args]     issue 28's fill: --fill off
+#       vs strict on forced tool calls and structured output, c=1/8 (target >= 1.3x tok/s)
 #     bash benchmarks/h200.sh kv NAME SIZE [kv_bench args]     issue 28's KV quantisation:
 #       bf16/kv8/kv4 bytes per token, context in one --kv-budget, decode tok/s at 8 rows
 #     bash benchmarks/h200.sh adapters NAME SIZE [adapters_bench args]     issue 19's LoRA run:
@@ -132,6 +134,14 @@ case "$1" in
     trap 'cp benchmarks/results/"$name".* /tmp/spec_bench/*.log "$OUT"/ 2>/dev/null || true' EXIT
     timeout -k 20 -s INT 560 python3 benchmarks/spec_bench.py --model "$model" --draft "$draft" \
       --name "$name" --concurrency 1 8 32 "$@" ;;
+  fill)
+    # issue 28's fill run: one server with --fill off, one with strict, side by side on the
+    # same forced tool calls and structured output, c=1 and c=8; answers compared. MODEL is
+    # a real folder on the machine (a random model's forced spans say little about speed)
+    name=$2 model=$3; shift 3; mkdir -p "$OUT"
+    trap 'cp benchmarks/results/"$name".* /tmp/fill_bench/*.log "$OUT"/ 2>/dev/null || true' EXIT
+    timeout -k 20 -s INT 560 python3 benchmarks/fill_bench.py --model "$model" --name "$name" \
+      --concurrency 1 8 "$@" ;;
   kv)
     # issue 28's KV quantisation run: bf16, kv8, kv4 on a random model of SIZE: bytes per
     # token (scheme and real arrays), context in one --kv-budget, decode tok/s at 8 rows

@@ -152,6 +152,8 @@ class ServeConfig:
             ``"ngram"`` (prompt lookup, no model); ``None``: no speculation.
             Default: ``None``.
         num_draft_tokens (int): most drafts per row and step. Default: ``3``.
+        fill (str): token fast-forwarding, ``"off"`` or ``"strict"`` (``--fill``,
+            ``MLXSPEC_FILL``). Default: ``"off"``.
         pipeline (bool): under ``mlx.launch``, split the model's layers across
             the processes instead of each layer's heads (``--pipeline``).
             Default: ``False``.
@@ -247,6 +249,7 @@ class ServeConfig:
     draft_model: str | None = None
     draft_kind: str | None = None
     num_draft_tokens: int = 3
+    fill: str = "off"  # --fill / MLXSPEC_FILL: "off" or "strict"
     # Under mlx.launch: split layers, not heads, across the processes (engine/distributed/).
     pipeline: bool = False
     # KV cache quantisation (engine/caches/kv_scheme.py): --kv-quant, --kv-bits.

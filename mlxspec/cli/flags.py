@@ -15,7 +15,13 @@ from mlxspec.cli.argtypes import non_negative_int as _non_negative_int
 from mlxspec.cli.argtypes import positive_float as _positive_float
 from mlxspec.cli.argtypes import positive_int as _positive_int
 from mlxspec.cli.audio_flags import add_audio_flags, audio_config
-from mlxspec.cli.mlx_lm_flags import draft_kind, kv_quant, mlx_lm_server_flags, refuse_not_yet
+from mlxspec.cli.mlx_lm_flags import (
+    draft_kind,
+    fill_mode,
+    kv_quant,
+    mlx_lm_server_flags,
+    refuse_not_yet,
+)
 from mlxspec.cli.supervisor_flags import add_supervisor_flags, supervisor_config
 from mlxspec.config import ServeConfig
 
@@ -453,6 +459,7 @@ def parse_config(argv: Sequence[str] | None = None) -> ServeConfig:
         draft_model=args.draft_model,
         draft_kind=drafts,
         num_draft_tokens=args.num_draft_tokens or 3,
+        fill=fill_mode(args),
         pipeline=args.pipeline,
         **kv_quant(args),
         chat_db=args.chat_db,

@@ -43,6 +43,7 @@ def group_problem(config: ServeConfig, backend: str | None) -> str | None:
         ("--adapter-path", config.adapter_path),
         ("--draft-model", config.draft_model),
         ("--draft-kind", config.draft_kind),
+        ("--fill", config.fill == "strict"),
         ("--ssd-cache", config.ssd_cache),
         ("--memory-budget", config.memory_budget),
         ("--kv-budget", config.kv_budget),

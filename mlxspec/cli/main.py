@@ -100,6 +100,7 @@ def load_engine(config: ServeConfig, topology: Topology | None = None):  # noqa:
             prefill_batch=config.prompt_concurrency,
             prompt_cache_entries=config.prompt_cache_size,
             speculation=_speculation(config),
+            fill=config.fill == "strict",
             topology=topology,
             group_timeout=group_timeout(),
             kv=KvOptions(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from mlxspec.cli.argtypes import non_negative_int as _non_negative_int
@@ -98,6 +99,14 @@ def mlx_lm_server_flags(serve: argparse.ArgumentParser) -> None:
         default=None,
         help="model: drafts from --draft-model (the default with it); ngram: prompt lookup "
         "over the prompt and the answer so far, no draft model",
+    )
+    group.add_argument(
+        "--fill",
+        choices=("off", "strict", "echo"),
+        default=None,
+        help="strict: where a request's grammar (structured output, forced tool calls) forces "
+        "the next text, feed it in one forward, checked against the model's own choice, so "
+        "greedy output is unchanged (usage.fill); default: $MLXSPEC_FILL, else off",
     )
     group.add_argument(
         "--pipeline",
@@ -208,6 +217,22 @@ def draft_kind(args: argparse.Namespace) -> str | None:
         print(f"mlxspec: error: {problem}", file=sys.stderr)
         sys.exit(2)
     return kind
+
+
+def fill_mode(args: argparse.Namespace) -> str:
+    """Token fast-forwarding's mode: ``--fill``, else ``MLXSPEC_FILL``, else
+    ``off`` (the reference's ``MLX_BUN_FILL``); ``echo`` (spans copied from
+    earlier in a session) and unknown values exit 2 with one line."""
+    mode = args.fill or os.environ.get("MLXSPEC_FILL", "").strip().lower() or "off"
+    problem = None
+    if mode == "echo":
+        problem = "--fill: echo is not supported yet (strict is)"
+    elif mode not in ("off", "strict"):
+        problem = f"MLXSPEC_FILL: {mode} is not one of off, strict"
+    if problem is not None:
+        print(f"mlxspec: error: {problem}", file=sys.stderr)
+        sys.exit(2)
+    return mode
 
 
 def refuse_not_yet(args: argparse.Namespace) -> None:

@@ -63,7 +63,7 @@ from mlxspec.engine.prompt import off_loop, template_off_loop, token_prompt
 from mlxspec.engine.sampling.sampler import GenerationDefaults
 from mlxspec.engine.scoring import ScoredAnswers, score_answers
 from mlxspec.engine.snapshots import ChatFormat, FitSnapshot, StatsSnapshot
-from mlxspec.engine.speculative import SpeculationError, SpeculationOptions
+from mlxspec.engine.speculative import FILL_MODES, SpeculationError, SpeculationOptions
 from mlxspec.engine.template_sandbox import (
     DEFAULT_TEMPLATE_SECONDS,
     DEFAULT_TEMPLATE_STEPS,
@@ -79,6 +79,7 @@ from mlxspec.engine.types import (
     EngineRequestError,
     Event,
     Failed,
+    Fill,
     Finished,
     GenerationRequest,
     JobAbandoned,
@@ -158,6 +159,8 @@ __all__ = [
     "RequestHandle",
     "SamplingParams",
     "Speculation",
+    "Fill",
+    "FILL_MODES",
     "SpeculationError",
     "KV_QUANT_MODES",
     "KvOptions",

@@ -288,6 +288,7 @@ class Engine:
         topology: Topology | None = None,
         group_timeout: float = DEFAULT_TIMEOUT_S,
         kv: KvOptions | None = None,
+        fill: bool = False,
     ) -> Engine:
         """Load an MLX model folder with ``mlx_lm.load``.
 
@@ -326,6 +327,9 @@ class Engine:
                 up (:mod:`.distributed.watchdog`). Default: 60.
             kv (KvOptions | None): KV quantisation (``--kv-quant``, ``--kv-bits``).
                 Default: ``None`` (full precision).
+            fill (bool): feed requests with a grammar the text it forces
+                through the batch's verify step (``--fill strict``,
+                :mod:`.speculative.fill`). Default: ``False``.
 
         Returns:
             Engine: not yet started; call :meth:`start` (``engine.cpu_weights``
@@ -378,7 +382,7 @@ class Engine:
             prefill_step=prefill_step,
             warmup=warmup,
             prefill_batch=prefill_batch,
-            speculator=None if speculation is None else mount(speculation, model, tokenizer),
+            speculator=mount(speculation, model, tokenizer, fill),
             vision=vision,
             group=group,
             kv=scheme,

@@ -46,6 +46,9 @@ class StatsSnapshot:
         speculation (dict[str, Any] | None): the mounted draft source's counters
             (:meth:`~.speculative.SpecStats.snapshot`); ``None`` without one.
             Default: ``None``.
+        fill (dict[str, Any] | None): the fill counters under ``--fill strict``
+            (:meth:`~.speculative.fill.FillStats.snapshot`); ``None`` without it.
+            Default: ``None``.
     """
 
     submitted: int
@@ -62,6 +65,7 @@ class StatsSnapshot:
     steps: dict[str, float | int]
     solo_steps: dict[str, float | int]
     speculation: dict[str, Any] | None = None
+    fill: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -117,6 +121,7 @@ def read_stats(engine: Any) -> StatsSnapshot:
     """
     adm, in_flight, counters = engine.admission, engine.in_flight, engine.counters
     kv_budget = None if adm.kv_room is None else adm.kv_room * adm.kv_bytes_per_token
+    spec = engine.speculator
     return StatsSnapshot(
         submitted=engine.submitted,
         outcomes={k: int(counters.get(k, 0)) for k in ("completed", "cancelled", "failed")},
@@ -131,7 +136,8 @@ def read_stats(engine: Any) -> StatsSnapshot:
         kv_budget_bytes=kv_budget,
         steps=engine.step_times.snapshot(),
         solo_steps=engine.solo_times.snapshot(),
-        speculation=None if engine.speculator is None else engine.speculator.stats.snapshot(),
+        speculation=None if spec is None or spec.stats is None else spec.stats.snapshot(),
+        fill=None if spec is None or spec.fill is None else spec.fill.stats.snapshot(),
     )
 
 

@@ -245,6 +245,34 @@ class Speculation:
 
 
 @dataclass(frozen=True)
+class Fill:
+    """What token fast-forwarding did for one request (``usage.fill``, the
+    reference's fields; ``--fill strict``, :mod:`.speculative.fill`).
+
+    Args:
+        events (int): forced spans that emitted tokens.
+        injected (int): span tokens emitted (counted in ``completion_tokens``).
+        span_lens (tuple[int, ...]): tokens emitted of each such span, in order.
+        truncated (int): spans cut by the token budget or the per-step cap.
+        decode_steps (int): tokens the model sampled (the rest of the reply).
+        verify_events (int): spans fed to a verify forward.
+        verify_accepted (int): span tokens the model's own choice agreed with.
+        verify_rejected (int): span tokens it did not (dropped, KV rewound).
+        checkpoint_ms (float): host time in the grammar's look-ahead and rollback.
+    """
+
+    events: int
+    injected: int
+    span_lens: tuple[int, ...]
+    truncated: int
+    decode_steps: int
+    verify_events: int
+    verify_accepted: int
+    verify_rejected: int
+    checkpoint_ms: float
+
+
+@dataclass(frozen=True)
 class Finished:
     """The request ended normally.
 
@@ -260,6 +288,8 @@ class Finished:
             ``stop_sequence``). Default: ``None``.
         speculation (Speculation | None): draft counts, for a request that
             could speculate under a mounted draft source. Default: ``None``.
+        fill (Fill | None): fast-forwarding counts, for a request that could
+            fill under ``--fill strict``. Default: ``None``.
     """
 
     finish_reason: FinishReason
@@ -269,6 +299,7 @@ class Finished:
     lane: str = "serial"
     stop_sequence: str | None = None
     speculation: Speculation | None = None
+    fill: Fill | None = None
 
 
 @dataclass(frozen=True)

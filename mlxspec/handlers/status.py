@@ -52,6 +52,8 @@ async def get_stats() -> dict[str, Any]:
     }
     if stats.speculation is not None:
         body["speculation"] = stats.speculation
+    if stats.fill is not None:
+        body["fill"] = stats.fill
     if (group := engine.distributed_block()) is not None:
         body["distributed"] = group
     store = scope["state"].get("response_store")

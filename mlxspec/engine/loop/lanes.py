@@ -28,7 +28,7 @@ from mlxspec.engine.caches.prompt_cache import CacheNamespace, PromptCache
 from mlxspec.engine.loop.rows import Row
 from mlxspec.engine.sampling.grammar import GrammarCache, GrammarProcessor
 from mlxspec.engine.sampling.sampler import build_logits_processors, build_sampler
-from mlxspec.engine.speculative import SpecCounts, Speculator, speculable
+from mlxspec.engine.speculative import FillCounts, SpecCounts, Speculator, fillable, speculable
 
 if TYPE_CHECKING:
     from mlxspec.engine.loop.handles import RequestHandle
@@ -173,8 +173,18 @@ class LaneParts:
 
     def speculates(self, handle: RequestHandle) -> bool:
         """Whether ``handle`` 's request speculates (a draft source is mounted
-        and :func:`~mlxspec.engine.speculative.speculable` allows it)."""
-        return self.speculator is not None and speculable(handle.request)
+        and :func:`~mlxspec.engine.speculative.speculable` allows it) or fills
+        (:meth:`fills`): either runs on the batch's verify step."""
+        spec = self.speculator
+        if spec is None:
+            return False
+        return (spec.source is not None and speculable(handle.request)) or self.fills(handle)
+
+    def fills(self, handle: RequestHandle) -> bool:
+        """Whether ``handle`` 's request fills forced spans (``--fill strict``
+        and :func:`~mlxspec.engine.speculative.fillable`)."""
+        spec = self.speculator
+        return spec is not None and spec.fill is not None and fillable(handle.request)
 
     def keep(
         self,
@@ -297,7 +307,9 @@ def start_request(handle: RequestHandle, parts: LaneParts, budget: int, lane: st
     grammar = None if parts.grammars is None else parts.grammars.for_request(req.constraint)
     row = Row(handle, parts.tokenizer, parts.eos, lane=lane, cached=cached, grammar=grammar)
     row.pick = pick
-    if parts.speculates(handle):
+    if parts.fills(handle):
+        row.fill = FillCounts()
+    elif parts.speculates(handle):
         row.spec = SpecCounts()
     return Handoff(
         row=row,

@@ -21,6 +21,7 @@ from mlxspec.engine.types import Delta, Finished, GenerationRequest, TokenLogpro
 if TYPE_CHECKING:
     from mlxspec.engine.loop.handles import RequestHandle
     from mlxspec.engine.sampling.grammar import GrammarProcessor
+    from mlxspec.engine.speculative.fill import FillCounts
     from mlxspec.engine.speculative.speculator import SpecCounts
 
 
@@ -234,6 +235,8 @@ class Row:
         self.pick: AdapterPick = NO_ADAPTER
         #: Its speculation counters, when it may speculate (``lanes.start_request``).
         self.spec: SpecCounts | None = None
+        #: Its fast-forwarding counters, when it may fill (``--fill strict``).
+        self.fill: FillCounts | None = None
 
     def push(self, token: int, logprobs: Any) -> bool:
         """Consume one generated token.
@@ -249,6 +252,8 @@ class Row:
             complete grammar); the ``Finished`` event has then been emitted.
         """
         self.count += 1
+        if self.fill is not None:
+            self.fill.take()
         entry = None
         if self._held is not None:
             k = self.request.top_logprobs
@@ -319,5 +324,6 @@ class Row:
             lane=lane,
             stop_sequence=self._stops.matched,
             speculation=None if spec is None else spec.frozen(),
+            fill=None if self.fill is None else self.fill.frozen(self.count),
         )
         self.handle.emit(finished)

@@ -7,7 +7,9 @@ in one forward of ``(rows, k + 1)`` tokens; position 0 goes through the
 batch's logits processors and sampler as a plain decode step would (so rows
 that do not speculate decode exactly as without a draft source), the
 speculator decides what the speculating rows keep
-(:meth:`~mlxspec.engine.speculative.Speculator.verify`), and each row's KV cache
+(:meth:`~mlxspec.engine.speculative.Speculator.verify`; a fill row's drafts are
+its grammar's forced span, checked under the grammar's mask at each position,
+:mod:`~mlxspec.engine.speculative.fill`), and each row's KV cache
 drops its rejected positions
 (:meth:`~mlxspec.engine.caches.batch_kv.RowsKVCache.rewind`). The step reads the
 host at once: the next drafts need these tokens.
@@ -45,7 +47,8 @@ def verify_step(batch: DecodeBatch, spec: Speculator, route: Callable[[list[Toke
     from mlxspec.engine.loop.decode import Token
 
     rows = list(batch._rows)
-    drafts, q = spec.propose(rows, batch._sampler)
+    proposal = spec.propose(rows, batch._sampler)
+    drafts = proposal.drafts
     if not any(drafts):
         return False
     start = time.perf_counter()
@@ -57,14 +60,14 @@ def verify_step(batch: DecodeBatch, spec: Speculator, route: Callable[[list[Toke
     first = batch._logits(logits[:, 0, :], batch._inputs)  # processors see position 0 only
     first = first - mx.logsumexp(first, axis=-1, keepdims=True)
     plain = batch._sampler(first)
-    rest = logits[:, 1:, :]
+    rest = spec.masked(logits[:, 1:, :], proposal)  # fill rows: their grammar after each span token
     rest = rest - mx.logsumexp(rest, axis=-1, keepdims=True)
     logprobs = mx.concatenate([first[:, None], rest], axis=1)
     mx.async_eval(plain)
-    runs = spec.verify(logprobs, drafts, batch._sampler, q)
+    runs = spec.verify(logprobs, proposal, batch._sampler)
     firsts = plain.tolist()
     runs = [run if d else [firsts[i]] for i, (run, d) in enumerate(zip(runs, drafts, strict=True))]
-    spec.count(rows, drafts, runs)
+    spec.count(rows, proposal, runs)
     for c in batch._cache:
         c.rewind([k + 1 - len(run) for run in runs])
     spec.settle(rows, [len(run) for run in runs])

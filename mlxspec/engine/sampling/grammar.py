@@ -276,6 +276,58 @@ class GrammarProcessor:
         count = int(allowed.sum())
         return count > 0 and count == int(allowed[self._stop].sum())
 
+    def jump_forward(self) -> str:
+        """The text the grammar forces next (xgrammar's jump-forward string:
+        the longest string every continuation starts with; complete UTF-8
+        characters only); ``""`` when none, or when the grammar broke or ended."""
+        if not self.masking:
+            return ""
+        return str(self._matcher.find_jump_forward_string())
+
+    def jump_forward_tokens(self) -> list[int]:
+        """xgrammar's own tokenization of :meth:`jump_forward` (greedy longest
+        vocabulary match, the last token left off where a longer token could
+        extend it); ``[]`` when none."""
+        if not self.masking:
+            return []
+        return [int(t) for t in self._matcher.find_jump_forward_tokens()]
+
+    def lookahead(self, tokens: list[int]) -> tuple[list[int], np.ndarray]:
+        """The grammar's masks after each of ``tokens``, the matcher left as it was.
+
+        Accepts ``tokens`` one by one, filling the allowed set after each, and
+        rolls back (xgrammar's rollback is unbounded since 0.1.x's Earley parser).
+
+        Args:
+            tokens (list[int]): candidate next tokens, in order.
+
+        Returns:
+            tuple: ``(kept, masks)``: the longest prefix of ``tokens`` the
+            grammar accepts, and ``masks`` shape ``(len(kept), vocab)``, bool:
+            row ``j`` is what may follow ``kept[: j + 1]``.
+        """
+        import xgrammar as xgr
+
+        kept: list[int] = []
+        masks = []
+        if not self.masking:
+            return kept, np.zeros((0, self._vocab), dtype=bool)
+        bitmask = np.full(xgr.get_bitmask_shape(1, self._vocab), -1, dtype=np.int32)
+        for token in tokens:
+            if self._matcher.is_terminated() or not self._matcher.accept_token(token):
+                break
+            kept.append(token)
+            if self._matcher.is_terminated():
+                masks.append(np.zeros(self._vocab, dtype=bool))
+                continue
+            self._matcher.fill_next_token_bitmask(bitmask)
+            bits = np.unpackbits(bitmask.view(np.uint8), bitorder="little")
+            masks.append(bits[: self._vocab].astype(bool))
+        if kept:
+            self._matcher.rollback(len(kept))
+        shape = (len(kept), self._vocab)
+        return kept, np.stack(masks) if masks else np.zeros(shape, dtype=bool)
+
     def advance(self, position: int, token: int) -> None:
         """Accept generated token number ``position`` (0-based) unless already accepted.
 

@@ -9,9 +9,12 @@ prefix plus one token of the target's own (greedy: the drafts the target's
 argmax agrees with; sampled: the speculative-sampling rule of Leviathan et al.
 2023 / Chen et al. 2023). :class:`~.speculator.Speculator` ties them together
 and keeps the counters (``usage.speculation``, ``/stats``, the Prometheus
-histogram).
+histogram). :mod:`.fill` (``--fill strict``) gives rows with a grammar the
+text it forces as their drafts, checked under the grammar's mask
+(``usage.fill``).
 """
 
+from mlxspec.engine.speculative.fill import FILL_MODES, FillCounts, Filler, fillable
 from mlxspec.engine.speculative.mount import (
     DEFAULT_NUM_DRAFT,
     DRAFT_KINDS,
@@ -30,11 +33,15 @@ from mlxspec.engine.speculative.speculator import (
 __all__ = [
     "DEFAULT_NUM_DRAFT",
     "DRAFT_KINDS",
+    "FILL_MODES",
+    "FillCounts",
+    "Filler",
     "NgramDrafts",
     "SpecCounts",
     "SpecStats",
     "SpeculationError",
     "SpeculationOptions",
+    "fillable",
     "Speculator",
     "mount",
     "speculable",

@@ -3,8 +3,10 @@
 ``mlxspec serve --draft-model PATH`` (mlx_lm.server's flag) mounts a draft
 model; ``--draft-kind ngram`` mounts prompt lookup, no model;
 ``--num-draft-tokens N`` is the most drafts per row and step (mlx_lm.server's
-default: 3). A bad combination is a :class:`SpeculationError` naming the flag,
-which ``serve`` prints as one line (exit 2).
+default: 3); ``--fill strict`` (``MLXSPEC_FILL``) feeds grammar rows their
+forced spans through the same verify step (:mod:`.fill`). A bad combination is
+a :class:`SpeculationError` naming the flag, which ``serve`` prints as one
+line (exit 2).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mlxspec.engine.speculative.fill import Filler
 from mlxspec.engine.speculative.ngram import NgramDrafts
 from mlxspec.engine.speculative.speculator import Speculator
 
@@ -43,8 +46,9 @@ class SpeculationOptions:
     draft_model: str | None = None
 
 
-def check_cache(model: Any, flag: str) -> None:
-    """Refuse a model whose KV cache a verify step cannot rewind per row.
+def check_cache(model: Any, flag: str, feature: str = "speculative decoding") -> None:
+    """Refuse a model whose KV cache a verify step cannot rewind per row
+    (``feature`` names what needs it in the message).
 
     Raises:
         SpeculationError: a layer's cache is not mlx-lm's plain ``KVCache``
@@ -55,25 +59,43 @@ def check_cache(model: Any, flag: str) -> None:
     kinds = {type(c).__name__ for c in make_prompt_cache(model) if type(c) is not KVCache}
     if kinds:
         raise SpeculationError(
-            f"{flag}: speculative decoding needs plain attention KV caches; "
+            f"{flag}: {feature} needs plain attention KV caches; "
             f"this model has {', '.join(sorted(kinds))}"
         )
 
 
-def mount(options: SpeculationOptions, model: Any, tokenizer: Any) -> Speculator:
-    """The speculator for ``options`` on the target ``model``.
+def mount(
+    options: SpeculationOptions | None, model: Any, tokenizer: Any, fill: bool = False
+) -> Speculator | None:
+    """The speculator for ``options`` and ``fill`` on the target ``model``.
 
     Args:
-        options (SpeculationOptions): what to mount.
+        options (SpeculationOptions | None): the draft source to mount (``None``: none).
         model: the target mlx-lm model.
         tokenizer: its ``TokenizerWrapper``.
+        fill (bool): feed grammar rows their forced spans (``--fill strict``).
+            Default: ``False``.
 
     Returns:
-        Speculator: the hook the batched decode step consults.
+        Speculator | None: the hook the batched decode step consults; ``None``
+        when neither a draft source nor fill is asked for.
 
     Raises:
         SpeculationError: the combination cannot work (the message names the flag).
     """
+    filler = None
+    if fill:
+        check_cache(model, "--fill", "token fast-forwarding")
+        filler = Filler(tokenizer)
+    if options is None:
+        return None if filler is None else Speculator(None, DEFAULT_NUM_DRAFT, filler)
+    spec = _source(options, model, tokenizer)
+    spec.fill = filler
+    return spec
+
+
+def _source(options: SpeculationOptions, model: Any, tokenizer: Any) -> Speculator:
+    """The speculator of ``options``' draft source (as :func:`mount`)."""
     if options.num_draft < 1:
         raise SpeculationError("--num-draft-tokens: must be at least 1")
     if options.kind == "ngram":

@@ -5,8 +5,11 @@ keeps; with the per-row and server-wide counters.
 A row speculates when its request is :func:`speculable`: text on the base
 weights, sampled by the batch's vectorised sampler (greedy, or drawn without a
 ``seed`` or XTC) and with no logits processor or grammar, since those change
-``p`` token by token in ways a multi-token verify step does not replay. Other
-rows decode beside them a token per step.
+``p`` token by token in ways a multi-token verify step does not replay. Under
+``--fill strict`` a row with a grammar (:func:`~.fill.fillable`) takes the
+text its grammar forces as its drafts instead (:mod:`.fill`), checked under
+the grammar's mask at every position. Other rows decode beside them a token
+per step.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from mlxspec.engine.speculative.fill import Filler, fixed_cost, span_length
 from mlxspec.engine.speculative.verify import kept_runs, verify_graph
 from mlxspec.engine.types import GenerationRequest, Speculation
 
@@ -163,26 +167,42 @@ class Speculator:
     """Drafts and verification for a :class:`~mlxspec.engine.loop.decode.DecodeBatch`.
 
     Args:
-        source (DraftSource): where drafts come from.
+        source (DraftSource | None): where drafts come from (``None``: fill only).
         num_draft (int): most drafts per row and step (``--num-draft-tokens``).
+        fill (Filler | None): forced spans of grammar rows (``--fill strict``).
+            Default: ``None``.
     """
 
-    def __init__(self, source: DraftSource, num_draft: int) -> None:
+    def __init__(
+        self, source: DraftSource | None, num_draft: int, fill: Filler | None = None
+    ) -> None:
         self.source = source
         self.num_draft = num_draft
-        self.stats = SpecStats(source.kind, num_draft, kept_hist=[0] * (num_draft + 1))
+        self.fill = fill
+        #: A forward's fixed cost in positions' worth, for fill's cost rule
+        #: (:func:`~.fill.span_length`): the device's :data:`~.fill.FIXED_COST`.
+        self.fill_cost = fixed_cost()
+        #: The draft source's counters (``/stats`` ``speculation``); ``None`` without one.
+        self.stats = (
+            None
+            if source is None
+            else SpecStats(source.kind, num_draft, kept_hist=[0] * (num_draft + 1))
+        )
 
     def join(self, rows: Sequence[Slot]) -> None:
         """Rows joined the batch's decoding rows, appended in this order."""
-        self.source.join(rows)
+        if self.source is not None:
+            self.source.join(rows)
 
     def leave(self, keep: Sequence[int]) -> None:
         """Rows left: only those at ``keep`` remain, in that order (``[]``: all gone)."""
-        self.source.leave(keep)
+        if self.source is not None:
+            self.source.leave(keep)
 
     def settle(self, rows: Sequence[Slot], kept: Sequence[int]) -> None:
         """After a verify step: row ``i`` 's sequence grew by ``kept[i]`` tokens."""
-        self.source.settle(rows, kept)
+        if self.source is not None:
+            self.source.settle(rows, kept)
 
     def wants(self, rows: Sequence[Slot]) -> bool:
         """Start a decode step: tick the speculating rows' pauses and say
@@ -198,6 +218,7 @@ class Speculator:
         drafting = False
         for slot in rows:
             spec = slot.row.spec
+            drafting = drafting or slot.row.fill is not None
             if spec is None:
                 continue
             spec.resting = spec.pause > 0
@@ -209,7 +230,7 @@ class Speculator:
     def launched(self, rows: Sequence[Slot]) -> None:
         """A target forward (plain or verify step) decodes ``rows``: count it."""
         for slot in rows:
-            if slot.row.spec is not None:
+            if slot.row.spec is not None and self.stats is not None:
                 slot.row.spec.target_calls += 1
                 self.stats.target_calls += 1
 
@@ -217,13 +238,14 @@ class Speculator:
         """``rows`` left with a launched step unread (the pipelined step after
         their last token): that call decoded nothing for them, uncount it."""
         for slot in rows:
-            if slot.row.spec is not None:
+            if slot.row.spec is not None and self.stats is not None:
                 slot.row.spec.target_calls -= 1
                 self.stats.target_calls -= 1
 
-    def propose(self, rows: Sequence[Slot], sampler: BatchSampler) -> tuple[list[list[int]], Any]:
+    def propose(self, rows: Sequence[Slot], sampler: BatchSampler) -> Proposal:
         """Each decoding row's drafts for this step (empty for rows that do not
-        speculate or rest, and never more than its budget leaves room for);
+        speculate or rest, and never more than its budget leaves room for):
+        the draft source's for speculating rows, the forced span for fill rows;
         called after :meth:`wants` said some row drafts.
 
         Args:
@@ -232,8 +254,7 @@ class Speculator:
                 its drafts with the rows' settings).
 
         Returns:
-            tuple: ``(drafts, q)``: per row its drafts; the draft
-            probabilities (``None`` for point-mass drafts).
+            Proposal: the drafts, their probabilities and the fill rows' masks.
         """
         ks = []
         for slot in rows:
@@ -243,29 +264,73 @@ class Speculator:
                 continue
             most = spec.lookahead or self.num_draft
             ks.append(max(0, min(most, slot.budget - slot.generated - 1)))
-        if not any(ks):
-            return [[] for _ in rows], None
-        drafts, q = self.source.draft(rows, ks, sampler)
-        for slot, k, mine in zip(rows, ks, drafts, strict=True):
-            if k and not mine and slot.row.spec is not None:
-                slot.row.spec.found_none()
-        return drafts, q
+        drafts: list[list[int]] = [[] for _ in rows]
+        q = None
+        if any(ks) and self.source is not None:
+            drafts, q = self.source.draft(rows, ks, sampler)
+            for slot, k, mine in zip(rows, ks, drafts, strict=True):
+                if k and not mine and slot.row.spec is not None:
+                    slot.row.spec.found_none()
+        masks: dict[int, Any] = {}
+        if self.fill is not None:
+            self._fill(rows, drafts, masks)
+        return Proposal(drafts, q, masks)
 
-    def verify(
-        self,
-        logprobs: Any,
-        drafts: Sequence[Sequence[int]],
-        sampler: BatchSampler,
-        q: Any = None,
-    ) -> list[list[int]]:
+    def _fill(self, rows: Sequence[Slot], drafts: list[list[int]], masks: dict[int, Any]) -> None:
+        """Put the fill rows' spans into ``drafts`` (and their masks into
+        ``masks``), cut to the length the step's cost allows (:func:`~.fill.span_length`)."""
+        assert self.fill is not None
+        spans = {}
+        for i, slot in enumerate(rows):
+            if slot.row.fill is not None:
+                span, cut = self.fill.tokens(slot, slot.budget - slot.generated - 1)
+                if span:
+                    spans[i] = (span, cut)
+        if not spans:
+            return
+        floor = max((len(d) for d in drafts), default=0)
+        lengths = [len(span) for span, _ in spans.values()]
+        k = span_length(len(rows), lengths, floor, self.fill_cost, self.fill.agreement)
+        for i, (span, cut) in spans.items():
+            if k <= 0:
+                break
+            fed, mask = self.fill.check(rows[i], span[:k], cut or len(span) > k)
+            if fed:
+                drafts[i], masks[i] = fed, mask
+
+    def masked(self, logits: Any, proposal: Proposal) -> Any:
+        """The verify forward's logits after each draft, with the fill rows'
+        grammar masks applied (a forbidden token is ``-inf``).
+
+        Args:
+            logits (mx.array): shape ``(rows, k, vocab)``: positions ``1..k``.
+            proposal (Proposal): the step's proposal.
+
+        Returns:
+            mx.array: ``logits``, masked where a fill row's span reaches.
+        """
+        import mlx.core as mx
+        import numpy as np
+
+        if not proposal.masks:
+            return logits
+        rows, k, width = logits.shape
+        allowed = np.ones((rows, k, width), dtype=bool)
+        for i, mask in proposal.masks.items():
+            n, vocab = mask.shape
+            allowed[i, :n, :] = False
+            allowed[i, :n, : min(vocab, width)] = mask[:, :width]
+        return mx.where(mx.array(allowed), logits, mx.array(-mx.inf, dtype=logits.dtype))
+
+    def verify(self, logprobs: Any, proposal: Proposal, sampler: BatchSampler) -> list[list[int]]:
         """Decide each row's kept tokens from the verify forward (one host read).
 
         Args:
             logprobs (mx.array): shape ``(rows, k + 1, vocab)``, the target's
-                log-probabilities after the last token and each draft.
-            drafts (Sequence[Sequence[int]]): per row, its drafts (``<= k``).
+                log-probabilities after the last token and each draft (fill
+                rows' masked, :meth:`masked`).
+            proposal (Proposal): the step's drafts (``<= k`` a row).
             sampler (BatchSampler): the batch's sampler (each row's settings).
-            q (mx.array | None): the drafts' probabilities, ``(rows, k, vocab)``.
 
         Returns:
             list[list[int]]: per row, the tokens it emits (kept drafts, then
@@ -273,23 +338,33 @@ class Speculator:
         """
         import mlx.core as mx
 
+        drafts = proposal.drafts
         k = max(len(d) for d in drafts)
         padded = mx.array([[*d, *([0] * (k - len(d)))] for d in drafts], dtype=mx.int32)
         lengths = mx.array([len(d) for d in drafts], dtype=mx.int32)
         scaled, drawn = sampler.scaled(logprobs)
+        q = proposal.q
+        if q is not None and proposal.masks:  # spans are point masses beside the model's drafts
+            q = mx.pad(q, [(0, 0), (0, k - q.shape[1]), (0, 0)])
+            point = mx.arange(q.shape[-1])[None, None] == padded[..., None]
+            filling = mx.array([i in proposal.masks for i in range(len(drafts))])
+            q = mx.where(filling[:, None, None], point.astype(q.dtype), q)
         accepted, stop = verify_graph(logprobs, padded, lengths, scaled, drawn, q)
         mx.eval(accepted, stop)
         runs = kept_runs(drafts, accepted.tolist(), stop.tolist())
-        self.stats.verify_steps += 1
+        if self.stats is not None:
+            self.stats.verify_steps += 1
         return runs
 
     def count(
-        self, rows: Sequence[Slot], drafts: Sequence[Sequence[int]], runs: Sequence[Sequence[int]]
+        self, rows: Sequence[Slot], proposal: Proposal, runs: Sequence[Sequence[int]]
     ) -> None:
         """Add a verify step's drafted and kept tokens to the rows' and the
-        server's counters."""
-        for slot, mine, run in zip(rows, drafts, runs, strict=True):
-            if not mine:
+        server's counters (the fill rows' to :class:`~.fill.Filler`'s)."""
+        if self.fill is not None and proposal.masks:
+            self.fill.count(rows, proposal.spans, runs)
+        for i, (slot, mine, run) in enumerate(zip(rows, proposal.drafts, runs, strict=True)):
+            if not mine or i in proposal.masks or self.stats is None:
                 continue
             kept = len(run) - 1
             self.stats.drafted += len(mine)
@@ -300,3 +375,24 @@ class Speculator:
                 spec.drafted += len(mine)
                 spec.accepted += kept
                 spec.adapt(len(mine), kept, self.num_draft)
+
+
+@dataclass
+class Proposal:
+    """One verify step's drafts.
+
+    Attributes:
+        drafts (list[list[int]]): per row, its drafts (``[]``: none).
+        q (mx.array | None): the draft model's probabilities, ``(rows, k', vocab)``.
+        masks (dict[int, np.ndarray]): per fill row (by index), the grammar's
+            masks after each span token, ``(len(span), vocab)`` bool.
+    """
+
+    drafts: list[list[int]]
+    q: Any = None
+    masks: dict[int, Any] = field(default_factory=dict)
+
+    @property
+    def spans(self) -> list[int]:
+        """Per row, its span's length (``0`` for rows that do not fill)."""
+        return [len(d) if i in self.masks else 0 for i, d in enumerate(self.drafts)]

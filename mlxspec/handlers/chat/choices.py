@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
-from mlxspec.engine import Finished, Speculation
+from mlxspec.engine import Fill, Finished, Speculation
 
 T = TypeVar("T")
 
@@ -137,13 +137,56 @@ def choices_usage(finished: Sequence[Finished]) -> dict[str, Any]:
         )
         if specs
         else None,
+        fill=_sum_fills([f.fill for f in finished if f.fill is not None]),
     )
     return usage(total)
 
 
+def _sum_fills(fills: Sequence[Fill]) -> Fill | None:
+    """The choices' fill counts added up (spans in choice order), ``None`` if none."""
+    if not fills:
+        return None
+    return Fill(
+        events=sum(f.events for f in fills),
+        injected=sum(f.injected for f in fills),
+        span_lens=tuple(n for f in fills for n in f.span_lens),
+        truncated=sum(f.truncated for f in fills),
+        decode_steps=sum(f.decode_steps for f in fills),
+        verify_events=sum(f.verify_events for f in fills),
+        verify_accepted=sum(f.verify_accepted for f in fills),
+        verify_rejected=sum(f.verify_rejected for f in fills),
+        checkpoint_ms=round(sum(f.checkpoint_ms for f in fills), 3),
+    )
+
+
+def fill_usage(fill: Fill) -> dict[str, Any]:
+    """``usage.fill`` in the reference's fields. Its ``echo``, ``wastedSamples``,
+    ``parseFallback``, ``verifyUnsupported`` and ``branchStops`` are always 0:
+    there is no echo index, and a span is checked, never asserted, so no
+    in-flight sample is dropped and every span reaches a rewindable cache."""
+    return {
+        "events": fill.events,
+        "injected": fill.injected,
+        "strict": fill.injected,
+        "echo": 0,
+        "spanLens": list(fill.span_lens),
+        "wastedSamples": 0,
+        "parseFallback": 0,
+        "indexTruncated": fill.truncated,
+        "decodeSteps": fill.decode_steps,
+        "verifyEvents": fill.verify_events,
+        "verifyAccepted": fill.verify_accepted,
+        "verifyRejected": fill.verify_rejected,
+        "verifyUnsupported": 0,
+        "checkpointMs": fill.checkpoint_ms,
+        "branchStops": 0,
+    }
+
+
 def usage(finished: Finished) -> dict[str, Any]:
     """The ``usage`` object: OpenAI's fields plus ``prompt_tokens_details``,
-    ``lane`` and, for a request that could speculate, ``speculation``."""
+    ``lane`` and, for a request that could speculate, ``speculation``; for one
+    that could fill (``--fill strict``), ``fill``."""
     out: dict[str, Any] = {
         "prompt_tokens": finished.prompt_tokens,
         "completion_tokens": finished.completion_tokens,
@@ -158,4 +201,6 @@ def usage(finished: Finished) -> dict[str, Any]:
             "accepted": spec.accepted,
             "targetCalls": spec.target_calls,
         }
+    if finished.fill is not None:
+        out["fill"] = fill_usage(finished.fill)
     return out
