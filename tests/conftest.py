@@ -26,18 +26,22 @@ os.environ["MLXSPEC_BLAS"] = "off"
 import pytest  # noqa: E402
 
 from mlxspec.conformance.live import free_port, wait_healthy  # noqa: E402
-from tests import tiers  # noqa: E402
+from tests import order, tiers  # noqa: E402
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """The tier markers and the guard that keeps process-starting tests out of ``fast``."""
+    """The tier markers, the guard that keeps process-starting tests out of
+    ``fast``, and xdist's queue in collection order (tests/order.py)."""
     tiers.configure(config)
+    order.keep_collection_order(config)
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Sort every collected test into its tier (before -m selects by marker)."""
+    """Sort every collected test into its tier (before -m selects by marker),
+    then the files costliest first (the order xdist's workers get them)."""
     tiers.classify(items)
+    order.costliest_first(items)
 
 
 class LiveServer:

@@ -1,7 +1,16 @@
 """Speculative decoding on the embedded SmolLM2-135M: with prompt-lookup drafts
 and with a real draft model (the same model re-quantised to 3 bits, which
 agrees with it often, not always), greedy answers are token for token the
-answers without drafts, for one request alone and for eight at once."""
+answers without drafts, for one request alone and for two at once.
+
+Two prompts (81 and 52 tokens), chosen so that with either draft kind both rows
+of the batch draft and drafts are accepted and rejected, so one verify step keeps
+different numbers of tokens per row. Measured, drafted/accepted per row: ngram
+8/4 and 4/0, model 17/7 and 15/7 (greedy answers of 15 and 13 tokens). Each
+token costs 0.1 to 0.2 s of CPU here (the 4-bit weights run MLX's quantised CPU
+kernel), so every prompt token counts: eight prompts (390 tokens) cost ~460 s of
+CPU, these two (133 tokens) ~120 s.
+"""
 
 from __future__ import annotations
 
@@ -23,12 +32,6 @@ CODE = """def total(items):
 TASKS = [
     f"Rename the function total to order_total in this code and show the whole code:\n{CODE}",
     "Summarise: The river rose in the night. The river flooded the mill. The mill was rebuilt.",
-    "Write a short poem about the sea.",
-    "List three colours.",
-    f"Add a docstring to this function and repeat it:\n{CODE}",
-    "What is the capital of France?",
-    "Count from one to ten in words.",
-    "Say hello in three languages.",
 ]
 MAX_TOKENS = 24
 
@@ -95,7 +98,7 @@ def test_greedy_answers_with_drafts_equal_the_plain_ones(
     kind: str, model_dir: Path, draft_dir: Path, expected
 ) -> None:
     options = SpeculationOptions(kind, 4, str(draft_dir) if kind == "model" else None)
-    engine = _engine(model_dir, 8, options)
+    engine = _engine(model_dir, len(TASKS), options)
     try:
         prompts = _prompts(engine)
         alone = _run(engine, prompts[:1])
@@ -110,3 +113,4 @@ def test_greedy_answers_with_drafts_equal_the_plain_ones(
     accepted = sum(f.speculation.accepted for _, f in together)
     drafted = sum(f.speculation.drafted for _, f in together)
     assert 0 < accepted < drafted  # drafts helped, and some were rejected
+    assert all(f.speculation.drafted > 0 for _, f in together)  # every row of the batch drafted
