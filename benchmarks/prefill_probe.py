@@ -67,24 +67,25 @@ def measure(model_dir: Path, rows: list[int], prompt: int, group_rows: int, repe
     weights = [mx.random.normal(s).astype(dtype) for s in shapes]
     mx.eval(weights)
     out: dict = {"model": str(model_dir), "params": params, "prompt": prompt,
-                 "group_rows": group_rows, "device": str(mx.default_device()), "rows": {}}  # fmt: skip
+                 "group_rows": group_rows, "device": str(mx.default_device()),
+                 "rows": {}}  # fmt: skip
     for b in rows:
         tokens = mx.random.randint(0, margs.vocab_size, (b, prompt)).astype(mx.uint32)
         mx.eval(tokens)
 
-        def plain():
+        def plain(tokens=tokens):
             cache = make_prompt_cache(model)
             model(tokens, cache=cache)
             mx.eval([c.state for c in cache])
 
-        def group():
+        def group(tokens=tokens, b=b):
             scheme = KvScheme()
             for start in range(0, b, group_rows):
                 part = tokens[start : start + group_rows].tolist()
                 slots = [Slot(row=None, seq=[*p, 0], budget=1, sampling=None) for p in part]
                 g = PrefillGroup(slots, model, prompt, scheme)
                 while not g.done:
-                    g.advance(lambda x, cache, _rows: model(x, cache=cache))
+                    g.advance(lambda ids, cache, _rows: model(ids, cache=cache))
                 mx.eval([c.state for c in g.cache])
 
         m = b * prompt
@@ -92,7 +93,7 @@ def measure(model_dir: Path, rows: list[int], prompt: int, group_rows: int, repe
         xi = mx.random.normal((m, inter)).astype(dtype)
         mx.eval(x, xi)
 
-        def matmul():
+        def matmul(x=x, xi=xi):
             for _ in range(layers):  # one layer's outputs at a time (M x inter is large)
                 mx.eval([x @ weights[i].T for i in range(6)] + [xi @ weights[6].T])
 

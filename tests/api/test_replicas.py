@@ -43,7 +43,10 @@ def haproxy_config(front: int, ports: list[int], stats: int) -> str:
         body = body.replace(f"127.0.0.1:{name}", f"127.0.0.1:{port}")
     body = body.replace("inter 2s", "inter 500ms")  # notice the dead replica sooner
     # a stats page (the test's own, not the document's) to see when HAProxy has both replicas up
-    return body + f"\nfrontend stats\n    bind 127.0.0.1:{stats}\n    stats enable\n    stats uri /stats\n"
+    stats_page = (
+        f"frontend stats\n    bind 127.0.0.1:{stats}\n    stats enable\n    stats uri /stats\n"
+    )
+    return body + "\n" + stats_page
 
 
 def wait_both_up(stats: int, timeout: float) -> None:
