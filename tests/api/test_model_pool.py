@@ -127,6 +127,8 @@ def test_the_body_model_routes_and_evicts_the_least_recently_used(
 def test_keep_alive_zero_unloads_after_the_request(pool: str) -> None:
     assert _engine(pool)["pool"]["resident"] == ["tiny-other"]
     assert _chat(pool, "tiny-other", keep_alive=0).status_code == 200
+    # the next request while it is being stopped waits and starts it again (was a 502)
+    assert _chat(pool, "tiny-other", keep_alive=0).status_code == 200
     _until(lambda: _engine(pool)["pool"]["resident"] == [])
 
 
