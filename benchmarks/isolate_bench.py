@@ -2,7 +2,8 @@
 
 Both servers run at once on the same model; the same streamed greedy chat
 workload (``serve_bench.run_level``: fixed output length, EOS forbidden) is sent
-at each concurrency level to one, then the other, alternating for ``--repeats``
+at each concurrency level to one, then the other (the order alternates between
+repeats), for ``--repeats``
 rounds (after one warm-up run each) so that a change in the machine's load
 falls on both alike. Reports per
 server and level: output tokens/s and TTFT p50, and the isolated/direct ratios;
@@ -79,9 +80,11 @@ def main(argv: list[str] | None = None) -> int:
         for level in (int(x) for x in args.levels.split(",")):  # warm-up, not counted
             for base in (direct_base, isolated_base):
                 asyncio.run(run_level(base, prompts, level, 1, args.max_tokens, bias, None))
-        for _ in range(args.repeats):
+        servers = [("direct", direct_base), ("isolated", isolated_base)]
+        for repeat in range(args.repeats):
             for level in (int(x) for x in args.levels.split(",")):
-                for kind, base in (("direct", direct_base), ("isolated", isolated_base)):
+                # the order alternates: a load change falls on the first one as often
+                for kind, base in servers if repeat % 2 == 0 else servers[::-1]:
                     result = asyncio.run(
                         run_level(base, prompts, level, args.rounds, args.max_tokens, bias, None)
                     )
@@ -105,6 +108,14 @@ def main(argv: list[str] | None = None) -> int:
             }
         row["tok_per_s_ratio"] = row["isolated"]["tok_per_s"] / row["direct"]["tok_per_s"]
         row["ttft_p50_delta_ms"] = row["isolated"]["ttft_p50_ms"] - row["direct"]["ttft_p50_ms"]
+        # paired: each repeat's isolated run against the direct run beside it
+        pairs = list(zip(runs["isolated"][level], runs["direct"][level], strict=True))
+        row["paired_ratio_p50"] = statistics.median(
+            i["tok_per_s"] / d["tok_per_s"] for i, d in pairs
+        )
+        row["paired_ttft_delta_p50_ms"] = 1000 * statistics.median(
+            i["ttft_p50"] - d["ttft_p50"] for i, d in pairs
+        )
         summary[f"c={level}"] = row
     report = {
         "name": args.name,

@@ -193,6 +193,10 @@ class ServeConfig:
             ``/health`` before it is killed. Default: ``600``.
         strict_model (bool): a ``model`` that names nothing served is a 404
             ``model_not_found``. Default: ``False`` (ignored, the served model answers).
+        response_store (str | None): the ``--isolate`` parent's Responses store
+            socket; set by the parent for its children, no flag. Default: ``None``
+            (the process keeps its own store).
+        response_store_key (str | None): that socket's hex handshake key. Default: ``None``.
     """
 
     model: str | None = None
@@ -288,6 +292,9 @@ class ServeConfig:
     pool_pin: tuple[str, ...] = ()
     pool_start_timeout: float = 600.0
     strict_model: bool = False
+    # Set by the --isolate parent for its children only (no flag): its store.
+    response_store: str | None = None
+    response_store_key: str | None = None
 
     @property
     def template_defaults(self) -> dict[str, Any]:

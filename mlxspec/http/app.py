@@ -42,7 +42,7 @@ from mlxspec.errors import (
     send_error,
     surface_for_path,
 )
-from mlxspec.handlers.responses.store import ResponseStore
+from mlxspec.handlers.responses.shared_store import process_store
 from mlxspec.http.access_log import ErrorNotes
 from mlxspec.http.aliases import PathAliases, path_aliases
 from mlxspec.http.cors import ApiCORSMiddleware
@@ -183,7 +183,10 @@ class _WithEngine:
     ) -> None:
         self.app, self.engine, self.config, self.metrics = app, engine, config, metrics
         self.extra = extra or {}  # other services' state (the Whisper service)
-        self.response_store = ResponseStore()
+        # an --isolate child's store is its parent's (it outlives the child)
+        self.response_store = process_store(
+            getattr(config, "response_store", None), getattr(config, "response_store_key", None)
+        )
         # Concrete paths a templated route also matches (see literal_methods).
         self.literal = shadowed_methods(spec)
         self.takes_body = post_takes_body(spec)

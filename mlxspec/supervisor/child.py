@@ -84,6 +84,8 @@ class Child:
         self.keep_alive: float | None = None  # a body's keep_alive, seconds
         self.client: httpx.AsyncClient | None = None
         self._ready = asyncio.Event()
+        self._stopped = asyncio.Event()  # set while no stop is under way
+        self._stopped.set()
         self._tasks: set[asyncio.Task] = set()
         self._started_at = 0.0
         self._failed_at = 0.0
@@ -118,6 +120,10 @@ class Child:
             why = self.error or f"the engine for {self.model_id} is {self.state.value}"
             raise ChildUnavailable(why)
         return self.client
+
+    async def settled(self) -> None:
+        """Wait until no stop is under way (a draining child has stopped)."""
+        await self._stopped.wait()
 
     async def _spawn(self) -> None:
         """Start the process and a task that waits for its health."""
@@ -197,6 +203,7 @@ class Child:
         SIGKILL if it has not exited within :data:`EXIT_TIMEOUT_S`."""
         proc, was = self.proc, self.state
         self.state = ChildState.DRAINING
+        self._stopped.clear()
         if drain and was is ChildState.READY and self.client is not None:
             with contextlib.suppress(httpx.HTTPError):
                 answer = await self.client.post("/admin/drain", timeout=DRAIN_TIMEOUT_S)
@@ -213,4 +220,5 @@ class Child:
         await self._close_client()
         self.state = ChildState.STOPPED
         self._ready.set()
+        self._stopped.set()
         log.info("engine child for %s stopped", self.model_id)

@@ -1,7 +1,8 @@
 """The ``--isolate`` parent's ASGI app: what it answers itself, and the proxy.
 
 Answered here: ``GET /engine`` (reference, "Internal routes": ``isolated``,
-``pid``, ``restarts``, ``socket``, ``response_store``, ``pool``), a ``404`` for the
+``pid``, ``restarts``, ``socket``, ``response_store``: the counters of the
+Responses store the parent keeps for its children, ``pool``), a ``404`` for the
 worker routes ``/admin/drain`` and ``/admin/lease`` (never exposed on TCP), and,
 under ``--model-pool``, ``GET /v1/models`` (the pool's models, ``resident``
 marked). Everything else is proxied (:mod:`.proxy`): the generating routes to
@@ -22,6 +23,7 @@ from starlette.types import Receive, Scope, Send
 
 from mlxspec.config import ServeConfig
 from mlxspec.errors import ApiError, send_error
+from mlxspec.handlers.responses.store import ResponseStore
 from mlxspec.supervisor.child import ChildState, ChildUnavailable
 from mlxspec.supervisor.pool import Pool, keep_alive_seconds
 from mlxspec.supervisor.proxy import forward_http, forward_websocket, unavailable
@@ -39,10 +41,12 @@ class ParentApp:
     Args:
         config (ServeConfig): the parent's settings (``api_key``, ``max_body_bytes``).
         pool (Pool): the children.
+        store (ResponseStore | None): the Responses store the children share
+            (``GET /engine``'s ``response_store``). Default: ``None``.
     """
 
-    def __init__(self, config: ServeConfig, pool: Pool) -> None:
-        self.config, self.pool = config, pool
+    def __init__(self, config: ServeConfig, pool: Pool, store: ResponseStore | None = None) -> None:
+        self.config, self.pool, self.store = config, pool, store
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -172,7 +176,7 @@ class ParentApp:
             "restarts": child.restarts,
             "socket": child.socket if running else None,
             "state": child.state.value,
-            "response_store": None,
+            "response_store": self.store.stats() if self.store is not None else None,
         }
         if child.error and child.state in (ChildState.DEAD, ChildState.FAILED):
             status["error"] = child.error

@@ -111,6 +111,9 @@ class Pool:
         child.active += 1
         child.last_used = time.monotonic()
         try:
+            # a child being stopped (evicted, keep_alive) is started again once
+            # stopped: the request right after a ``keep_alive: 0`` one is served
+            await child.settled()
             if not child.resident:
                 await self._make_room(child)
             return await child.ready()

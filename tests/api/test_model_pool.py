@@ -59,6 +59,14 @@ def _chat(base: str, model: str, **extra: Any) -> httpx.Response:
     return httpx.post(f"{base}/v1/chat/completions", json=body, timeout=300)
 
 
+def _respond(base: str, model: str, **body: Any) -> dict[str, Any]:
+    body = {"model": model, "max_output_tokens": 4, "temperature": 0, **body}
+    answer = httpx.post(f"{base}/v1/responses", json=body, timeout=300)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["model"] == model
+    return answer.json()
+
+
 def _engine(base: str) -> dict[str, Any]:
     return httpx.get(f"{base}/engine", timeout=10).json()
 
@@ -116,6 +124,7 @@ def test_the_body_model_routes_and_evicts_the_least_recently_used(
     assert status["pid"] is None and status["socket"] is None  # the default is evicted
     assert _gone(default_pid)
 
+    first = _respond(pool, "tiny-llama", input="Tell me a story.")
     other = _chat(pool, "tiny-other")
     assert other.status_code == 200
     assert other.json()["model"] == "tiny-other"  # the id its own engine echoes
@@ -123,9 +132,18 @@ def test_the_body_model_routes_and_evicts_the_least_recently_used(
     rows = httpx.get(f"{pool}/v1/models", timeout=10).json()["data"]
     assert [r["id"] for r in rows if r["resident"]] == ["tiny-other"]
 
+    # the parent keeps the Responses store: a chain begun on tiny-llama, whose
+    # child was evicted meanwhile, goes on on tiny-other
+    second = _respond(pool, "tiny-other", input="More.", previous_response_id=first["id"])
+    assert second["model"] == "tiny-other" and second["previous_response_id"] == first["id"]
+    assert second["usage"]["input_tokens"] > first["usage"]["input_tokens"] + 4
+    assert _engine(pool)["response_store"]["entries"] >= 2
+
 
 def test_keep_alive_zero_unloads_after_the_request(pool: str) -> None:
     assert _engine(pool)["pool"]["resident"] == ["tiny-other"]
+    assert _chat(pool, "tiny-other", keep_alive=0).status_code == 200
+    # the next request while it is being stopped waits and starts it again (was a 502)
     assert _chat(pool, "tiny-other", keep_alive=0).status_code == 200
     _until(lambda: _engine(pool)["pool"]["resident"] == [])
 

@@ -156,3 +156,86 @@ def test_a_prompt_sent_on_the_socket_is_found(server: LiveServer) -> None:
 def test_snippet_offsets_are_characters() -> None:
     assert snippet("ÄÖü naïve NAÏVE", "naïve") == ("ÄÖü naïve NAÏVE", [[4, 9], [10, 15]])
     assert snippet("nothing", "x") is None
+
+
+def _export(server: LiveServer, sid: str) -> dict[str, Any]:
+    r = httpx.get(f"{server.base}/api/sessions/export", params={"path": sid}, timeout=30)
+    assert r.status_code == 200
+    return r.json()
+
+
+def _import(server: LiveServer, body: Any, **kw: Any) -> httpx.Response:
+    return httpx.post(f"{server.base}/api/sessions/import", json=body, timeout=30, **kw)
+
+
+def test_an_export_imports_back_as_the_same_tree(server: LiveServer, chats: dict[str, str]) -> None:
+    exported = _export(server, chats["herbs"])
+    r = _import(server, exported)
+    assert r.status_code == 200
+    answer = r.json()
+    assert answer["ok"] is True and answer["messages"] == 3
+    assert answer["path"] != chats["herbs"] and answer["path"].startswith("chat-")
+    again = _export(server, answer["path"])
+    head, *messages = again["entries"]
+    assert {**head, "id": chats["herbs"]} == exported["entries"][0]  # titles, times, leaf, settings
+    assert messages == exported["entries"][1:]  # ids, parents, timestamps, bodies
+    assert answer["path"] in find(server, "rosemary sibling")  # indexed like any message
+    with ChatClient(server.base) as chat:  # the page opens it on the same branch
+        chat.send({"type": "open_session", "path": answer["path"]})
+        items = chat.until("history")[-1]["items"]
+    assert [i["content"] for i in items] == [m["content"] for m in shown_branch(again["entries"])]
+
+
+def test_an_import_starts_with_the_coding_tools_off(
+    server: LiveServer, chats: dict[str, str]
+) -> None:
+    entries = _export(server, chats["other"])["entries"]
+    entries[0]["settings"] = {**entries[0]["settings"], "codingTools": True, "systemPrompt": "hi"}
+    r = _import(server, {"entries": entries})  # the entries alone do too
+    settings = _export(server, r.json()["path"])["entries"][0]["settings"]
+    assert settings["codingTools"] is False and settings["systemPrompt"] == "hi"
+
+
+def _bad_files(entries: list[dict[str, Any]]) -> list[tuple[Any, str | None, str]]:
+    """(body, param, a word of the message) of files the import refuses."""
+    head, first, second = entries
+    orphan = {**second, "parentId": "e-nowhere"}
+    return [
+        ({"entries": []}, "entries", "non-empty"),
+        ({"entries": [first, head]}, "entries[0]", "session entry"),
+        ({"entries": [head, first, head]}, "entries[2].type", "first entry"),
+        ({"entries": [head, first, {**second, "id": first["id"]}]}, "entries[2].id", "repeated"),
+        ({"entries": [head, first, orphan]}, "entries[2].parentId", "names no message"),
+        ({"entries": [head, second, first]}, "entries[1].parentId", "names no message"),
+        ({"entries": [{**head, "leaf": "e-gone"}, first, second]}, "entries[0].leaf", "leaf"),
+        (
+            {"entries": [head, {**first, "message": {"role": "system", "content": "x"}}]},
+            None,
+            "system",
+        ),
+        ({"entries": [head, {k: v for k, v in first.items() if k != "message"}]}, None, "message"),
+        ({"entries": [{**head, "settings": {"sampling": {"temperature": -1}}}]}, None, ""),
+        ({"nothing": 1}, None, "entries"),
+    ]
+
+
+def test_a_bad_file_is_a_400_and_stores_nothing(server: LiveServer, chats: dict[str, str]) -> None:
+    entries = _export(server, chats["other"])["entries"]
+    before = len(find(server, "then try rosemary"))
+    for body, param, word in _bad_files(entries):
+        r = _import(server, body)
+        assert r.status_code == 400, (body, r.text)
+        error = r.json()["error"]
+        assert word in error["message"], (body, error)
+        if param is not None:
+            assert error["param"] == param, (body, error)
+    assert len(find(server, "then try rosemary")) == before
+    r = httpx.post(
+        f"{server.base}/api/sessions/import",
+        content=b"{not json",
+        headers={"content-type": "application/json"},
+        timeout=30,
+    )
+    assert r.status_code == 400
+    r = httpx.post(f"{server.base}/api/sessions/import", content=b"x", timeout=30)
+    assert r.status_code == 415

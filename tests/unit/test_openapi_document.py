@@ -224,6 +224,14 @@ OPERATIONS = [
     ("get", "/api/sessions/search", "searchSessions", WEB_SEARCH, "web", READ_CODES),
     ("get", "/api/sessions/export", "exportSession", WEB_SEARCH, "web", READ_CODES | {"404"}),
     (
+        "post",
+        "/api/sessions/import",
+        "importSession",
+        "mlxspec.handlers.webchat.session_import",
+        "web",
+        {"200", "400", "401", "413", "415", "500"},
+    ),
+    (
         "get",
         "/api/settings/tool-approvals",
         "getToolApprovals",

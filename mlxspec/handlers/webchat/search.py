@@ -28,7 +28,7 @@ from mlxspec.handlers.context import JSON
 from mlxspec.handlers.webchat.sessions import ChatStore
 from mlxspec.handlers.webchat.store_schema import walk
 
-__all__ = ["export_entries", "export_session", "search", "search_sessions"]
+__all__ = ["chat_store", "export_entries", "export_session", "search", "search_sessions"]
 
 #: Characters of context either side of a match (the reference's ±60).
 CONTEXT_CHARS = 60
@@ -41,7 +41,7 @@ _STORES: dict[Path, ChatStore] = {}
 _STORES_LOCK = threading.Lock()
 
 
-def _store() -> ChatStore:
+def chat_store() -> ChatStore:
     """The sessions database of this server (``--chat-db``), opened once."""
     from mlxspec.http.ws_chat import chat_db_path  # the one rule for the file's place
 
@@ -162,7 +162,7 @@ def shown_branch(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 async def search_sessions(q: str) -> Any:
     """``GET /api/sessions/search?q=``: ``{"ok": true, "results": [...]}``."""
-    results = await asyncio.to_thread(search, await asyncio.to_thread(_store), q)
+    results = await asyncio.to_thread(search, await asyncio.to_thread(chat_store), q)
     return {"ok": True, "results": results}, 200, JSON
 
 
@@ -172,7 +172,7 @@ async def export_session(path: str) -> Any:
     Raises:
         ApiError: 404 when there is no session ``path``.
     """
-    entries = await asyncio.to_thread(export_entries, await asyncio.to_thread(_store), path)
+    entries = await asyncio.to_thread(export_entries, await asyncio.to_thread(chat_store), path)
     if entries is None:
         raise ApiError("not_found", f"no chat session {path!r}", param="path")
     return {"ok": True, "path": path, "entries": entries}, 200, JSON

@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlxspec.handlers.webchat.store_schema import (
     FTS,
@@ -43,6 +43,9 @@ from mlxspec.handlers.webchat.store_schema import (
     SCHEMA_VERSION,
     walk,
 )
+
+if TYPE_CHECKING:
+    from mlxspec.handlers.webchat.session_import import ImportedSession
 
 __all__ = [
     "ChatMessage",
@@ -445,6 +448,26 @@ class ChatStore:
                 (new, sid),
             )
         return new
+
+    def restore(self, imported: ImportedSession) -> str:
+        """Store an import (:mod:`.session_import`, checked) as a new session, in
+        one transaction; returns its fresh id."""
+        sid = new_session_id()
+        with self._write() as db:
+            db.execute(
+                "INSERT INTO sessions (id, title, created, updated, settings, leaf) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (sid, imported.title, imported.created, imported.updated,
+                 json.dumps(imported.settings.wire()), imported.leaf),
+            )  # fmt: skip
+            db.executemany(
+                "INSERT INTO messages (session_id, seq, role, content, reasoning, tool_calls, "
+                "meta, created, entry, parent) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [(sid, seq, m.role, m.content, m.reasoning, json.dumps(m.tool_calls),
+                  json.dumps(m.meta), m.created, m.entry, m.parent)
+                 for seq, m in enumerate(imported.messages)],
+            )  # fmt: skip
+        return sid
 
     def delete(self, sid: str) -> bool:
         """Delete ``sid`` and its messages; ``False`` when there was none."""

@@ -1,11 +1,17 @@
-"""The ``bash`` tool: one command in its own process group, time and output capped.
+"""The ``bash`` tool: one command in its own process group, time, output and
+processes capped.
 
 The command runs as ``bash -c`` in the workspace, in a new session
 (``start_new_session``: its own process group), with no stdin and a small
 environment (the server's secrets are not passed on). Its output streams to
-the caller as it comes; past the output cap, or the time cap, or on
+the caller as it comes; past the output cap, or the time cap, or past
+:data:`MAX_PROCESSES` processes in its group at once (a fork bomb, a runaway
+loop of background jobs: counted every :data:`WATCH_S` seconds), or on
 :meth:`Shell.kill` (the user's ``abort``), the whole group gets ``SIGKILL``
-(``os.killpg``), so a command's children and background jobs end with it.
+(``os.killpg``: the kernel signals the group at once, so a process forking
+meanwhile cannot slip out), and a command's children and background jobs end
+with it. A process that leaves the group on purpose (``setsid``, a daemon) is
+neither counted nor killed: the tools confine paths, they are not a sandbox.
 """
 
 from __future__ import annotations
@@ -24,6 +30,34 @@ __all__ = ["Shell"]
 KEPT_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "USER", "SHELL", "TMPDIR")
 #: Bytes read from the pipe at a time (each read is one ``tool_update``).
 CHUNK = 4096
+#: Processes a command's group may hold at once; past it the group is killed.
+MAX_PROCESSES = 64
+#: Seconds between two counts of the group.
+WATCH_S = 0.1
+
+
+def group_size(pgid: int) -> int:
+    """How many processes are in process group ``pgid`` now.
+
+    Reads ``/proc/<pid>/stat`` (its fifth field) on Linux, else asks ``ps``
+    (macOS). Processes that exit while being read are not counted.
+    """
+    if os.path.isdir("/proc/self"):
+        count = 0
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{name}/stat", "rb") as stat:
+                    fields = stat.read().rsplit(b")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            count += len(fields) > 2 and fields[2] == str(pgid).encode()
+        return count
+    import subprocess
+
+    listing = subprocess.run(["ps", "-A", "-o", "pgid="], capture_output=True, check=False)
+    return sum(line.strip() == str(pgid).encode() for line in listing.stdout.splitlines())
 
 
 class Shell:
@@ -33,10 +67,15 @@ class Shell:
         workspace (Workspace): the working folder.
         timeout (float): seconds before the group is killed.
         limit (int): output bytes kept; past it the group is killed.
+        max_processes (int): processes the group may hold at once; past it the
+            group is killed. Default: :data:`MAX_PROCESSES`.
     """
 
-    def __init__(self, workspace: Workspace, timeout: float, limit: int) -> None:
+    def __init__(
+        self, workspace: Workspace, timeout: float, limit: int, max_processes: int = MAX_PROCESSES
+    ) -> None:
         self.workspace, self.timeout, self.limit = workspace, timeout, limit
+        self.max_processes = max_processes
         self.pgid: int | None = None
         self._why: str | None = None
 
@@ -73,6 +112,7 @@ class Shell:
             start_new_session=True,
         )
         self.pgid = proc.pid  # the session leader's pid is its group's id
+        watch = asyncio.ensure_future(self._count(self.pgid))
         kept: list[bytes] = []
         size = 0
         assert proc.stdout is not None
@@ -96,6 +136,7 @@ class Shell:
                 await asyncio.shield(proc.wait())
             raise
         finally:
+            watch.cancel()
             self.kill("done")  # background jobs left in the group end with the call
             with contextlib.suppress(Exception):  # close the pipe: read what is left
                 await asyncio.wait_for(proc.stdout.read(), 5)
@@ -105,3 +146,11 @@ class Shell:
         if code != 0:
             raise ToolError(f"{output}\n[exit code {code}]".lstrip())
         return output or "(no output)"
+
+    async def _count(self, pgid: int) -> None:
+        """Kill the group once it holds more than ``max_processes`` processes."""
+        while self._why is None:
+            await asyncio.sleep(WATCH_S)
+            if await asyncio.to_thread(group_size, pgid) > self.max_processes:
+                self.kill(f"more than {self.max_processes} processes")
+                return
