@@ -119,19 +119,27 @@ def test_flush_wakeups_delivers_the_rows_served_so_far_before_slow_work() -> Non
             async for event in handles[i]:
                 got[i].append(event)
 
+        def until(done: Any) -> None:
+            """Wait for the consumers (a busy machine may take longer than any sleep)."""
+            deadline = time.monotonic() + 10
+            while not done() and time.monotonic() < deadline:
+                time.sleep(0.005)
+
+        def all_waiting() -> bool:  # each consumer is parked on its handle's waiter
+            return all(h._waiter is not None for h in handles)
+
         def engine() -> None:
+            until(all_waiting)
             with coalesced_wakeups():
                 handles[0].emit(Delta("a", (1,)))
                 handles[1].emit(Delta("b", (2,)))
                 flush_wakeups()
-                # the slow work: the first two are served meanwhile (a busy machine may
-                # take longer than any fixed sleep to run the consumers)
-                deadline = time.monotonic() + 10
-                while not (got[0] and got[1]) and time.monotonic() < deadline:
-                    time.sleep(0.005)
+                # the slow work: the first two are served meanwhile
+                until(lambda: got[0] and got[1] and all_waiting())
                 seen_after_flush.append([list(g) for g in got])
                 handles[2].emit(Delta("c", (3,)))
                 flush_wakeups()  # nothing held back twice
+                until(lambda: got[2] and all_waiting())
                 for handle in handles:
                     handle.emit(Finished("length", 1, 1))
 
@@ -154,7 +162,8 @@ def test_flush_wakeups_delivers_the_rows_served_so_far_before_slow_work() -> Non
         [Delta("c", (3,)), finished],
     ]
     assert seen_after_flush == [[[Delta("a", (1,))], [Delta("b", (2,))], []]]
-    assert loop.wakeups == [("_wake_all", 2), ("_wake_all", 1), ("_wake_all", 2)]
+    # the three Finished events of the step's end: one wake-up for the three rows
+    assert loop.wakeups == [("_wake_all", 2), ("_wake_all", 1), ("_wake_all", 3)]
 
 
 def test_a_batch_of_three_rows_wakes_the_loop_at_most_once_per_step(tiny_engine) -> None:
