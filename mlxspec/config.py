@@ -191,6 +191,10 @@ class ServeConfig:
             ``/health`` before it is killed. Default: ``600``.
         strict_model (bool): a ``model`` that names nothing served is a 404
             ``model_not_found``. Default: ``False`` (ignored, the served model answers).
+        jobs_roots (tuple[str, ...]): ``--jobs`` folders: when any are given, the
+            jobs routes (``/api/jobs``, ``/api/finetune/*``, ``/api/quantize/*``,
+            ``/api/dataset/*``) are served, and job paths may lie in them (besides
+            mlxspec's cache and the HF hub cache). Default: ``()`` (jobs off).
     """
 
     model: str | None = None
@@ -285,6 +289,8 @@ class ServeConfig:
     pool_pin: tuple[str, ...] = ()
     pool_start_timeout: float = 600.0
     strict_model: bool = False
+    # Fine-tune, quantize and dataset jobs (mlxspec/jobs/): --jobs ROOT, off when empty.
+    jobs_roots: tuple[str, ...] = ()
 
     @property
     def template_defaults(self) -> dict[str, Any]:
