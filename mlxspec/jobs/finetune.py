@@ -91,9 +91,9 @@ def training_args(body: dict[str, Any]) -> types.SimpleNamespace:
     Raises:
         JobRefused: a field cannot be honoured (see :func:`_refusals`).
     """
+    _refusals(body)  # before mlx-lm's import: a refused job ends at once
     from mlx_lm.lora import CONFIG_DEFAULTS
 
-    _refusals(body)
     c = {**DEFAULTS, **{k: v for k, v in body.items() if v is not None}}
     args = {**CONFIG_DEFAULTS, "model": body["model_dir"], "data": body["data_dir"]}
     lora = {"rank": int(c["rank"]), "scale": float(c["scale"]), "dropout": c["lora_dropout"]}

@@ -8,8 +8,9 @@ lock (one such job at a time), then the engine's execution lease
 /admin/lease`` does), so serving and training never overlap on the accelerator;
 a dataset job (which may call this server's own ``/v1``) takes neither. The
 runner (``python -m mlxspec.jobs.runner``) writes the job's events itself; its
-stdout and stderr become ``log`` events. A runner that exits without a terminal
-event ends ``failed``; ``DELETE`` kills its process group. At start, a job whose
+stdout and stderr become ``log`` events, and its terminal event (left in a result
+file) is emitted after its last output line. A runner that exits without one
+ends ``failed``; ``DELETE`` kills its process group. At start, a job whose
 server is gone is ``zombie`` (it was running) or ``failed`` (it never started),
 and a runner it left behind is killed.
 """
@@ -17,6 +18,7 @@ and a runner it left behind is killed.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import re
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from mlxspec.jobs.roots import JobRoots, mlxspec_cache
+from mlxspec.jobs.runner import result_path
 from mlxspec.jobs.store import TERMINAL, JobRow, JobStore, pid_alive
 
 __all__ = ["LEASE_KINDS", "JobManager"]
@@ -178,6 +181,7 @@ class JobManager:
             start_new_session=True,  # its own process group: DELETE kills it all
         )
         self.store.set_pgid(row.id, proc.pid)
+        self.store.emit(row.id, {"type": "started"})  # before any of its output
         if self._ended(row.id):  # cancelled between the check and the spawn
             _kill_group(proc.pid)
         assert proc.stdout is not None
@@ -185,10 +189,15 @@ class JobManager:
         reader.start()
         status = await asyncio.to_thread(proc.wait)
         await asyncio.to_thread(reader.join, 5)
-        if not self._ended(row.id):
+        proc.stdout.close()
+        result = result_path(self.store, row.id)
+        try:
+            end = json.loads(result.read_text())
+            result.unlink()
+        except (OSError, ValueError):
             why = f"signal {-status}" if status < 0 else f"status {status}"
-            error = f"the runner exited with {why} before the job ended"
-            self.store.emit(row.id, {"type": "failed", "error": error})
+            end = {"type": "failed", "error": f"the runner exited with {why} before the job ended"}
+        self.store.emit(row.id, end)  # nothing when a cancel ended the job first
 
     def _pump(self, job_id: str, stream: IO[bytes]) -> None:
         """The runner's output, a ``log`` event a line (carriage returns split lines)."""

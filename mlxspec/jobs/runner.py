@@ -1,16 +1,19 @@
 """A job's runner process: ``python -m mlxspec.jobs.runner STORE_DIR JOB_ID``.
 
 Started by :class:`~mlxspec.jobs.manager.JobManager` in a process group of its
-own. It reads the job's stored config, emits ``started``, runs the kind's work
+own (the manager has emitted ``started``). It reads the job's stored config, runs the kind's work
 (:mod:`.finetune`, :mod:`.quantize`, :mod:`.dataset`; each takes the config and an
-``emit`` callable and returns ``(output_dir, summary)``), then emits ``done``, or
-``failed`` with the reason (:class:`JobRefused`'s message names the field at
-fault). It dies with its server: a thread watches the parent process and kills
-the group when the server is gone, so no runner outlives it unseen.
+``emit`` callable and returns ``(output_dir, summary)``), then leaves its terminal
+event, ``done`` or ``failed`` with the reason (:class:`JobRefused`'s message names
+the field at fault), in a result file: the manager emits it after the last line
+of the runner's output, so it stays the last event of the log. It dies with its
+server: a thread watches the parent process and kills the group when the server
+is gone, so no runner outlives it unseen.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -23,7 +26,7 @@ from typing import Any
 
 from mlxspec.jobs.store import JobStore
 
-__all__ = ["Emit", "JobRefused", "main"]
+__all__ = ["Emit", "JobRefused", "main", "result_path"]
 
 #: A kind's way to add an event to its job's log.
 Emit = Callable[[dict[str, Any]], None]
@@ -72,19 +75,26 @@ def main(argv: list[str]) -> int:
     def emit(event: dict[str, Any]) -> None:
         store.emit(job_id, event)
 
-    emit({"type": "started"})
     try:
         output_dir, summary = _work(row.kind)(row.config, emit)
+        end: dict[str, Any] = {"type": "done", "output_dir": output_dir, "summary": summary}
     except JobRefused as e:
-        emit({"type": "failed", "error": str(e)})
-        return 1
+        end = {"type": "failed", "error": str(e)}
     except Exception as e:
         traceback.print_exc()
-        emit({"type": "failed", "error": f"{type(e).__name__}: {e}"})
-        return 1
-    emit({"type": "done", "output_dir": output_dir, "summary": summary})
-    return 0
+        end = {"type": "failed", "error": f"{type(e).__name__}: {e}"}
+    # The manager emits it once this process's output is all in the log.
+    result_path(store, job_id).write_text(json.dumps(end))
+    return 0 if end["type"] == "done" else 1
+
+
+def result_path(store: JobStore, job_id: str) -> Path:
+    """Where a runner leaves its terminal event for the manager."""
+    return store.root / "logs" / f"{job_id}.result.json"
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    # The module's own copy, so the kinds' JobRefused is the one main catches.
+    from mlxspec.jobs.runner import main as _main
+
+    sys.exit(_main(sys.argv[1:]))

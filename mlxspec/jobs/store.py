@@ -189,6 +189,8 @@ class JobStore:
         row = self.get(job_id)
         if row is None:
             raise KeyError(job_id)
+        if row.status in TERMINAL:  # the terminal event stays the log's last
+            return
         with open(row.log_path, "a", encoding="utf-8") as log:
             log.write(json.dumps(event, ensure_ascii=False) + "\n")
         updates: dict[str, Any] = {}
@@ -267,11 +269,16 @@ def _row(found: sqlite3.Row) -> JobRow:
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether a process (or process group leader) ``pid`` still exists."""
+    """Whether a process ``pid`` still exists and has not exited (a zombie waiting
+    to be reaped counts as gone: Linux's ``/proc/<pid>/stat`` state ``Z``)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no /proc (macOS): the signal check is all there is
+    return stat.rpartition(")")[2].split()[:1] != ["Z"]
