@@ -170,6 +170,7 @@ class JobManager:
         if self._ended(row.id):  # cancelled while it waited
             return
         argv = [sys.executable, "-m", "mlxspec.jobs.runner", str(self.store.root), row.id]
+        argv.append(str(os.getpid()))
         child_env = {**os.environ, **env, "NO_COLOR": "1", "TERM": "dumb", "TQDM_DISABLE": "1"}
         child_env["PYTHONUNBUFFERED"] = "1"
         proc = subprocess.Popen(

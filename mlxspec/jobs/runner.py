@@ -1,4 +1,4 @@
-"""A job's runner process: ``python -m mlxspec.jobs.runner STORE_DIR JOB_ID``.
+"""A job's runner process: ``python -m mlxspec.jobs.runner STORE_DIR JOB_ID SERVER_PID``.
 
 Started by :class:`~mlxspec.jobs.manager.JobManager` in a process group of its
 own (the manager has emitted ``started``). It reads the job's stored config, runs the kind's work
@@ -62,9 +62,9 @@ def _work(kind: str) -> Callable[[dict[str, Any], Emit], tuple[str, dict[str, An
 
 
 def main(argv: list[str]) -> int:
-    """Run the job ``argv[1]`` of the store in ``argv[0]``; the exit status is 0
-    when it is done, 1 when it failed."""
-    _watch_parent(os.getppid())
+    """Run the job ``argv[1]`` of the store in ``argv[0]`` for the server whose
+    pid is ``argv[2]``; the exit status is 0 when it is done, 1 when it failed."""
+    _watch_parent(int(argv[2]))  # gone already (it died while this one started): killed
     store = JobStore(Path(argv[0]))
     job_id = argv[1]
     row = store.get(job_id)
