@@ -31,7 +31,7 @@ DEFAULTS: dict[str, Any] = {
     "grad_accumulation_steps": 1, "seed": 0, "steps_per_report": 1, "steps_per_eval": 0,
     "weight_decay": 0.0, "lora_dropout": 0.0, "save_checkpoints": True,
     "val_max_examples": 0, "sft_scope": "full", "target_modules": None,
-    "warm_start_adapter": None,
+    "warm_start_adapter": None, "grad_checkpoint": False,
 }  # fmt: skip
 #: Fields mapped onto mlx-lm's training arguments.
 MAPPED = frozenset(DEFAULTS) | {"model_dir", "data_dir", "adapter_path"}
@@ -60,7 +60,7 @@ def _refusals(body: dict[str, Any]) -> None:
     if method != "sft":
         raise JobRefused(f"method {method!r} is unknown (sft, dpo or orpo)")
     for name, off in REFUSED_UNLESS_DEFAULT.items():
-        if name in body and body[name] not in (off, None) and body[name] != off:
+        if body.get(name) is not None and body[name] != off:
             raise JobRefused(
                 f"{name}={body[name]!r} is not supported by mlx_lm.lora's trainer "
                 f"(leave it at {off!r})"
@@ -107,8 +107,8 @@ def training_args(body: dict[str, Any]) -> types.SimpleNamespace:
         learning_rate=float(c["learning_rate"]), max_seq_length=int(c["max_seq_length"]),
         grad_accumulation_steps=int(c["grad_accumulation_steps"]), seed=int(c["seed"]),
         steps_per_report=max(1, int(c["steps_per_report"])),
-        steps_per_eval=int(c["steps_per_eval"]) or iters, grad_checkpoint=bool(
-            c.get("grad_checkpoint", False)),
+        steps_per_eval=int(c["steps_per_eval"]) or iters,
+        grad_checkpoint=bool(c["grad_checkpoint"]),
         val_batches=math.ceil(int(c["val_max_examples"]) / batch) if c["val_max_examples"] else -1,
         optimizer=optimizer, lora_parameters=lora, mask_prompt=c["sft_scope"] == "response",
         save_every=100 if c["save_checkpoints"] else iters + 1, report_to=None,

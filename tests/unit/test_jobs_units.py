@@ -166,12 +166,12 @@ def test_finetune_fields_map_onto_mlx_lm_lora_or_are_refused_by_name() -> None:
         base | {"num_layers": 2, "target_modules": ["self_attn.q_proj"], "weight_decay": 0.1,
                 "sft_scope": "response", "val_max_examples": 5, "batch_size": 2,
                 "save_checkpoints": False, "iters": 10, "warm_start_adapter": "/w",
-                "dpo_beta": 0.5}
+                "dpo_beta": 0.5, "grad_checkpoint": True}
     )  # fmt: skip
     assert (args.num_layers, args.lora_parameters["keys"]) == (2, ["self_attn.q_proj"])
     assert (args.optimizer, args.optimizer_config["adamw"]) == ("adamw", {"weight_decay": 0.1})
     assert (args.mask_prompt, args.val_batches, args.save_every) == (True, 3, 11)
-    assert args.resume_adapter_file == "/w/adapters.safetensors"
+    assert args.resume_adapter_file == "/w/adapters.safetensors" and args.grad_checkpoint
     refused = {
         "method": ("dpo", "method 'dpo' is not available: it needs a preference trainer"),
         "rs_lora": (True, "rs_lora=True is not supported by mlx_lm.lora's trainer"),
