@@ -197,6 +197,10 @@ class ServeConfig:
             socket; set by the parent for its children, no flag. Default: ``None``
             (the process keeps its own store).
         response_store_key (str | None): that socket's hex handshake key. Default: ``None``.
+        jobs_roots (tuple[str, ...]): ``--jobs`` folders: when any are given, the
+            jobs routes (``/api/jobs``, ``/api/finetune/*``, ``/api/quantize/*``,
+            ``/api/dataset/*``) are served, and job paths may lie in them (besides
+            mlxspec's cache and the HF hub cache). Default: ``()`` (jobs off).
     """
 
     model: str | None = None
@@ -295,6 +299,8 @@ class ServeConfig:
     # Set by the --isolate parent for its children only (no flag): its store.
     response_store: str | None = None
     response_store_key: str | None = None
+    # Fine-tune, quantize and dataset jobs (mlxspec/jobs/): --jobs ROOT, off when empty.
+    jobs_roots: tuple[str, ...] = ()
 
     @property
     def template_defaults(self) -> dict[str, Any]:

@@ -383,11 +383,19 @@ def systemone_error_body(err: ApiError) -> dict[str, Any]:
     return {"detail": [{"loc": loc, "msg": err.message, "type": "value_error"}]}
 
 
+def lab_error_body(err: ApiError) -> dict[str, Any]:
+    """Render ``err`` for the jobs and lab routes (``/api/jobs``, ``/api/finetune``,
+    ``/api/quantize``, ``/api/dataset``): ``{"ok": false, "error": "<message>"}``
+    (reference, "Jobs" and "Fine-tune": ``400 { "ok": false, "error" }``)."""
+    return {"ok": False, "error": err.message}
+
+
 #: surface name -> envelope renderer. Every route belongs to one surface.
 RENDERERS = {
     "openai": openai_error_body,
     "anthropic": anthropic_error_body,
     "systemone": systemone_error_body,
+    "lab": lab_error_body,
 }
 
 #: surface -> {error kind: status} where a surface answers with another status
@@ -397,7 +405,14 @@ STATUS_OVERRIDES: dict[str, dict[str, int]] = {
 }
 
 #: Path prefixes of non-OpenAI surfaces; every other path is "openai".
-SURFACE_PREFIXES = (("/v1/messages", "anthropic"), ("/v1/systemone", "systemone"))
+SURFACE_PREFIXES = (
+    ("/v1/messages", "anthropic"),
+    ("/v1/systemone", "systemone"),
+    ("/api/jobs", "lab"),
+    ("/api/finetune", "lab"),
+    ("/api/quantize", "lab"),
+    ("/api/dataset", "lab"),
+)
 
 
 def surface_for_path(path: str) -> str:

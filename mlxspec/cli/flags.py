@@ -15,6 +15,7 @@ from mlxspec.cli.argtypes import non_negative_int as _non_negative_int
 from mlxspec.cli.argtypes import positive_float as _positive_float
 from mlxspec.cli.argtypes import positive_int as _positive_int
 from mlxspec.cli.audio_flags import add_audio_flags, audio_config
+from mlxspec.cli.jobs_flags import add_jobs_flags, jobs_config
 from mlxspec.cli.mlx_lm_flags import (
     draft_kind,
     fill_mode,
@@ -93,6 +94,7 @@ def _parser() -> argparse.ArgumentParser:
     mlx_lm_server_flags(serve)
     add_audio_flags(serve)
     add_supervisor_flags(serve)
+    add_jobs_flags(serve)
     return parser
 
 
@@ -469,4 +471,5 @@ def parse_config(argv: Sequence[str] | None = None) -> ServeConfig:
         web_tool_timeout=args.web_tool_timeout,
         **audio_config(args),
         **supervisor_config(args, parser),
+        **jobs_config(args, parser),
     )

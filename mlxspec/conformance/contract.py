@@ -34,6 +34,7 @@ from openapi_core.testing import MockRequest, MockResponse
 from openapi_core.validation.response.validators import V31ResponseHeadersValidator
 
 from mlxspec.conformance import anthropic_contract
+from mlxspec.conformance.job_contract import check_job_stream
 from mlxspec.conformance.schema_checks import (
     ERROR_ROWS,
     ContractViolation,
@@ -227,6 +228,8 @@ def _check_operation(
         # openapi-core would read the stream as one event: check frame by frame.
         if surface == "anthropic":
             anthropic_contract.check_event_stream(content / SSE / "schema", body, where)
+        elif surface == "lab":
+            check_job_stream(body, where)
         else:
             check_event_stream(content / SSE / "schema", body, where)
         if headers.get("cache-control") != "no-cache":
@@ -339,14 +342,17 @@ def _check_error_body(
         raise fail(where, f"errors are application/json, got {_mimetype(headers)!r}")
     if body is None:
         return
-    name = "AnthropicErrorResponse" if surface == "anthropic" else "ErrorResponse"
-    validate(schema(name), parse_json(body, where), where)
+    names = {"anthropic": "AnthropicErrorResponse", "lab": "LabErrorResponse"}
+    validate(schema(names.get(surface, "ErrorResponse")), parse_json(body, where), where)
     _check_error_row(status, body, where, surface)
 
 
 def _check_error_row(status: int, body: bytes, where: str, surface: str = "openai") -> None:
     if surface == "anthropic":
         anthropic_contract.check_error_type(status, body, where)
+        return
+    if surface == "lab":  # {ok: false, error: "<message>"}: no type or code to check
+        validate(schema("LabErrorResponse"), parse_json(body, where), where)
         return
     payload = parse_json(body, where)
     if isinstance(payload, dict) and "detail" in payload and "error" not in payload:

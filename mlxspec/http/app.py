@@ -433,6 +433,7 @@ def create_app(
         config.logprobs_format,
         config.allow_request_templates,
         getattr(config, "unix", None) is not None,
+        bool(config.jobs_roots),
     )
     security_map = security_options(spec, config.api_key)
     app = connexion.AsyncApp("mlxspec", security_map=security_map, middlewares=MIDDLEWARES)
@@ -463,7 +464,8 @@ def create_app(
     app.add_error_handler(HTTPException, problem)
     app.add_error_handler(Exception, _error)
     metrics = Metrics(engine)
-    asgi: Any = _WithEngine(app, engine, config, metrics, spec, _audio_state(transcriber, config))
+    extra = {**_audio_state(transcriber, config), **_jobs_state(engine, config)}
+    asgi: Any = _WithEngine(app, engine, config, metrics, spec, extra)
     if engine is not None:  # a transcription-only server has no chat to drive
         # /ws/chat, beside Connexion; its ready frame says whether the microphone may show
         asgi = ChatSocketMount(asgi, engine, config, metrics, transcriber is not None)
@@ -496,3 +498,13 @@ def _audio_state(transcriber: Any, config: Any) -> dict[str, Any]:
     else:
         sessions = Sessions(transcriber, max_audio_s, idle_s=idle_s)
     return {"transcriber": transcriber, "transcription_sessions": sessions}
+
+
+def _jobs_state(engine: Any, config: Any) -> dict[str, Any]:
+    """The job manager under ``--jobs`` (its start marks the jobs a previous
+    server left running as ``zombie``); nothing otherwise."""
+    if not config.jobs_roots:
+        return {}
+    from mlxspec.jobs import JobManager, JobRoots
+
+    return {"jobs": JobManager(JobRoots(config.jobs_roots), engine)}

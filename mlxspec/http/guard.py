@@ -13,9 +13,11 @@ envelope of the path's surface:
   loopback address (:func:`binds_loopback`) or ``--allowed-hosts`` is given
   (``host_not_allowed``). A server bound to ``0.0.0.0`` or a LAN address is
   meant to be reached by names it cannot know, so it checks only on request;
-- on ``/admin/*``, an ``Origin`` whose host is none of those names and which is
-  not one of ``--allowed-origins`` (``origin_not_allowed``): a page could
-  otherwise flush the prompt cache with a body-less ``fetch``.
+- on ``/admin/*`` and the jobs routes (``/api/jobs``, ``/api/finetune/*``,
+  ``/api/quantize/*``, ``/api/dataset/*``), an ``Origin`` whose host is none of
+  those names and which is not one of ``--allowed-origins``
+  (``origin_not_allowed``): a page could otherwise flush the prompt cache with a
+  body-less ``fetch``, or start a job.
 
 The other half, a POST body must carry a ``Content-Type`` the route declares, is
 checked where the body is read (:mod:`mlxspec.http.app`): a simple request can only
@@ -39,6 +41,9 @@ __all__ = ["RequestGuard", "allowed_host_names", "binds_loopback", "host_name"]
 #: Names every server answers to (RFC 6761 section 6.3's ``localhost``, the
 #: loopback addresses), with any port.
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
+#: Path prefixes of the operator routes, whose ``Origin`` is checked: ``/admin`` and
+#: the jobs routes (they run commands and read paths, ``--jobs``).
+OPERATOR_PREFIXES = ("/admin/", "/api/jobs", "/api/finetune/", "/api/quantize/", "/api/dataset/")
 
 
 def binds_loopback(host: str) -> bool:
@@ -132,12 +137,14 @@ class RequestGuard:
                         f"Host {name!r} is not allowed: this server answers "
                         f"{', '.join(sorted(self.hosts))}; add names with --allowed-hosts",
                     )
-        if scope.get("path", "").startswith("/admin/"):
+        path = scope.get("path", "")
+        operator = next((p for p in OPERATOR_PREFIXES if path.startswith(p)), None)
+        if operator is not None:
             for text in (v.decode("latin-1").strip() for k, v in raw if k == b"origin"):
                 if not self._origin_allowed(text):
                     return ApiError(
                         "origin_not_allowed",
-                        f"Origin {text!r} may not call /admin routes: "
+                        f"Origin {text!r} may not call {operator.rstrip('/')} routes: "
                         "allow it with --allowed-origins",
                     )
         return None

@@ -195,6 +195,19 @@ async def openai_events(
             on_close()
 
 
+def retry_frame(milliseconds: int) -> bytes:
+    """The ``retry:`` field alone: how long an EventSource waits before it
+    reconnects (WHATWG HTML, "Server-sent events", the ``retry`` field).
+
+    Args:
+        milliseconds (int): the reconnection time, ms.
+
+    Returns:
+        bytes: ``b"retry: <ms>\\n\\n"``.
+    """
+    return b"retry: %d\n\n" % int(milliseconds)
+
+
 def named_frame(event: str, payload: Any) -> bytes:
     """Encode one named event: an ``event:`` line, then one ``data:`` line
     escaped as in :func:`data_frame`.

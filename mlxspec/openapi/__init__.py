@@ -57,13 +57,19 @@ REQUEST_TEMPLATES_OFF_KEY = "x-mlxspec-request-templates-off"
 #: Operation key: the route exists only on a worker bound to a unix socket
 #: (``--unix``: ``/admin/drain``, ``/admin/lease``), never on TCP.
 UNIX_ONLY_KEY = "x-mlxspec-unix-only"
+#: Operation key: the route exists only on a server started with ``--jobs``
+#: (``/api/jobs``, ``/api/finetune/*``, ``/api/quantize/*``, ``/api/dataset/*``).
+JOBS_ONLY_KEY = "x-mlxspec-jobs"
 #: Operation key: the route is answered by the ``--isolate`` parent itself
 #: (``GET /engine``), so no Connexion app serves it.
 PARENT_ONLY_KEY = "x-mlxspec-isolate-parent"
 
 
 def served_spec(
-    logprobs_format: str = "mlx", request_templates: bool = False, unix: bool = False
+    logprobs_format: str = "mlx",
+    request_templates: bool = False,
+    unix: bool = False,
+    jobs: bool = False,
 ) -> dict[str, Any]:
     """The document a server with these settings serves and validates with.
 
@@ -82,6 +88,8 @@ def served_spec(
         unix (bool): the server listens on a unix socket (``--unix``): the
             operations marked ``x-mlxspec-unix-only`` are kept, else dropped.
             Operations marked ``x-mlxspec-isolate-parent`` are always dropped. Default: ``False``.
+        jobs (bool): the server runs jobs (``--jobs``): the operations marked
+            ``x-mlxspec-jobs`` are kept, else dropped. Default: ``False``.
 
     Returns:
         dict[str, Any]: a fresh copy of the document, ``$ref`` unresolved.
@@ -94,7 +102,9 @@ def served_spec(
         for method, op in list(item.items()):
             if not isinstance(op, dict):
                 continue
-            if op.pop(PARENT_ONLY_KEY, False) or (op.pop(UNIX_ONLY_KEY, False) and not unix):
+            unix_only, jobs_only = op.pop(UNIX_ONLY_KEY, False), op.pop(JOBS_ONLY_KEY, False)
+            parent_only = op.pop(PARENT_ONLY_KEY, False)
+            if parent_only or (unix_only and not unix) or (jobs_only and not jobs):
                 del item[method]
         if not item:
             del spec["paths"][path]

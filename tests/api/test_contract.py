@@ -371,7 +371,9 @@ def test_components_are_referenced_not_copied() -> None:
         if where[-1:] == ("schema",) and "ErrorResponse" in json.dumps(node)
     ]
     assert error_schemas
-    envelopes = [{"$ref": f"#/components/schemas/{n}ErrorResponse"} for n in ("", "Anthropic")]
+    envelopes = [
+        {"$ref": f"#/components/schemas/{n}ErrorResponse"} for n in ("", "Anthropic", "Lab")
+    ]
     assert all(node in envelopes for node in error_schemas)
 
 

@@ -30,6 +30,8 @@ GENERATION_CODES = {"200", "400", "401", "413", "415", "429", "499", "500"}
 STRICT_CODES = GENERATION_CODES | {"404"}
 #: GET routes behind the API key (all but /health).
 READ_CODES = {"200", "400", "401", "500"}
+#: The jobs routes that take a JSON body.
+JOB_POST_CODES = {"200", "400", "401", "413", "415", "500"}
 #: The web chat's page routes.
 WEB = "mlxspec.handlers.webchat.pages"
 #: The web chat's search and export routes.
@@ -304,6 +306,20 @@ OPERATIONS = [
         "admin",
         {"200", "400", "401", "500"},
     ),
+    # The jobs routes (--jobs only; the lab envelope {ok: false, error}).
+    ("get", "/api/jobs", "listJobs", "mlxspec.handlers.jobs.jobs", "jobs", READ_CODES),
+    ("get", "/api/jobs/{job_id}", "getJob", "mlxspec.handlers.jobs.jobs", "jobs", READ_CODES | {"404"}),
+    ("delete", "/api/jobs/{job_id}", "cancelJob", "mlxspec.handlers.jobs.jobs", "jobs", READ_CODES | {"404"}),
+    ("get", "/api/jobs/{job_id}/stream", "streamJob", "mlxspec.handlers.jobs.jobs", "jobs", READ_CODES),
+    ("post", "/api/finetune/submit", "submitFinetune", "mlxspec.handlers.jobs.finetune", "jobs", JOB_POST_CODES),
+    ("post", "/api/finetune/inspect-dataset", "inspectDataset", "mlxspec.handlers.jobs.finetune", "jobs", JOB_POST_CODES),
+    ("post", "/api/finetune/merge", "mergeAdapters", "mlxspec.handlers.jobs.finetune", "jobs", JOB_POST_CODES),
+    ("post", "/api/finetune/export", "exportAdapter", "mlxspec.handlers.jobs.finetune", "jobs", JOB_POST_CODES),
+    ("post", "/api/quantize/inspect", "inspectQuantize", "mlxspec.handlers.jobs.quantize", "jobs", JOB_POST_CODES),
+    ("post", "/api/quantize/submit", "submitQuantize", "mlxspec.handlers.jobs.quantize", "jobs", JOB_POST_CODES),
+    ("post", "/api/quantize/resolve-folder", "resolveFolder", "mlxspec.handlers.jobs.quantize", "jobs", JOB_POST_CODES),
+    ("get", "/api/dataset/templates", "listDatasetTemplates", "mlxspec.handlers.jobs.dataset", "jobs", READ_CODES),
+    ("post", "/api/dataset/submit", "submitDataset", "mlxspec.handlers.jobs.dataset", "jobs", JOB_POST_CODES),
 ]
 
 #: Responses that are a status and headers only (a redirect, the WebSocket upgrade).
@@ -445,7 +461,8 @@ def test_operation_routing_and_responses(
                 f"{operation_id} {code} {media_type} has no example"
             )
         if code != "200":
-            envelope = "AnthropicErrorResponse" if tag == "messages" else "ErrorResponse"
+            envelopes = {"messages": "AnthropicErrorResponse", "jobs": "LabErrorResponse"}
+            envelope = envelopes.get(tag, "ErrorResponse")
             expected = REPORT_RESPONSES.get(
                 (operation_id, code), f"#/components/schemas/{envelope}"
             )
@@ -537,6 +554,9 @@ def test_example_matches_its_schema(media_type: str, schema_ptr: str, value: Any
         return
     # contentSchema is an annotation in 2020-12; check the frame's JSON explicitly.
     payload = json.loads(value["data"])
+    if "api~1jobs" in schema_ptr:  # a job's event log
+        _validator("#/components/schemas/JobEvent").validate(payload)
+        return
     if "event" in value:  # a named-event stream: the JSON's type is the event name
         assert payload["type"] == value["event"]
         if "messages" in schema_ptr:  # Anthropic Messages
