@@ -182,8 +182,9 @@ def run_finetune(body: dict[str, Any], emit: Emit) -> tuple[str, dict[str, Any]]
 
     np.random.seed(args.seed)
     mx.random.seed(args.seed)
-    model, tokenizer = load(args.model)
-    train_set, valid_set, _ = load_dataset(args, tokenizer)
+    loaded = load(args.model)  # (model, tokenizer) or with the config as a third
+    model, tokenizer = loaded[0], loaded[1]
+    train_set, valid_set, _ = load_dataset(args, tokenizer)  # type: ignore[arg-type]
     emit({"type": "stage", "stage": "train", "progress": 0.0, "message": f"{args.iters} steps"})
     metrics = _Metrics(emit, args.iters)
     train_model(args, model, train_set, valid_set, metrics)  # type: ignore[arg-type]

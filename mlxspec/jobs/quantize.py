@@ -125,8 +125,8 @@ def write_synthetic_repo(source: Path, repo_id: str, cache: Path | None = None) 
     revision = hashlib.sha1(stamp.encode()).hexdigest()
     snapshot = repo / "snapshots" / revision
     snapshot.mkdir(parents=True)
-    for name, digest in hashes.items():
-        os.symlink(Path("..", "..", "blobs", digest), snapshot / name)
+    for name, sha in hashes.items():
+        os.symlink(Path("..", "..", "blobs", sha), snapshot / name)
     (repo / "refs").mkdir(exist_ok=True)
     (repo / "refs" / "main").write_text(revision)
     return snapshot
