@@ -13,9 +13,11 @@ envelope of the path's surface:
   loopback address (:func:`binds_loopback`) or ``--allowed-hosts`` is given
   (``host_not_allowed``). A server bound to ``0.0.0.0`` or a LAN address is
   meant to be reached by names it cannot know, so it checks only on request;
-- on ``/admin/*``, an ``Origin`` whose host is none of those names and which is
-  not one of ``--allowed-origins`` (``origin_not_allowed``): a page could
-  otherwise flush the prompt cache with a body-less ``fetch``.
+- on ``/admin/*`` and the model library's routes (:data:`OPERATOR_PREFIXES`:
+  ``/library``, ``/downloads``, ``/api/hub/*``, ``/api/gc/*``, ``/api/model/*``),
+  an ``Origin`` whose host is none of those names and which is not one of
+  ``--allowed-origins`` (``origin_not_allowed``): a page could otherwise flush
+  the prompt cache with a body-less ``fetch``, or start downloads and GCs.
 
 The other half, a POST body must carry a ``Content-Type`` the route declares, is
 checked where the body is read (:mod:`mlxspec.http.app`): a simple request can only
@@ -39,6 +41,9 @@ __all__ = ["RequestGuard", "allowed_host_names", "binds_loopback", "host_name"]
 #: Names every server answers to (RFC 6761 section 6.3's ``localhost``, the
 #: loopback addresses), with any port.
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
+#: Operator routes a foreign ``Origin`` may not call: ``/admin`` and the model library.
+OPERATOR_PREFIXES = ("/admin/", "/api/hub/", "/api/gc/", "/api/model/")
+OPERATOR_PATHS = frozenset({"/library", "/downloads"})
 
 
 def binds_loopback(host: str) -> bool:
@@ -132,12 +137,13 @@ class RequestGuard:
                         f"Host {name!r} is not allowed: this server answers "
                         f"{', '.join(sorted(self.hosts))}; add names with --allowed-hosts",
                     )
-        if scope.get("path", "").startswith("/admin/"):
+        path = scope.get("path", "")
+        if path.startswith(OPERATOR_PREFIXES) or path in OPERATOR_PATHS:
             for text in (v.decode("latin-1").strip() for k, v in raw if k == b"origin"):
                 if not self._origin_allowed(text):
                     return ApiError(
                         "origin_not_allowed",
-                        f"Origin {text!r} may not call /admin routes: "
+                        f"Origin {text!r} may not call {_route_kind(path)} routes: "
                         "allow it with --allowed-origins",
                     )
         return None
@@ -147,3 +153,7 @@ class RequestGuard:
             return True
         parts = urlsplit(origin)  # "null" (a sandboxed or file: page) has no host
         return bool(parts.netloc) and host_name(parts.netloc) in self.origin_hosts
+
+
+def _route_kind(path: str) -> str:
+    return "/admin" if path.startswith("/admin/") else "model library"
