@@ -84,6 +84,9 @@ class ParentApp:
         if path == "/engine" and method == "GET":
             await self._own(scope, send, self.engine_status())
             return
+        if path == "/api/hub/serve" and method == "POST":
+            await self._hub_serve(scope, receive, send)
+            return
         if path.startswith("/v1/models") and method == "GET" and len(self.pool.children) > 1:
             await self._models(scope, send, path)
             return
@@ -110,6 +113,23 @@ class ParentApp:
             await forward_http(scope, receive, send, client, body)
         finally:
             self.pool.release(child, keep_alive)
+
+    async def _hub_serve(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """``POST /api/hub/serve`` under ``--isolate``: a real swap of the pool's
+        default (reference: the isolate pool's spawn-overlap swap), where a
+        single-model server answers ``restart_required``."""
+        body = await _read_body(receive, self.config.max_body_bytes)
+        if not self._key_ok(scope):
+            await self._own(scope, send, {})  # the 401
+            return
+        model = _json_field(body or b"", "model")
+        if not isinstance(model, str) or not _servable_spec(model, self.pool.ids):
+            message = "model must be a pool id or an 'org/name' repo id"
+            await send_error(scope, send, ApiError("invalid_request", message, param="model"))
+            return
+        default = self.pool.make_default(model)
+        log.info("pool default is now %s", default)
+        await self._own(scope, send, {"ok": True, "model": model, "default": default})
 
     async def _models(self, scope: Scope, send: Send, path: str) -> None:
         """``GET /v1/models`` (the pool) or ``GET /v1/models/<id>`` (its row, as a
@@ -216,6 +236,29 @@ async def _read_body(receive: Receive, limit: int) -> bytes | None:
         if not message.get("more_body", False):
             break
     return b"".join(chunks)
+
+
+def _json_field(body: bytes, name: str) -> object:
+    """A JSON object body's ``name`` field; ``None`` otherwise."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    return data.get(name) if isinstance(data, dict) else None
+
+
+def _servable_spec(model: str, ids: list[str]) -> bool:
+    """A pool id, or a plain ``org/name`` repo id (resolved from the local
+    cache by the child; never a path a client names)."""
+    from mlxspec.library import PathRefused, check_repo_id
+
+    if model in ids:
+        return True
+    try:
+        check_repo_id(model)
+    except PathRefused:
+        return False
+    return True
 
 
 def _model_fields(body: bytes) -> tuple[object, float | None]:
