@@ -44,7 +44,12 @@ class DownloadBusy(RuntimeError):
 
 @dataclass
 class Download:
-    """One download's progress (``GET /downloads``' row)."""
+    """One download's progress (``GET /downloads``' row).
+
+    ``huggingface_hub`` reports a file's bytes per 10 MB read, so while a file
+    arrives its count is also read from the size of its ``.incomplete`` blob
+    (:meth:`live_bytes`).
+    """
 
     repo_id: str
     state: str = "active"
@@ -57,22 +62,48 @@ class Download:
     finished_at: int | None = None
     error: str | None = None
     path: str | None = None
+    blobs: Path | None = None
+    file_counted: int = 0
     samples: deque = field(default_factory=lambda: deque(maxlen=512), repr=False)
 
     def add(self, n: int) -> None:
-        """``n`` more bytes arrived."""
-        self.received_bytes += n
+        """``n`` more bytes of the current file arrived."""
+        self.file_counted += n
+        self._sample()
+
+    def file_done(self, size: int) -> None:
+        """The current file is complete (``size`` bytes)."""
+        self.received_bytes += size
+        self.file_counted = 0
+        self.files_done += 1
+        self._sample()
+
+    def live_bytes(self) -> int:
+        """Bytes received so far, the current file's partial blob included."""
+        partial = self.file_counted
+        if self.state == "active" and self.current_file and self.blobs is not None:
+            try:
+                sizes = [p.stat().st_size for p in self.blobs.glob("*.incomplete")]
+            except OSError:
+                sizes = []
+            partial = max([partial, *sizes])
+        return self.received_bytes + partial
+
+    def _sample(self) -> None:
         now = time.monotonic()
-        self.samples.append((now, self.received_bytes))
+        self.samples.append((now, self.live_bytes()))
         while self.samples and now - self.samples[0][0] > RATE_WINDOW_S:
             self.samples.popleft()
 
     def rate(self) -> float:
         """Bytes per second over the last :data:`RATE_WINDOW_S` seconds."""
-        if self.state != "active" or len(self.samples) < 2:
+        if self.state != "active":
+            return 0.0
+        self._sample()
+        if len(self.samples) < 2:
             return 0.0
         (t0, b0), (t1, b1) = self.samples[0], self.samples[-1]
-        return round((b1 - b0) / max(1e-3, t1 - t0), 1)
+        return round(max(0, b1 - b0) / max(1e-3, t1 - t0), 1)
 
     def json(self) -> dict[str, Any]:
         """The row in the reference's fields."""
@@ -80,7 +111,7 @@ class Download:
             "repo_id": self.repo_id,
             "state": self.state,
             "current_file": self.current_file,
-            "received_bytes": self.received_bytes,
+            "received_bytes": self.live_bytes(),
             "total_bytes": self.total_bytes,
             "files_done": self.files_done,
             "files_total": self.files_total,
@@ -98,7 +129,7 @@ def _progress_class(download: Download) -> type:
 
     class Progress:
         def __init__(self, *args: Any, **kwargs: Any) -> None:
-            download.add(int(kwargs.get("initial") or 0))
+            download.add(int(kwargs.get("initial") or 0))  # a resumed file's bytes
 
         def __enter__(self) -> Progress:
             return self
@@ -147,6 +178,8 @@ def fetch(download: Download, patterns: Sequence[str], cache: Path | None = None
         "allow_patterns": list(patterns),
     }
     plan = snapshot_download(**kw, dry_run=True)
+    folder = "models--" + download.repo_id.replace("/", "--")
+    download.blobs = Path(kw["cache_dir"]) / folder / "blobs"
     download.files_total = len(plan)
     download.total_bytes = sum(int(f.file_size or 0) for f in plan)
     progress = _progress_class(download)
@@ -161,9 +194,7 @@ def fetch(download: Download, patterns: Sequence[str], cache: Path | None = None
                 endpoint=kw["endpoint"],
                 tqdm_class=progress,  # type: ignore[arg-type]
             )
-        else:
-            download.add(int(item.file_size or 0))
-        download.files_done += 1
+        download.file_done(int(item.file_size or 0))
     download.current_file = None
     return str(snapshot_download(**kw))
 
