@@ -188,6 +188,11 @@ def scan_own(root: Path | None = None) -> list[LocalModel]:
     return rows
 
 
+def folder_row(folder: Path) -> LocalModel:
+    """A model folder anywhere (``mlxspec fit ./folder``) as a row, by its name."""
+    return _row(folder.name, folder, "local", _folder_files(folder))
+
+
 def scan(hub: Path | None = None, own: Path | None = None) -> list[LocalModel]:
     """Every model on disk: the hub cache's, then mlxspec's caches', sorted by id
     within each (one row per id; a later duplicate is dropped).
