@@ -58,7 +58,9 @@ class FakeHub:
                 Route("/api/models", self.search),
                 Route("/api/models/{org}/{name}/revision/{rev}", self.info),
                 Route("/api/models/{org}/{name}/tree/{rev:path}", self.tree),
-                Route("/{org}/{name}/resolve/{rev}/{path:path}", self.resolve, methods=["GET", "HEAD"]),
+                Route(
+                    "/{org}/{name}/resolve/{rev}/{path:path}", self.resolve, methods=["GET", "HEAD"]
+                ),
             ]
         )
 
@@ -81,7 +83,9 @@ class FakeHub:
     async def info(self, request: Request) -> Response:
         repo = self._repo(request)
         if repo is None:
-            return JSONResponse({"error": "Repository not found"}, 404, {"X-Error-Code": "RepoNotFound"})
+            return JSONResponse(
+                {"error": "Repository not found"}, 404, {"X-Error-Code": "RepoNotFound"}
+            )
         rid = f"{request.path_params['org']}/{request.path_params['name']}"
         return JSONResponse(
             {
@@ -97,7 +101,9 @@ class FakeHub:
     async def tree(self, request: Request) -> Response:
         repo = self._repo(request)
         if repo is None:
-            return JSONResponse({"error": "Repository not found"}, 404, {"X-Error-Code": "RepoNotFound"})
+            return JSONResponse(
+                {"error": "Repository not found"}, 404, {"X-Error-Code": "RepoNotFound"}
+            )
         rows = []
         for name, content in repo.files.items():
             row = {
@@ -116,7 +122,9 @@ class FakeHub:
         repo = self._repo(request)
         name = request.path_params["path"]
         if repo is None or name not in repo.files:
-            return JSONResponse({"error": "Entry not found"}, 404, {"X-Error-Code": "EntryNotFound"})
+            return JSONResponse(
+                {"error": "Entry not found"}, 404, {"X-Error-Code": "EntryNotFound"}
+            )
         content = repo.files[name]
         headers = {
             "X-Repo-Commit": repo.commit,

@@ -121,7 +121,9 @@ def cmd_download(args: argparse.Namespace, out: TextIO) -> int:
     if record.state != "done":
         sys.stderr.write(f"mlxspec: error: download of {args.repo} failed: {record.error}\n")
         return 1
-    out.write(f"{args.repo}: {record.files_total} files, {_size(record.total_bytes)} in {record.path}\n")
+    out.write(
+        f"{args.repo}: {record.files_total} files, {_size(record.total_bytes)} in {record.path}\n"
+    )
     return 0
 
 

@@ -257,7 +257,9 @@ class Downloads:
         """
         download = self._claim(repo_id)
         name = f"mlxspec-download-{repo_id}"
-        threading.Thread(target=self._work, args=(download, patterns), name=name, daemon=True).start()
+        threading.Thread(
+            target=self._work, args=(download, patterns), name=name, daemon=True
+        ).start()
         return download
 
     def _work(self, download: Download, patterns: Sequence[str]) -> None:

@@ -150,7 +150,11 @@ def remove_repo(repo_id: str, root: Path | None = None) -> int:
     check_repo_id(repo_id)
     info = _scan(root)
     repo = next(
-        (r for r in (info.repos if info else ()) if r.repo_id == repo_id and r.repo_type == "model"),
+        (
+            r
+            for r in (info.repos if info else ())
+            if r.repo_id == repo_id and r.repo_type == "model"
+        ),
         None,
     )
     if repo is None:

@@ -174,12 +174,16 @@ def scan_own(root: Path | None = None) -> list[LocalModel]:
         if not marker or not (folder / "config.json").is_file():
             continue  # a conversion still in progress, or not ours
         stem = Path(str(marker.get("gguf", folder.name))).stem
-        rows.append(_row(_QUANT_SUFFIX.sub("", stem) or stem, folder, "gguf", _folder_files(folder)))
+        rows.append(
+            _row(_QUANT_SUFFIX.sub("", stem) or stem, folder, "gguf", _folder_files(folder))
+        )
     for folder in _own_folders(root, "whisper"):
         if (folder / "mlxspec-whisper.json").is_file():
             files = _folder_files(folder)
             rows.append(
-                _row(f"whisper/{folder.name}", folder, "whisper", files, audio=True, tier="targeted")
+                _row(
+                    f"whisper/{folder.name}", folder, "whisper", files, audio=True, tier="targeted"
+                )
             )
     for folder in _own_folders(root, "adapters"):
         if (folder / "adapter_config.json").is_file():

@@ -141,7 +141,9 @@ def test_resolve_folder_refuses_escapes(tokenizer, hub, body) -> None:
 
 
 def test_resolve_folder_finds_a_hub_folder(tokenizer, hub) -> None:
-    r = call(tokenizer, "POST", "/api/model/resolve-folder", json={"folder_name": "models--org--vlm"})
+    r = call(
+        tokenizer, "POST", "/api/model/resolve-folder", json={"folder_name": "models--org--vlm"}
+    )
     assert r.json() == {
         "ok": True,
         "path": str(hub / "models--org--vlm" / "snapshots" / commit_hash(3)),
@@ -172,7 +174,10 @@ def test_foreign_origin_and_missing_key_are_refused(tokenizer, hub) -> None:
         r = call(tokenizer, method, path, headers=evil, json={"yes": True})
         assert r.status_code == 403, path
         assert "model library" in r.json()["error"]["message"]
-    assert call(tokenizer, "GET", "/library", headers={"Origin": "http://localhost:8080"}).status_code == 200
+    assert (
+        call(tokenizer, "GET", "/library", headers={"Origin": "http://localhost:8080"}).status_code
+        == 200
+    )
     keyed = dataclasses.replace(ServeConfig(), api_key="k")
     assert call(tokenizer, "GET", "/library", keyed).status_code == 401
     ok = call(tokenizer, "GET", "/library", keyed, headers={"Authorization": "Bearer k"})

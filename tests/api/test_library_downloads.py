@@ -64,7 +64,10 @@ def test_download_progress_then_listed_and_loadable(
     app = create_app(FakeEngine(tokenizer, info=info))
     start, again = _client_calls(
         app,
-        [("POST", "/api/hub/download", {"repo": REPO}), ("POST", "/api/hub/download", {"repo": REPO})],
+        [
+            ("POST", "/api/hub/download", {"repo": REPO}),
+            ("POST", "/api/hub/download", {"repo": REPO}),
+        ],
     )
     assert start.json() == {"ok": True, "repo": REPO, "started": True}
     assert again.status_code == 409

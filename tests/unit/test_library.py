@@ -156,7 +156,9 @@ def _gc_cache(hub: Path) -> dict[str, Path]:
     blobs = hub / "models--org--m" / "blobs"
     import hashlib
 
-    return {n: blobs / hashlib.sha256(c).hexdigest() for n, c in (("old", b"old"), ("shared", shared))}
+    return {
+        n: blobs / hashlib.sha256(c).hexdigest() for n, c in (("old", b"old"), ("shared", shared))
+    }
 
 
 def test_gc_plan_names_exactly_what_execute_deletes(caches) -> None:
@@ -210,21 +212,31 @@ def test_repo_ids_that_escape_are_refused(bad) -> None:
 
 def test_resolve_folder_inside_the_caches_only(caches, tmp_path: Path) -> None:
     hub, own = caches
-    snap = add_revision(hub, "org/m", commit_hash(1), {"config.json": tiny_config()}, refs=("main",))
+    snap = add_revision(
+        hub, "org/m", commit_hash(1), {"config.json": tiny_config()}, refs=("main",)
+    )
     found = resolve_folder(folder_name="models--org--m")
     assert found == {"ok": True, "path": str(snap), "repo_id": "org/m", "model_type": "llama"}
     assert resolve_folder(folder_name=commit_hash(1))["path"] == str(snap)
     bare = own / "plain"
     bare.mkdir()
     (bare / "config.json").write_bytes(tiny_config("qwen3"))
-    assert resolve_folder(rel_path="plain") == {"ok": True, "path": str(bare), "model_type": "qwen3"}
+    assert resolve_folder(rel_path="plain") == {
+        "ok": True,
+        "path": str(bare),
+        "model_type": "qwen3",
+    }
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "config.json").write_bytes(tiny_config())
     os.symlink(outside, own / "link")  # a link out of the cache is not followed
     assert resolve_folder(folder_name="link")["ok"] is False
     assert resolve_folder(folder_name="nothing-here")["ok"] is False
-    for bad in ({"folder_name": "../outside"}, {"rel_path": str(outside)}, {"rel_path": "a/../../x"}):
+    for bad in (
+        {"folder_name": "../outside"},
+        {"rel_path": str(outside)},
+        {"rel_path": "a/../../x"},
+    ):
         with pytest.raises(PathRefused):
             resolve_folder(**bad)
     with pytest.raises(PathRefused):

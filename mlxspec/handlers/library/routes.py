@@ -120,7 +120,9 @@ async def resolve_model_folder(body: dict[str, Any]) -> Any:
     """``POST /api/model/resolve-folder``: a picked folder as a servable path,
     inside the caches only."""
     try:
-        found = await asyncio.to_thread(resolve_folder, body.get("folder_name"), body.get("rel_path"))
+        found = await asyncio.to_thread(
+            resolve_folder, body.get("folder_name"), body.get("rel_path")
+        )
     except PathRefused as exc:
         return _refused(str(exc))
     return found, 200, JSON
