@@ -12,10 +12,12 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mlxspec.engine.model.fit import ModelMemory
 from mlxspec.library.scan import LocalModel
+
+if TYPE_CHECKING:  # imported when used: the --isolate parent scans without MLX
+    from mlxspec.engine.model.fit import ModelMemory
 
 #: Context at which a row's decode rate is predicted (``/fit``'s typical 8192;
 #: the reference's ``/api/hub/local`` verdict is "at a fixed 8k context").
@@ -84,6 +86,8 @@ def _num(config: Mapping[str, Any], *names: str) -> int | None:
 def model_memory(config: Mapping[str, Any], weights_bytes: int) -> ModelMemory | None:
     """The :class:`ModelMemory` of a config (a VLM's ``text_config`` wins);
     ``None`` without layers, heads or hidden size."""
+    from mlxspec.engine.model.fit import ModelMemory
+
     text = config.get("text_config")
     merged = {**config, **text} if isinstance(text, dict) else dict(config)
     layers = _num(merged, "num_hidden_layers", "n_layer", "num_layers")

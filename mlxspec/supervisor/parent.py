@@ -12,6 +12,7 @@ in the path's surface's envelope.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
@@ -22,6 +23,7 @@ from starlette.types import Receive, Scope, Send
 
 from mlxspec.config import ServeConfig
 from mlxspec.errors import ApiError, send_error
+from mlxspec.library import Registry
 from mlxspec.supervisor.child import ChildState, ChildUnavailable
 from mlxspec.supervisor.pool import Pool, keep_alive_seconds
 from mlxspec.supervisor.proxy import forward_http, forward_websocket, unavailable
@@ -43,6 +45,7 @@ class ParentApp:
 
     def __init__(self, config: ServeConfig, pool: Pool) -> None:
         self.config, self.pool = config, pool
+        self.library = Registry()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -135,7 +138,9 @@ class ParentApp:
         """``GET /v1/models`` (the pool) or ``GET /v1/models/<id>`` (its row, as a
         list, or a 404), answered without starting any child."""
         listing = self.models()
-        if path != "/v1/models":
+        if path == "/v1/models":  # the library's scan reads folders: off the loop
+            listing["data"] += await asyncio.to_thread(self.library_models, listing["data"])
+        else:
             wanted = path.removeprefix("/v1/models/")
             listing["data"] = [r for r in listing["data"] if r["id"] == wanted]
             if not listing["data"] and self._key_ok(scope):
@@ -203,6 +208,24 @@ class ParentApp:
                 "models": self.pool.ids,
             }
         return status
+
+    def library_models(self, listed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Every other servable model on disk (the library's scan), after the
+        pool's rows: ``vision`` and ``tier`` as a direct server lists them."""
+        ids = {r["id"] for r in listed}
+        created = listed[0]["created"] if listed else int(time.time())
+        return [
+            {
+                "id": m.repo_id,
+                "object": "model",
+                "created": created,
+                "owned_by": "mlxspec",
+                "vision": m.vision,
+                "tier": m.support_tier,
+            }
+            for m in self.library.servable()
+            if m.repo_id not in ids
+        ]
 
     def models(self) -> dict[str, Any]:
         """``GET /v1/models`` under a pool: one row per pool model, ``resident``

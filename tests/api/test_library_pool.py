@@ -73,3 +73,17 @@ def test_serve_refuses_paths_and_needs_the_key(tmp_path: Path) -> None:
 
     (tmp_path / "b").mkdir()
     assert asyncio.run(unkeyed()) == 401
+
+
+def test_pool_models_list_adds_the_library(tmp_path: Path, monkeypatch) -> None:
+    from tests.library_cache import add_revision, commit_hash, tiny_config
+
+    hub = tmp_path / "hub"
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+    monkeypatch.setenv("MLXSPEC_CACHE_DIR", str(tmp_path / "own"))
+    for n, repo in enumerate(("org/second", "org/lib")):
+        add_revision(hub, repo, commit_hash(n), {"config.json": tiny_config()}, ("main",))
+    answer = requests(tmp_path, [("GET", "/v1/models", None)])[0]
+    rows = answer.json()["data"]
+    assert [r["id"] for r in rows] == ["org/first", "org/second", "org/lib"]
+    assert rows[2]["tier"] == "targeted" and "resident" not in rows[2]
