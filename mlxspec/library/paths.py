@@ -123,13 +123,14 @@ def resolve_folder(folder_name: object = None, rel_path: object = None) -> dict[
         else:
             candidates += [hub / text, own / text, own / "gguf" / text]
     for found in candidates:
-        if found.name.startswith("models--") and found.parent == hub:
-            found = _snapshot(found) or found
-        if not found.is_dir() or not _inside(found, roots):
+        try:
+            if found.name.startswith("models--") and found.parent == hub:
+                found = _snapshot(found) or found
+            usable = found.is_dir() and _inside(found, roots) and (found / "config.json").is_file()
+        except (OSError, ValueError):  # a name too long, an unreadable folder
             continue
-        if not (found / "config.json").is_file():
-            continue
-        return {"ok": True, "path": str(found), **_describe(found, hub)}
+        if usable:
+            return {"ok": True, "path": str(found), **_describe(found, hub)}
     if name is None and rel is None:
         raise PathRefused("folder_name or rel_path required")
     return {"ok": False, "error": NOT_FOUND}

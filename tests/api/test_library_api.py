@@ -200,3 +200,21 @@ def test_downloads_lists_a_failed_download_with_its_error(tokenizer, hub) -> Non
     r = call(tokenizer, "GET", "/downloads")
     assert r.json() == {"downloads": []}
     json.dumps(r.json())
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "status"),
+    [
+        ("POST", "/api/model/resolve-folder", {"folder_name": "x" * 300}, 200),
+        ("POST", "/api/model/resolve-folder", {"rel_path": "a/" + "y" * 900}, 200),
+        ("POST", "/api/model/resolve-folder", {"folder_name": "0" * 40 + "/[*?"}, 200),
+        ("POST", "/api/model/resolve-folder", {"folder_name": "a\x00b"}, 400),
+        ("POST", "/api/model/resolve-folder", {}, 400),
+        ("POST", "/api/hub/download", {"repo": "ørg/nåme"}, 400),
+        ("POST", "/api/hub/download", {"repo": "org/" + "n" * 150}, 400),
+        ("POST", "/api/hub/serve", {"model": "\u202e/x"}, 400),
+    ],
+)
+def test_odd_inputs_are_4xx_or_answers_never_500(tokenizer, hub, method, path, body, status):
+    r = call(tokenizer, method, path, json=body)
+    assert r.status_code == status, r.text
