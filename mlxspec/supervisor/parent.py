@@ -130,6 +130,10 @@ class ParentApp:
             message = "model must be a pool id or an 'org/name' repo id"
             await send_error(scope, send, ApiError("invalid_request", message, param="model"))
             return
+        if model not in self.pool.ids and not await asyncio.to_thread(self._on_disk, model):
+            message = f"{model} is not a servable model on disk: download it first"
+            await send_error(scope, send, ApiError("not_found", message, param="model"))
+            return
         default = self.pool.make_default(model)
         log.info("pool default is now %s", default)
         await self._own(scope, send, {"ok": True, "model": model, "default": default})
@@ -208,6 +212,15 @@ class ParentApp:
                 "models": self.pool.ids,
             }
         return status
+
+    def _on_disk(self, model: str) -> bool:
+        """Whether ``model`` is a servable chat model on disk (scanned again when
+        the cached scan lacks it: it may have just been downloaded)."""
+        row = self.library.find(model)
+        if row is None:
+            self.library.snapshot(refresh=True)
+            row = self.library.find(model)
+        return row is not None and row.chat
 
     def library_models(self, listed: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Every other servable model on disk (the library's scan), after the

@@ -33,7 +33,13 @@ def requests(tmp_path: Path, calls: list[tuple[str, str, Any]], key: str | None 
     return [*asyncio.run(run()), pool]
 
 
-def test_serve_swaps_the_pool_default_without_a_restart(tmp_path: Path) -> None:
+def test_serve_swaps_the_pool_default_without_a_restart(tmp_path: Path, monkeypatch) -> None:
+    from tests.library_cache import add_revision, commit_hash, tiny_config
+
+    hub = tmp_path / "hub"
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+    monkeypatch.setenv("MLXSPEC_CACHE_DIR", str(tmp_path / "own"))
+    add_revision(hub, "org/third", commit_hash(3), {"config.json": tiny_config()}, ("main",))
     *answers, pool = requests(
         tmp_path,
         [
@@ -41,8 +47,10 @@ def test_serve_swaps_the_pool_default_without_a_restart(tmp_path: Path) -> None:
             ("GET", "/engine", None),
             ("POST", "/api/hub/serve", {"model": "org/third"}),
             ("GET", "/engine", None),
+            ("POST", "/api/hub/serve", {"model": "org/not-downloaded"}),
         ],
     )
+    assert answers[4].status_code == 404 and "download it first" in answers[4].text
     assert answers[0].json() == {"ok": True, "model": "org/second", "default": "org/second"}
     assert answers[1].json()["pool"]["default"] == "org/second"
     assert answers[2].json()["default"] == "org/third"
