@@ -166,7 +166,7 @@ OPERATIONS = [
     ("get", "/api/hub/local", "hubLocal", LIBRARY, "library", READ_CODES),
     ("get", "/api/hub/search", "hubSearch", LIBRARY, "library", READ_CODES),
     ("post", "/api/hub/download", "hubDownload", LIBRARY, "library", LIBRARY_POST | {"409"}),
-    ("post", "/api/hub/serve", "hubServe", LIBRARY, "library", LIBRARY_POST),
+    ("post", "/api/hub/serve", "hubServe", LIBRARY, "library", LIBRARY_POST | {"404"}),
     ("get", "/api/gc/plan", "gcPlan", LIBRARY, "library", READ_CODES),
     ("post", "/api/gc/execute", "gcExecute", LIBRARY, "library", LIBRARY_POST),
     ("post", "/api/model/resolve-folder", "resolveModelFolder", LIBRARY, "library", LIBRARY_POST),
