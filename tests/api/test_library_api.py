@@ -166,6 +166,10 @@ def test_serve_answers_restart_required_with_the_command(tokenizer, hub) -> None
     assert r.json() == {"ok": False, "restart_required": True, "command": "mlxspec serve org/other"}
     bad = call(tokenizer, "POST", "/api/hub/serve", json={"model": "../x"})
     assert bad.status_code == 400
+    absent = call(tokenizer, "POST", "/api/hub/serve", json={"model": "org/absent"})
+    assert absent.status_code == 404 and "download it first" in absent.json()["error"]
+    alien = call(tokenizer, "POST", "/api/hub/serve", json={"model": "org/alien"})
+    assert alien.status_code == 404  # on disk, but no module for its architecture
 
 
 def test_foreign_origin_and_missing_key_are_refused(tokenizer, hub) -> None:

@@ -325,6 +325,7 @@ REPORT_RESPONSES = {
         for op in ("hubDownload", "hubServe", "gcExecute", "resolveModelFolder")
     },
     ("hubDownload", "409"): "#/components/schemas/LibraryRefusal",
+    ("hubServe", "404"): "#/components/schemas/LibraryError",
 }
 
 EXTENSION_FIELDS = [

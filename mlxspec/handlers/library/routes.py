@@ -91,14 +91,32 @@ async def hub_download(body: dict[str, Any]) -> Any:
 async def hub_serve(body: dict[str, Any]) -> Any:
     """``POST /api/hub/serve``: a single-model server cannot swap its model, so
     it answers ``restart_required`` with the exact command (the ``--isolate``
-    parent answers this route itself and swaps its pool's default)."""
+    parent answers this route itself and swaps its pool's default). 404 for a
+    model that is not a servable model on disk, 400 for a malformed id."""
     model = body["model"]
-    try:
-        check_repo_id(model)
-    except PathRefused:
-        if await asyncio.to_thread(_registry().find, model) is None:
-            return _refused(f"unknown model {model!r}: not an 'org/name' id or a library row")
-    return {"ok": False, "restart_required": True, "command": f"mlxspec serve {shlex.quote(model)}"}
+    row = await asyncio.to_thread(_find, model)
+    if row is None or not row.chat:
+        try:
+            check_repo_id(model)
+        except PathRefused as exc:
+            return _refused(str(exc))
+        return _refused(f"{model} is not a servable model on disk: download it first", 404)
+    target = row.repo_id if row.source == "hf-cache" else row.path
+    return {
+        "ok": False,
+        "restart_required": True,
+        "command": f"mlxspec serve {shlex.quote(target)}",
+    }
+
+
+def _find(model: str) -> Any:
+    """The library row of ``model``, scanning again when the cached scan lacks it."""
+    registry = _registry()
+    found = registry.find(model)
+    if found is None:
+        registry.snapshot(refresh=True)
+        found = registry.find(model)
+    return found
 
 
 async def gc_plan() -> dict[str, Any]:
