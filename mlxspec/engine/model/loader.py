@@ -233,8 +233,8 @@ def _resolve_hf_cache(repo_id: str) -> ResolvedModel:
         )
     except (LocalEntryNotFoundError, HFValidationError, OSError) as e:
         raise ModelLoadError(
-            f"model {repo_id} is not in the local Hugging Face cache and mlxspec does not "
-            f"download models; fetch it first (e.g. `hf download {repo_id}`)"
+            f"model {repo_id} is not in the local Hugging Face cache and mlxspec serve does not "
+            f"download models; fetch it first (`mlxspec download {repo_id}`)"
         ) from e
     if not (folder / "config.json").is_file():
         raise ModelLoadError(
