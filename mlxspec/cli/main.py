@@ -474,7 +474,13 @@ def _stop_engine(engine) -> None:  # noqa: ANN001 - mlxspec.engine.Engine
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Console-script entry point."""
+    """Console-script entry point: ``serve``, or a model library command
+    (``ls``, ``download``, ``rm``, ``gc``, ``fit``: :mod:`mlxspec.cli.library_cmds`)."""
+    from mlxspec.cli.library_cmds import COMMANDS, run
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in COMMANDS:
+        return run(args)
     config = parse_config(argv)
     apply_serve_env_defaults()
     return serve(config)

@@ -313,6 +313,8 @@ def served_default_model(
     env = {**_environment(), "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1")}
     env.pop("SCHEMATHESIS_HOOKS")
     with tempfile.TemporaryDirectory() as tmp:
+        # an empty hub cache: fuzzed /api/gc/execute and /api/hub/download touch only it
+        env["HF_HUB_CACHE"] = str(Path(tmp) / "hub")
         argv = [sys.executable, "-m", "mlxspec", "serve", "--port", "{port}", *extra_args]
         with serve(argv, env, Path(tmp) / "serve.log", startup_timeout) as base:
             yield base

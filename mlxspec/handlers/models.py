@@ -8,28 +8,45 @@ from connexion.context import scope
 
 from mlxspec.errors import ApiError
 from mlxspec.handlers.context import current_engine
+from mlxspec.parsers import detect
 
 
 def _served_model() -> dict[str, Any]:
+    """The served model's row with the reference's capability fields."""
     engine = current_engine()
     info, d = engine.info, engine.defaults
+    vision, audio = "vision" in info.media, "audio" in info.media
+    adapters = True  # LoRA adapters mount at run time on every chat model
     return {
         "id": info.id,
         "object": "model",
         "created": info.created,
         "owned_by": "mlxspec",
         "context_window": info.context_window,
-        "vision": "vision" in info.media,
-        "audio": "audio" in info.media,
+        "reasoning": detect(engine.chat_format).reasoning is not None,
+        "vision": vision,
+        "audio": audio,
+        "batch_mode": "batch" if engine.stats_snapshot().max_batch > 1 else "serial",
+        "tools": True,
+        "structured_output": True,
+        "embeddings": info.embedding,
+        "adapters": adapters,
+        "training": False,
         "capabilities": {
             "chat_completions": True,
             "text_completions": True,
+            "anthropic_messages": True,
+            "responses": True,
             "streaming": True,
+            "tools": True,
+            "structured_output": True,
             "logprobs": True,
             "decisions": True,
             "embeddings": info.embedding,
-            "vision": "vision" in info.media,
-            "audio": "audio" in info.media,
+            "vision": vision,
+            "audio": audio,
+            "adapters": adapters,
+            "training": False,
         },
         "gen_defaults": {"temperature": d.temperature, "top_p": d.top_p, "top_k": d.top_k},
     }
@@ -77,10 +94,39 @@ def _rows() -> list[dict[str, Any]]:
     return rows
 
 
+def _library_models(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every other servable chat model on disk (the library's scan: supported
+    architectures, one row per repo), as the reference lists them after the
+    served model: ``vision`` and ``tier``."""
+    library = scope["state"].get("library")
+    if library is None or scope["state"].get("engine") is None:
+        return []
+    listed = {r["id"] for r in rows}
+    created = rows[0]["created"] if rows else 0
+    return [
+        {
+            "id": m.repo_id,
+            "object": "model",
+            "created": created,
+            "owned_by": "mlxspec",
+            "vision": m.vision,
+            "tier": m.support_tier,
+        }
+        for m in library.servable()
+        if m.repo_id not in listed
+    ]
+
+
 async def list_models() -> dict[str, Any]:
-    """The served model, its mounted adapters and the Whisper model, as an OpenAI
-    list (``{"object": "list", "data": [...]}``)."""
-    return {"object": "list", "data": _rows()}
+    """The served model, its mounted adapters, the Whisper model, then every
+    other servable model on disk, as an OpenAI list (``{"object": "list",
+    "data": [...]}``)."""
+    import asyncio
+
+    rows = _rows()
+    if "library" in scope["state"]:  # the scan (cached 30 s) reads folders: off the loop
+        rows += await asyncio.to_thread(_library_models, rows)
+    return {"object": "list", "data": rows}
 
 
 async def retrieve_model(model_id: str) -> dict[str, Any]:

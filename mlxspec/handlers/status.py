@@ -202,8 +202,7 @@ async def get_fit() -> dict[str, Any]:
 def _decode_tps(bandwidth_gbs: float, memory: ModelMemory, context: int) -> float:
     """Memory-bound decode rate of one sequence: each token reads every weight
     and the KV cache of ``context`` tokens once."""
-    per_token = memory.weights_bytes + memory.kv_bytes_per_token * context
-    return round(bandwidth_gbs * 1e9 / max(1, per_token), 2)
+    return memory.decode_tps(bandwidth_gbs, context)
 
 
 def _cpu_count() -> int:

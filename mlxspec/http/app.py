@@ -59,6 +59,7 @@ from mlxspec.http.paths import (
 )
 from mlxspec.http.security import key_refusal, security_options
 from mlxspec.http.ws_chat import ChatSocketMount
+from mlxspec.library import Downloads, Registry
 from mlxspec.openapi import served_spec
 from mlxspec.openapi.validation import (
     RequestBodyValidator,
@@ -187,6 +188,8 @@ class _WithEngine:
         self.response_store = process_store(
             getattr(config, "response_store", None), getattr(config, "response_store_key", None)
         )
+        self.library = Registry()  # the model library's scan, one per app
+        self.downloads = Downloads(on_done=self.library.invalidate)
         # Concrete paths a templated route also matches (see literal_methods).
         self.literal = shadowed_methods(spec)
         self.takes_body = post_takes_body(spec)
@@ -222,6 +225,7 @@ class _WithEngine:
         state["engine"], state["config"] = self.engine, self.config
         state["metrics"] = self.metrics
         state["response_store"] = self.response_store
+        state["library"], state["downloads"] = self.library, self.downloads
         state.update(self.extra)
 
     def _check_method(self, scope: Scope) -> None:

@@ -13,11 +13,13 @@ envelope of the path's surface:
   loopback address (:func:`binds_loopback`) or ``--allowed-hosts`` is given
   (``host_not_allowed``). A server bound to ``0.0.0.0`` or a LAN address is
   meant to be reached by names it cannot know, so it checks only on request;
-- on ``/admin/*`` and the jobs routes (``/api/jobs``, ``/api/finetune/*``,
-  ``/api/quantize/*``, ``/api/dataset/*``), an ``Origin`` whose host is none of
-  those names and which is not one of ``--allowed-origins``
+- on ``/admin/*``, the jobs routes (``/api/jobs``, ``/api/finetune/*``,
+  ``/api/quantize/*``, ``/api/dataset/*``) and the model library's routes
+  (:data:`OPERATOR_PREFIXES`, :data:`OPERATOR_PATHS`: ``/library``, ``/downloads``,
+  ``/api/hub/*``, ``/api/gc/*``, ``/api/model/*``), an ``Origin`` whose host is none
+  of those names and which is not one of ``--allowed-origins``
   (``origin_not_allowed``): a page could otherwise flush the prompt cache with a
-  body-less ``fetch``, or start a job.
+  body-less ``fetch``, start a job, or start downloads and GCs.
 
 The other half, a POST body must carry a ``Content-Type`` the route declares, is
 checked where the body is read (:mod:`mlxspec.http.app`): a simple request can only
@@ -41,9 +43,14 @@ __all__ = ["RequestGuard", "allowed_host_names", "binds_loopback", "host_name"]
 #: Names every server answers to (RFC 6761 section 6.3's ``localhost``, the
 #: loopback addresses), with any port.
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
-#: Path prefixes of the operator routes, whose ``Origin`` is checked: ``/admin`` and
-#: the jobs routes (they run commands and read paths, ``--jobs``).
-OPERATOR_PREFIXES = ("/admin/", "/api/jobs", "/api/finetune/", "/api/quantize/", "/api/dataset/")
+#: Path prefixes of the operator routes a foreign ``Origin`` may not call: ``/admin``,
+#: the jobs routes (they run commands and read paths, ``--jobs``) and the model library.
+OPERATOR_PREFIXES = (
+    "/admin/", "/api/jobs", "/api/finetune/", "/api/quantize/", "/api/dataset/",
+    "/api/hub/", "/api/gc/", "/api/model/",
+)  # fmt: skip
+#: Whole paths of the model library's operator routes.
+OPERATOR_PATHS = frozenset({"/library", "/downloads"})
 
 
 def binds_loopback(host: str) -> bool:
@@ -138,13 +145,12 @@ class RequestGuard:
                         f"{', '.join(sorted(self.hosts))}; add names with --allowed-hosts",
                     )
         path = scope.get("path", "")
-        operator = next((p for p in OPERATOR_PREFIXES if path.startswith(p)), None)
-        if operator is not None:
+        if path.startswith(OPERATOR_PREFIXES) or path in OPERATOR_PATHS:
             for text in (v.decode("latin-1").strip() for k, v in raw if k == b"origin"):
                 if not self._origin_allowed(text):
                     return ApiError(
                         "origin_not_allowed",
-                        f"Origin {text!r} may not call {operator.rstrip('/')} routes: "
+                        f"Origin {text!r} may not call {_route_kind(path)} routes: "
                         "allow it with --allowed-origins",
                     )
         return None
@@ -154,3 +160,13 @@ class RequestGuard:
             return True
         parts = urlsplit(origin)  # "null" (a sandboxed or file: page) has no host
         return bool(parts.netloc) and host_name(parts.netloc) in self.origin_hosts
+
+
+def _route_kind(path: str) -> str:
+    """How a refusal names the operator routes ``path`` belongs to."""
+    if path.startswith("/admin/"):
+        return "/admin"
+    for prefix in ("/api/jobs", "/api/finetune/", "/api/quantize/", "/api/dataset/"):
+        if path.startswith(prefix):
+            return prefix.rstrip("/")
+    return "model library"

@@ -13,6 +13,7 @@ in the path's surface's envelope.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
@@ -24,6 +25,7 @@ from starlette.types import Receive, Scope, Send
 from mlxspec.config import ServeConfig
 from mlxspec.errors import ApiError, send_error
 from mlxspec.handlers.responses.store import ResponseStore
+from mlxspec.library import Registry
 from mlxspec.supervisor.child import ChildState, ChildUnavailable
 from mlxspec.supervisor.pool import Pool, keep_alive_seconds
 from mlxspec.supervisor.proxy import forward_http, forward_websocket, unavailable
@@ -47,6 +49,7 @@ class ParentApp:
 
     def __init__(self, config: ServeConfig, pool: Pool, store: ResponseStore | None = None) -> None:
         self.config, self.pool, self.store = config, pool, store
+        self.library = Registry()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -88,6 +91,9 @@ class ParentApp:
         if path == "/engine" and method == "GET":
             await self._own(scope, send, self.engine_status())
             return
+        if path == "/api/hub/serve" and method == "POST":
+            await self._hub_serve(scope, receive, send)
+            return
         if path.startswith("/v1/models") and method == "GET" and len(self.pool.children) > 1:
             await self._models(scope, send, path)
             return
@@ -115,11 +121,34 @@ class ParentApp:
         finally:
             self.pool.release(child, keep_alive)
 
+    async def _hub_serve(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """``POST /api/hub/serve`` under ``--isolate``: a real swap of the pool's
+        default (reference: the isolate pool's spawn-overlap swap), where a
+        single-model server answers ``restart_required``."""
+        body = await _read_body(receive, self.config.max_body_bytes)
+        if not self._key_ok(scope):
+            await self._own(scope, send, {})  # the 401
+            return
+        model = _json_field(body or b"", "model")
+        if not isinstance(model, str) or not _servable_spec(model, self.pool.ids):
+            message = "model must be a pool id or an 'org/name' repo id"
+            await send_error(scope, send, ApiError("invalid_request", message, param="model"))
+            return
+        if model not in self.pool.ids and not await asyncio.to_thread(self._on_disk, model):
+            message = f"{model} is not a servable model on disk: download it first"
+            await send_error(scope, send, ApiError("not_found", message, param="model"))
+            return
+        default = self.pool.make_default(model)
+        log.info("pool default is now %s", default)
+        await self._own(scope, send, {"ok": True, "model": model, "default": default})
+
     async def _models(self, scope: Scope, send: Send, path: str) -> None:
         """``GET /v1/models`` (the pool) or ``GET /v1/models/<id>`` (its row, as a
         list, or a 404), answered without starting any child."""
         listing = self.models()
-        if path != "/v1/models":
+        if path == "/v1/models":  # the library's scan reads folders: off the loop
+            listing["data"] += await asyncio.to_thread(self.library_models, listing["data"])
+        else:
             wanted = path.removeprefix("/v1/models/")
             listing["data"] = [r for r in listing["data"] if r["id"] == wanted]
             if not listing["data"] and self._key_ok(scope):
@@ -188,6 +217,33 @@ class ParentApp:
             }
         return status
 
+    def _on_disk(self, model: str) -> bool:
+        """Whether ``model`` is a servable chat model on disk (scanned again when
+        the cached scan lacks it: it may have just been downloaded)."""
+        row = self.library.find(model)
+        if row is None:
+            self.library.snapshot(refresh=True)
+            row = self.library.find(model)
+        return row is not None and row.chat
+
+    def library_models(self, listed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Every other servable model on disk (the library's scan), after the
+        pool's rows: ``vision`` and ``tier`` as a direct server lists them."""
+        ids = {r["id"] for r in listed}
+        created = listed[0]["created"] if listed else int(time.time())
+        return [
+            {
+                "id": m.repo_id,
+                "object": "model",
+                "created": created,
+                "owned_by": "mlxspec",
+                "vision": m.vision,
+                "tier": m.support_tier,
+            }
+            for m in self.library.servable()
+            if m.repo_id not in ids
+        ]
+
     def models(self) -> dict[str, Any]:
         """``GET /v1/models`` under a pool: one row per pool model, ``resident``
         marked (the default first)."""
@@ -220,6 +276,29 @@ async def _read_body(receive: Receive, limit: int) -> bytes | None:
         if not message.get("more_body", False):
             break
     return b"".join(chunks)
+
+
+def _json_field(body: bytes, name: str) -> object:
+    """A JSON object body's ``name`` field; ``None`` otherwise."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    return data.get(name) if isinstance(data, dict) else None
+
+
+def _servable_spec(model: str, ids: list[str]) -> bool:
+    """A pool id, or a plain ``org/name`` repo id (resolved from the local
+    cache by the child; never a path a client names)."""
+    from mlxspec.library import PathRefused, check_repo_id
+
+    if model in ids:
+        return True
+    try:
+        check_repo_id(model)
+    except PathRefused:
+        return False
+    return True
 
 
 def _model_fields(body: bytes) -> tuple[object, float | None]:

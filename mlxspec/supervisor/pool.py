@@ -55,6 +55,7 @@ class Pool:
     """
 
     def __init__(self, config: ServeConfig, directory: Path) -> None:
+        self.config, self.directory = config, directory
         self.children: dict[str, Child] = {}
         self.aliases: dict[str, str] = {}
         for index, spec in enumerate((config.model, *config.model_pool)):
@@ -78,6 +79,22 @@ class Pool:
     def resident(self) -> list[str]:
         """Ids of the children running or starting."""
         return [mid for mid, child in self.children.items() if child.resident]
+
+    def make_default(self, spec: str) -> str:
+        """Make ``spec`` (a pool id, an alias, or a model ``serve`` takes: the
+        library's ``/api/hub/serve``) the default model, adding a child for it
+        when the pool has none. The child starts with the next request that
+        needs it; the former default keeps serving the requests that name it.
+
+        Returns:
+            str: the new default's id.
+        """
+        mid = self.aliases.get(spec, model_id(spec))
+        if mid not in self.children:
+            index = len(self.children)
+            self.children[mid] = Child(mid, spec, self.config, self.directory, index)
+        self.default = mid
+        return mid
 
     def pick(self, requested: object) -> Child:
         """The child for a body's ``model`` (:func:`~.routing.route`)."""

@@ -145,7 +145,9 @@ def test_unreachable_server_is_an_error_not_a_pass() -> None:
 def tiny_serve(tiny_model_dir, tmp_path_factory) -> Iterator[str]:
     """``mlxspec serve`` on the tiny random model, in a subprocess."""
     log = tmp_path_factory.mktemp("fuzz") / "serve.log"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    # an empty hub cache: fuzzed /api/gc/execute and /api/hub/download touch only it
+    hub = tmp_path_factory.mktemp("fuzz-hub")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(hub)}
     argv = [sys.executable, "-m", "mlxspec", "serve", str(tiny_model_dir), "--port", "{port}"]
     with serve(argv, env, log, timeout=120) as base:
         yield base

@@ -37,6 +37,9 @@ WEB = "mlxspec.handlers.webchat.pages"
 #: The web chat's search and export routes.
 WEB_SEARCH = "mlxspec.handlers.webchat.search"
 #: Scoring and embeddings: no generation queue, so no 429.
+LIBRARY = "mlxspec.handlers.library.routes"
+LIBRARY_POST = {"200", "400", "401", "413", "415", "500"}
+
 OPERATIONS = [
     # method, path, operationId, router controller, tag, response codes
     (
@@ -159,6 +162,16 @@ OPERATIONS = [
         {"200", "400", "401", "415", "500"},
     ),
     ("get", "/engine", "getEngine", "mlxspec.supervisor.parent", "system", READ_CODES),
+    # The model library (issue 30).
+    ("get", "/library", "getLibrary", LIBRARY, "library", READ_CODES),
+    ("get", "/downloads", "getDownloads", LIBRARY, "library", READ_CODES),
+    ("get", "/api/hub/local", "hubLocal", LIBRARY, "library", READ_CODES),
+    ("get", "/api/hub/search", "hubSearch", LIBRARY, "library", READ_CODES),
+    ("post", "/api/hub/download", "hubDownload", LIBRARY, "library", LIBRARY_POST | {"409"}),
+    ("post", "/api/hub/serve", "hubServe", LIBRARY, "library", LIBRARY_POST | {"404"}),
+    ("get", "/api/gc/plan", "gcPlan", LIBRARY, "library", READ_CODES),
+    ("post", "/api/gc/execute", "gcExecute", LIBRARY, "library", LIBRARY_POST),
+    ("post", "/api/model/resolve-folder", "resolveModelFolder", LIBRARY, "library", LIBRARY_POST),
     (
         "get",
         "/v1/adapters",
@@ -331,6 +344,12 @@ HEADER_ONLY = {"101", "204", "302"}
 REPORT_RESPONSES = {
     ("flushCache", "503"): "#/components/schemas/CacheFlushReport",
     ("createSystemOneDecision", "422"): "#/components/schemas/ValidationDetail",
+    **{
+        (op, "400"): "#/components/schemas/LibraryError"
+        for op in ("hubDownload", "hubServe", "gcExecute", "resolveModelFolder")
+    },
+    ("hubDownload", "409"): "#/components/schemas/LibraryRefusal",
+    ("hubServe", "404"): "#/components/schemas/LibraryError",
 }
 
 EXTENSION_FIELDS = [

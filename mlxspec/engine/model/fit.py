@@ -42,6 +42,18 @@ class ModelMemory:
         room = usable_bytes - self.weights_bytes - self.transient_bytes(usable_bytes)
         return max(0, room // max(1, self.kv_bytes_per_token))
 
+    def decode_tps(self, bandwidth_gbs: float, context: int) -> float:
+        """Memory-bound decode rate of one sequence, tokens/s: each token reads
+        every weight and the KV cache of ``context`` tokens once (``/fit``'s and
+        the model library's prediction).
+
+        Args:
+            bandwidth_gbs (float): memory bandwidth, GB/s (1e9 bytes).
+            context (int): tokens of KV cache read per step.
+        """
+        per_token = self.weights_bytes + self.kv_bytes_per_token * context
+        return round(bandwidth_gbs * 1e9 / max(1, per_token), 2)
+
     @staticmethod
     def transient_bytes(usable_bytes: int) -> int:
         """The reserve kept for activations and allocator slack, in bytes."""

@@ -220,11 +220,21 @@ def _resolve_hf_cache(repo_id: str) -> ResolvedModel:
     from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
 
     try:
-        folder = Path(snapshot_download(repo_id, cache_dir=_hf_hub_cache(), local_files_only=True))
+        # Only config.json is asked for: a snapshot downloaded with patterns (the
+        # model's files, not the repo's README or PyTorch weights) is complete
+        # enough to serve, where huggingface_hub >= 2 calls it incomplete.
+        folder = Path(
+            snapshot_download(
+                repo_id,
+                cache_dir=_hf_hub_cache(),
+                local_files_only=True,
+                allow_patterns=["config.json"],
+            )
+        )
     except (LocalEntryNotFoundError, HFValidationError, OSError) as e:
         raise ModelLoadError(
-            f"model {repo_id} is not in the local Hugging Face cache and mlxspec does not "
-            f"download models; fetch it first (e.g. `hf download {repo_id}`)"
+            f"model {repo_id} is not in the local Hugging Face cache and mlxspec serve does not "
+            f"download models; fetch it first (`mlxspec download {repo_id}`)"
         ) from e
     if not (folder / "config.json").is_file():
         raise ModelLoadError(
