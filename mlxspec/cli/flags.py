@@ -25,6 +25,7 @@ from mlxspec.cli.mlx_lm_flags import (
 )
 from mlxspec.cli.supervisor_flags import add_supervisor_flags, supervisor_config
 from mlxspec.config import ServeConfig
+from mlxspec.handlers.webchat.tools.mcp_servers import config_error as mcp_config_error
 
 LOGPROBS_FORMATS = ("mlx", "openai")
 #: ``MLXSPEC_WARMUP`` values and what they set :attr:`ServeConfig.warmup` to.
@@ -410,6 +411,8 @@ def parse_config(argv: Sequence[str] | None = None) -> ServeConfig:
     private_media = os.environ.get("MLXSPEC_ALLOW_PRIVATE_MEDIA", "").strip().lower()
     if private_media not in SWITCH_VALUES:
         parser.error("MLXSPEC_ALLOW_PRIVATE_MEDIA must be 1 or 0")
+    if args.mcp_config and (problem := mcp_config_error(args.mcp_config)):
+        parser.error(problem)
     return ServeConfig(
         model=args.model or args.model_flag,
         host=args.host,

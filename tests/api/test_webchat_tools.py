@@ -205,9 +205,12 @@ def test_deny_and_edit(agent: tuple[Scripted, LiveServer], workspace: Path) -> N
             "type": "tool_end",
             "callId": ask["callId"],
             "ok": True,
-            "result": "wrote 4 bytes to sub/a.txt",
+            "result": '[run with arguments edited by the user: {"path": "sub/a.txt", '
+            '"content": "mine"}]\nwrote 4 bytes to sub/a.txt',
         }
         chat.until("context")
+        # the model is told what ran, not that its own call did
+        assert scripted.engine.chats[-1][-1]["content"] == end["result"]
         assert (workspace / "sub" / "a.txt").read_text() == "mine"
         assert not (workspace / "a.txt").exists()
 

@@ -132,6 +132,25 @@ def test_the_search_box_finds_a_word_and_opens_its_chat(open_page: Any, tools_se
     page.locator(".msg.user .text:text('pick a number')").wait_for()
 
 
+def test_search_ranges_count_code_points_as_the_server_does(
+    open_page: Any, tools_server: Any
+) -> None:
+    """The server's ranges index Python's code points: after an emoji (two UTF-16
+    units in the page) the mark still covers the word, not half a surrogate pair."""
+    server, _, _ = tools_server
+    page, _ = open_page(server)
+    marks = page.evaluate(
+        r"""async () => {
+            const { markedSnippet } = await import("/assets/search.js");
+            const text = "emoji \u{1F600}\u{1F600} then café CAFÉ";
+            const node = markedSnippet(text, [[9, 13], [14, 18], [19, 23]]);
+            const marks = [...node.querySelectorAll("mark")].map((m) => m.textContent);
+            return marks.concat(node.textContent);
+        }"""
+    )
+    assert marks == ["then", "café", "CAFÉ", "emoji \U0001F600\U0001F600 then café CAFÉ"]
+
+
 def test_the_model_navigates_the_page_and_spotlights_a_button(
     open_page: Any, tools_server: Any
 ) -> None:

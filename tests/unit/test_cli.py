@@ -69,7 +69,33 @@ def test_web_tools_flags(tmp_path: Path) -> None:
         + ["--web-tool-timeout", "2.5"]
     )
     assert (cfg.web_tools, cfg.web_tool_steps, cfg.web_tool_timeout) == (str(tmp_path), 3, 2.5)
-    assert parse_config(["serve", "--mcp-config", "m.json"]).mcp_config == "m.json"
+    mcp = tmp_path / "m.json"
+    mcp.write_text('{"mcpServers": {"echo": {"command": "python3", "args": ["echo.py"]}}}')
+    assert parse_config(["serve", "--mcp-config", str(mcp)]).mcp_config == str(mcp)
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        (None, "No such file or directory"),
+        ("{not json", "Expecting property name"),
+        ('{"servers": {}}', 'has no "mcpServers" object'),
+        ("[1, 2]", 'has no "mcpServers" object'),
+    ],
+)
+def test_a_bad_mcp_config_is_a_start_up_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str | None, says: str
+) -> None:
+    """Found at start, in one line naming the flag and the file, rather than as a web
+    chat that fails to open (the socket's sessions could not be set up)."""
+    path = tmp_path / "mcp.json"
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(SystemExit) as exit_:
+        parse_config(["serve", "--mcp-config", str(path)])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--mcp-config" in err and str(path) in err and says in err, err
 
 
 @pytest.mark.parametrize(

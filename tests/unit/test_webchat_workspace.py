@@ -72,6 +72,32 @@ def test_write_read_ls_and_grep(ws: Workspace) -> None:
         files.write(ws, {"path": "out/x.txt", "content": "x"}, 1000)
 
 
+def test_a_fifo_is_never_opened(ws: Workspace) -> None:
+    """A named pipe blocks its reader until a writer comes: ``grep`` (which runs
+    without approval) skips it, and ``read``, ``edit`` and ``write`` refuse it, so no
+    worker thread is left blocked (the whole thread pool was, one call at a time)."""
+    import os
+
+    os.mkfifo(ws.root / "pipe")
+    assert files.grep(ws, {"pattern": "two"}, 4096) == "a.txt:1: one two two"
+    assert files.grep(ws, {"pattern": "x", "path": "pipe"}, 4096) == "no match"
+    for run, args in (
+        (files.read, {"path": "pipe"}),
+        (files.edit, {"path": "pipe", "oldText": "a", "newText": "b"}),
+        (files.write, {"path": "pipe", "content": "x"}),
+    ):
+        with pytest.raises(ToolError, match="'pipe' is not a file"):
+            run(ws, args, 4096)
+
+
+def test_read_refuses_a_binary_file(ws: Workspace) -> None:
+    """Its bytes (NULs) would fill the model's context for good: refused, as ``grep``
+    skips them."""
+    (ws.root / "blob.bin").write_bytes(b"\x00" * 70_000)
+    with pytest.raises(ToolError, match="'blob.bin' is a binary file"):
+        files.read(ws, {"path": "blob.bin"}, 65536)
+
+
 def test_the_always_allow_file(tmp_path: Path) -> None:
     approvals = ApprovalList(tmp_path / "cfg" / "tool-approvals.json")
     assert approvals.tools() == []
@@ -119,3 +145,23 @@ async def _app_context() -> None:
         "unknown route 'lab': one of chat, status",
     )
     assert sent == []
+
+
+@pytest.mark.parametrize(("context", "kept"), [(4096, 4096), (200_000, 64 * 1024), (100, 1024)])
+def test_a_tool_result_is_cut_to_the_models_context(
+    tmp_path: Path, context: int, kept: int
+) -> None:
+    """A call keeps at most ``--web-tool-output``'s 64 KiB and at most the context
+    window in bytes: a longer result left every later prompt of the chat over the
+    window (67k tokens on a 4k model)."""
+    from types import SimpleNamespace
+
+    from mlxspec.config import ServeConfig
+    from mlxspec.handlers.webchat.hub import ChatHub
+
+    (tmp_path / "ws").mkdir()
+    engine = SimpleNamespace(chat_format=None)
+    config = ServeConfig(web_tools=str(tmp_path / "ws"))
+    hub = ChatHub(engine, store=None, context_window=context, config=config)  # type: ignore[arg-type]
+    runner = hub.tool_runner()
+    assert runner is not None and runner.limit == kept

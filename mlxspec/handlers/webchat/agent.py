@@ -23,6 +23,7 @@ failed turn keeps what it did.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -84,6 +85,8 @@ class AgentTurn:
         self.approvals, self.max_steps, self.steer = approvals, max_steps, steer
         self.step: SocketTurn | None = None
         self.pending: dict[str, asyncio.Future[dict[str, Any] | None]] = {}
+        #: The arguments the user edited the current call to (``None``: as called).
+        self.edited: Any = None
         self.aborted = False
         #: Whether the engine took the first step (the session holds the turn).
         self.stored = False
@@ -157,11 +160,16 @@ class AgentTurn:
                 await self._answer_unrun(calls, STEP_LIMIT.format(self.max_steps))
                 return end
             for call in calls:
+                self.edited = None
                 ok, result = await self._call(call)
+                meta = {"toolCallId": call["id"], "tool": call["function"]["name"], "ok": ok}
+                if self.edited is not None:  # what ran, for the model, the card and the store
+                    meta["editedArgs"] = self.edited
+                    note = json.dumps(self.edited, ensure_ascii=False)
+                    result = f"[run with arguments edited by the user: {note}]\n{result}"
                 await self.send(
                     {"type": "tool_end", "callId": call["id"], "ok": ok, "result": result}
                 )
-                meta = {"toolCallId": call["id"], "tool": call["function"]["name"], "ok": ok}
                 await self._keep(ChatMessage("tool", result, meta=meta))
             if self.aborted:
                 return {"type": "turn_end", "finishReason": "aborted"}
@@ -195,7 +203,7 @@ class AgentTurn:
             if decision["decision"] == "deny":
                 return False, DENIED
             if decision["decision"] == "edit":
-                args = decision["editedArgs"]
+                args = self.edited = decision["editedArgs"]
             if decision.get("alwaysAllow"):
                 names = await asyncio.to_thread(self.approvals.add, name)
                 await self.send({"type": "tool_approvals", "alwaysAllow": names})

@@ -63,9 +63,10 @@ class ChatHub:
         if not self.has_tools:
             return None
         config = self.config
-        return ToolRunner(
-            self.workspace, config.web_tool_timeout, config.web_tool_output, self.mcp, app
-        )
+        # a result longer than the context window in bytes (about a quarter of it in
+        # tokens, for text) would leave the conversation unable to continue
+        limit = min(config.web_tool_output, max(1024, self.context_window))
+        return ToolRunner(self.workspace, config.web_tool_timeout, limit, self.mcp, app)
 
     @property
     def has_tools(self) -> bool:

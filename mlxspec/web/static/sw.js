@@ -4,7 +4,7 @@
 // background); every other request (/v1/*, /ws/chat, /stats, /fit, ...) goes
 // to the network untouched.
 
-const CACHE = "mlxspec-shell-v6";
+const CACHE = "mlxspec-shell-v7";
 const SHELL = [
   "/",
   "/manifest.webmanifest",

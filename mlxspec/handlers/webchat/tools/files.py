@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -39,13 +40,29 @@ def cap(text: str, limit: int) -> str:
     return raw[:limit].decode("utf-8", "ignore") + f"\n[output cut at {limit} bytes]"
 
 
+def _regular(path: Path) -> bool:
+    """Whether ``path`` is a regular file itself (not a link, FIFO, socket or device:
+    opening a FIFO blocks the worker thread until a writer comes)."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
 def read(ws: Workspace, args: dict[str, Any], limit: int) -> str:
-    """``read {path}``: a text file's content (cut at ``limit`` bytes)."""
+    """``read {path}``: a text file's content (cut at ``limit`` bytes).
+
+    Raises:
+        ToolError: not a regular file, or a binary one (a NUL byte in its first
+            4 KiB, ``grep``'s rule): its bytes would fill the model's context.
+    """
     path = ws.path(args.get("path"))
-    if not path.is_file():
+    if not _regular(path):
         raise ToolError(f"{args['path']!r} is not a file")
     with path.open("rb") as f:
         data = f.read(limit + 1)
+    if b"\x00" in data[:4096]:
+        raise ToolError(f"{args['path']!r} is a binary file")
     return cap(data.decode("utf-8", "replace"), limit)
 
 
@@ -62,15 +79,16 @@ def ls(ws: Workspace, args: dict[str, Any], limit: int) -> str:
 
 
 def _files(ws: Workspace, top: Path) -> Iterator[Path]:
-    """Regular files under ``top``, never through a symlink (those may lead out)."""
-    if top.is_file():
+    """Regular files under ``top``, never through a symlink (those may lead out),
+    never a FIFO, socket or device (reading a FIFO blocks)."""
+    if _regular(top):
         yield top
         return
     for folder, dirs, files in os.walk(top, followlinks=False):
         dirs[:] = sorted(d for d in dirs if not d.startswith(".git"))
         for name in sorted(files):
             path = Path(folder, name)
-            if not path.is_symlink():
+            if _regular(path):
                 yield path
 
 
@@ -105,6 +123,8 @@ def edit(ws: Workspace, args: dict[str, Any], limit: int) -> str:
     """
     path = ws.path(args.get("path"))
     old, new = _text(args, "oldText"), _text(args, "newText", empty=True)
+    if not _regular(path):
+        raise ToolError(f"{args['path']!r} is not a file")
     text = path.read_text(encoding="utf-8")
     count = text.count(old)
     if count != 1:
@@ -119,6 +139,8 @@ def write(ws: Workspace, args: dict[str, Any], limit: int) -> str:
     content = _text(args, "content", empty=True)
     if path.is_dir():
         raise ToolError(f"{args['path']!r} is a folder")
+    if os.path.lexists(path) and not _regular(path):
+        raise ToolError(f"{args['path']!r} is not a file")  # a FIFO's open would block
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(content, encoding="utf-8")
     return f"wrote {len(content.encode())} bytes to {ws.show(path)}"

@@ -138,3 +138,15 @@ def _plain(content: Any) -> Any:
     """A non-text content block as JSON-able data (its type and fields)."""
     dump = getattr(content, "model_dump", None)
     return dump(mode="json", exclude_none=True) if callable(dump) else str(content)
+
+
+def config_error(path: str | Path) -> str | None:
+    """Why ``--mcp-config PATH`` cannot be used (a missing or unreadable file, not
+    JSON, no ``mcpServers`` object), or ``None``: checked when the server starts, so
+    a bad file is a one-line start-up error rather than a web chat that fails to open."""
+    try:
+        McpServers(path)
+    except (OSError, UnicodeError, ValueError) as exc:  # JSONDecodeError is a ValueError
+        text = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        return text if text.startswith("--mcp-config") else f"--mcp-config {path}: {text}"
+    return None

@@ -168,7 +168,7 @@ const handlers = {
   tool_approval_request: (frame) => state.live?.tool_approval_request(frame, send),
   tool_update: (frame) => state.live?.tool_update(frame),
   tool_approvals(frame) {
-    notice(`Always allowed from now on: ${frame.alwaysAllow.join(", ")} (Settings → forget).`);
+    notice(`Always allowed from now on: ${frame.alwaysAllow.join(", ")} (forget them with DELETE /api/settings/tool-approvals).`);
   },
   ui_navigate: (frame) => navigate(frame),
   ui_spotlight: (frame) => spotlight(frame),

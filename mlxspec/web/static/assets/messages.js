@@ -91,12 +91,20 @@ export function approvalCard(card, frame, answer) {
       editor.focus();
       return;
     }
+    let args;
     try {
-      reply("edit", { editedArgs: JSON.parse(editor.value) });
+      args = JSON.parse(editor.value);
     } catch {
+      args = undefined;
+    }
+    // the server takes an object only: anything else would leave the card waiting
+    if (args === null || typeof args !== "object" || Array.isArray(args)) {
       editor.setCustomValidity("Not a JSON object");
       editor.reportValidity();
+      return;
     }
+    editor.setCustomValidity("");
+    reply("edit", { editedArgs: args });
   });
   box.append(
     button("Allow", () => reply("allow"), "primary approve"),

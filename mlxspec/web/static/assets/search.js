@@ -12,16 +12,22 @@ const el = (tag, className, text) => {
   return node;
 };
 
-/** The snippet as nodes, each range marked. */
+/**
+ * The snippet as nodes, each range marked. The server counts ranges in code points
+ * (Python's str), so the snippet is sliced as an array of code points, not UTF-16
+ * units (an emoji before a match would shift it, or split a surrogate pair).
+ */
 export function markedSnippet(snippet, ranges) {
   const out = el("span", "snippet");
+  const points = Array.from(snippet);
+  const part = (from, to) => points.slice(from, to).join("");
   let at = 0;
   for (const [start, end] of ranges) {
     if (start < at) continue;
-    out.append(document.createTextNode(snippet.slice(at, start)), el("mark", "", snippet.slice(start, end)));
+    out.append(document.createTextNode(part(at, start)), el("mark", "", part(start, end)));
     at = end;
   }
-  out.append(document.createTextNode(snippet.slice(at)));
+  out.append(document.createTextNode(part(at)));
   return out;
 }
 
