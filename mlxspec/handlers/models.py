@@ -101,20 +101,7 @@ def _library_models(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     library = scope["state"].get("library")
     if library is None or scope["state"].get("engine") is None:
         return []
-    listed = {r["id"] for r in rows}
-    created = rows[0]["created"] if rows else 0
-    return [
-        {
-            "id": m.repo_id,
-            "object": "model",
-            "created": created,
-            "owned_by": "mlxspec",
-            "vision": m.vision,
-            "tier": m.support_tier,
-        }
-        for m in library.servable()
-        if m.repo_id not in listed
-    ]
+    return library.model_rows(rows, rows[0]["created"] if rows else 0)
 
 
 async def list_models() -> dict[str, Any]:

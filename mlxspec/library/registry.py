@@ -107,3 +107,21 @@ class Registry:
         """Chat models mlxspec can serve (supported architectures, one per repo):
         ``/v1/models``' rows after the served model."""
         return [r for r in self.rows() if r.chat]
+
+    def model_rows(self, listed: list[dict[str, Any]], created: int) -> list[dict[str, Any]]:
+        """``/v1/models`` rows of :meth:`servable` models not in ``listed`` (the
+        served or pooled rows before them), as the reference lists them after the
+        served model: ``vision`` and ``tier``; ``created`` (Unix seconds) on each."""
+        ids = {r["id"] for r in listed}
+        return [
+            {
+                "id": m.repo_id,
+                "object": "model",
+                "created": created,
+                "owned_by": "mlxspec",
+                "vision": m.vision,
+                "tier": m.support_tier,
+            }
+            for m in self.servable()
+            if m.repo_id not in ids
+        ]

@@ -229,20 +229,8 @@ class ParentApp:
     def library_models(self, listed: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Every other servable model on disk (the library's scan), after the
         pool's rows: ``vision`` and ``tier`` as a direct server lists them."""
-        ids = {r["id"] for r in listed}
         created = listed[0]["created"] if listed else int(time.time())
-        return [
-            {
-                "id": m.repo_id,
-                "object": "model",
-                "created": created,
-                "owned_by": "mlxspec",
-                "vision": m.vision,
-                "tier": m.support_tier,
-            }
-            for m in self.library.servable()
-            if m.repo_id not in ids
-        ]
+        return self.library.model_rows(listed, created)
 
     def models(self) -> dict[str, Any]:
         """``GET /v1/models`` under a pool: one row per pool model, ``resident``
