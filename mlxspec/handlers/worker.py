@@ -9,13 +9,13 @@ work outside the server (managed jobs) while its connection stays open.
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.responses import StreamingResponse
 
 from mlxspec.engine import FLUSH_TIMEOUT_S
+from mlxspec.engine.lease import EngineLease
 from mlxspec.handlers.context import JSON, current_engine
 
 #: The first (and only) line a held lease sends; the connection then stays open.
@@ -43,31 +43,14 @@ async def hold_lease() -> Any:
     """
     engine = current_engine()
     await asyncio.to_thread(engine.flush_cache, FLUSH_TIMEOUT_S)
-    loop = asyncio.get_running_loop()
-    held: asyncio.Future[None] = loop.create_future()
-    released = threading.Event()
-
-    def granted() -> None:
-        if not held.done():
-            held.set_result(None)
-
-    def lease() -> None:  # on the engine thread: it is ours until released
-        loop.call_soon_threadsafe(granted)
-        released.wait()
-
-    job = asyncio.ensure_future(engine.run_exclusive(lease))
-    try:
-        await held
-    except BaseException:
-        released.set()
-        job.cancel()
-        raise
+    lease = EngineLease(engine)
+    await lease.acquire()
 
     async def body() -> AsyncIterator[bytes]:
         try:
             yield LEASE_LINE
             await asyncio.Event().wait()  # Starlette cancels this when the client leaves
         finally:
-            released.set()
+            await lease.release(wait_s=0)  # the client has gone: nothing to wait for
 
     return StreamingResponse(body(), media_type="application/jsonl")

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+from mlxspec.engine.lease import EngineLease
 from mlxspec.jobs.roots import JobRoots, mlxspec_cache
 from mlxspec.jobs.runner import result_path
 from mlxspec.jobs.store import TERMINAL, JobRow, JobStore, pid_alive
@@ -142,29 +143,13 @@ class JobManager:
         return found is None or found.status in TERMINAL
 
     async def _leased(self, work: Callable[[], Any]) -> None:
-        """Await ``work()`` while holding the engine thread (``run_exclusive``)."""
-        loop = asyncio.get_running_loop()
-        held: asyncio.Future[None] = loop.create_future()
-        released = threading.Event()
-
-        def granted() -> None:
-            if not held.done():
-                held.set_result(None)
-
-        def lease() -> None:  # on the engine thread: no decode step runs meanwhile
-            loop.call_soon_threadsafe(granted)
-            released.wait()
-
-        job = asyncio.ensure_future(self.engine.run_exclusive(lease))
+        """Await ``work()`` while holding the engine thread (:class:`EngineLease`)."""
+        lease = EngineLease(self.engine)
+        await lease.acquire()
         try:
-            await asyncio.wait({held, job}, return_when=asyncio.FIRST_COMPLETED)
-            if job.done() and not held.done():
-                job.result()  # the engine refused the lease: raise why
             await work()
         finally:
-            released.set()
-            if not job.done():
-                await asyncio.wait({job}, timeout=5)
+            await lease.release()
 
     async def _spawn_and_wait(self, row: JobRow, env: dict[str, str]) -> None:
         if self._ended(row.id):  # cancelled while it waited
