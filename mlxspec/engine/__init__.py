@@ -8,7 +8,8 @@ registry of mounted ones (:mod:`.adapters`), the bounds of a chat template a
 request brings (:mod:`.template_sandbox`), and the non-generative forward paths:
 decision scoring (:func:`score_answers`) and embeddings (:func:`embed_texts`);
 speech to text (:mod:`.audio`: the Whisper service as :class:`TranscriberProtocol`,
-its options, results, dictation sessions, audio decoding and their errors).
+its options, results, dictation sessions, audio decoding and their errors);
+the engine thread's lease (:class:`EngineLease`).
 The configuration's defaults come from here too (the prompt cache's and the
 SSD tier's byte budgets, the template sandbox's bounds).
 """
@@ -50,6 +51,7 @@ from mlxspec.engine.caches.ssd_cache import DEFAULT_SSD_CACHE_BYTES, FLUSH_TIMEO
 from mlxspec.engine.embedding import Embeddings, embed_texts
 from mlxspec.engine.engine import Engine, RequestHandle
 from mlxspec.engine.interface import EngineProtocol
+from mlxspec.engine.lease import EngineLease
 from mlxspec.engine.loop.admission import (
     AdmissionLimits,
     BudgetTooSmallError,
@@ -134,6 +136,7 @@ __all__ = [
     "DEFAULT_TEMPLATE_SECONDS",
     "DEFAULT_TEMPLATE_STEPS",
     "FLUSH_TIMEOUT_S",
+    "EngineLease",
     "Cancelled",
     "ChatFormat",
     "Constraint",

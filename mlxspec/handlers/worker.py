@@ -14,8 +14,7 @@ from typing import Any
 
 from starlette.responses import StreamingResponse
 
-from mlxspec.engine import FLUSH_TIMEOUT_S
-from mlxspec.engine.lease import EngineLease
+from mlxspec.engine import FLUSH_TIMEOUT_S, EngineLease
 from mlxspec.handlers.context import JSON, current_engine
 
 #: The first (and only) line a held lease sends; the connection then stays open.
